@@ -1,0 +1,39 @@
+# darkroom — the two commands a newcomer needs are `make run` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test lint typecheck check bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Reinstalls only when pyproject.toml changed, so a second `make install` is instant.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(BIN)/darkroom up
+
+test: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: install
+	$(BIN)/ruff check darkroom tests bench
+	$(BIN)/ruff format --check darkroom tests bench
+
+typecheck: install
+	$(BIN)/mypy
+
+check: lint typecheck test
+
+bench-install: install
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+
+clean:
+	rm -rf $(VENV) .darkroom .pytest_cache .mypy_cache .ruff_cache

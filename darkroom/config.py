@@ -1,0 +1,103 @@
+"""Configuration: every `DARKROOM_*` variable, validated once at start.
+
+A bad value must end the process with one readable line (exit code 2), so validation
+errors are turned into `ConfigError` whose message names the variable, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ConfigError(Exception):
+    """A configuration value is unusable; the message is one line for the operator."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DARKROOM_", extra="ignore", frozen=True)
+
+    database_url: str | None = None
+    storage_url: str | None = None
+    data_dir: Path = Path(".darkroom")
+
+    lease_seconds: float = Field(120.0, gt=0, le=86_400)
+    max_attempts: int = Field(3, ge=1, le=100)
+    retry_base_seconds: float = Field(30.0, ge=0, le=86_400)
+    retry_cap_seconds: float = Field(3_600.0, ge=0, le=7 * 86_400)
+    max_upload_bytes: int = Field(25_000_000, ge=1)
+    max_pixels: int = Field(50_000_000, ge=1)
+    max_dimension: int = Field(16_384, ge=1)
+    derivative_max_edge: int = Field(2_048, ge=16, le=16_384)
+    shutdown_grace_seconds: float = Field(30.0, ge=0, le=3_600)
+
+    # How long an idle worker waits before polling when no NOTIFY arrives.
+    poll_seconds: float = Field(2.0, gt=0, le=3_600)
+    # Time limit and address-space limit of one decode in its child process.
+    derive_timeout_seconds: float = Field(60.0, gt=0, le=3_600)
+    derive_memory_mb: int = Field(1_024, ge=64)
+    # The sweeper leaves orphans and deleted files alone this long, so that a slow
+    # reader of a presigned URL or an attempt finishing its PUT is not cut off.
+    sweep_guard_seconds: float = Field(300.0, ge=0)
+    sweep_interval_seconds: float = Field(30.0, gt=0)
+    # Finished rows' events are kept this long (the card itself stays).
+    event_retention_days: float = Field(7.0, gt=0)
+
+    api_url: str = "http://127.0.0.1:8000"
+    api_key: str | None = None
+
+    @field_validator("database_url", "storage_url", "api_key", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("storage_url")
+    @classmethod
+    def _storage_scheme(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if value.startswith("file:///"):
+            return value
+        if value.startswith("s3://") and len(value) > len("s3://"):
+            return value
+        raise ValueError("must be file:///absolute/dir or s3://bucket[/prefix]")
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_scheme(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith(("postgresql://", "postgres://")) and "=" not in value:
+            raise ValueError("must be a postgresql:// URL or a libpq key=value string")
+        return value
+
+    @property
+    def data_path(self) -> Path:
+        return self.data_dir.expanduser().resolve()
+
+    @property
+    def resolved_storage_url(self) -> str:
+        return self.storage_url or (self.data_path / "objects").as_uri()
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read the environment (plus explicit overrides from flags) or raise `ConfigError`."""
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return Settings(**clean)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else "?"
+        name = f"DARKROOM_{field.upper()}"
+        got = error.get("input")
+        shown = "" if got is None or isinstance(got, dict) else f" (got {str(got)[:60]!r})"
+        message = str(error["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"{name}: {message}{shown}") from None
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}

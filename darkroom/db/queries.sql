@@ -1,0 +1,229 @@
+-- Every statement that reads or changes the queue, by name. darkroom/queue.py is the only
+-- caller of the status-changing ones; a card's status is written nowhere else.
+-- Lease times are always the database's now(), never a worker's clock.
+
+-- name: create_file
+INSERT INTO archive_files (id, owner, filename, content_type, size_bytes, original_key)
+VALUES (%(id)s, %(owner)s, %(filename)s, %(content_type)s, %(size)s, %(original_key)s)
+RETURNING *;
+
+-- name: confirm
+-- pending -> queued for exactly this version; the NOTIFY is delivered at COMMIT.
+WITH target AS (
+    SELECT id, status, original_version
+    FROM archive_files
+    WHERE id = %(id)s AND owner = %(owner)s AND status <> 'deleting'
+    FOR UPDATE
+), moved AS (
+    UPDATE archive_files f
+    SET status = 'queued', original_version = %(version)s, available_at = now(),
+        updated_at = now()
+    FROM target t
+    WHERE f.id = t.id AND t.status = 'pending'
+    RETURNING f.id
+)
+SELECT t.status AS previous_status, t.original_version AS previous_version,
+       m.id IS NOT NULL AS moved,
+       CASE WHEN m.id IS NOT NULL THEN pg_notify('darkroom_jobs', '') END AS notified
+FROM target t LEFT JOIN moved m ON m.id = t.id;
+
+-- name: claim
+-- Expired leases first (rescue), then due queued rows. A row that has already been
+-- started max_attempts times is not started again: it ends rejected/attempts_exhausted.
+WITH expired AS (
+    SELECT id FROM archive_files
+    WHERE status = 'processing' AND lease_until < now()
+    ORDER BY lease_until
+    LIMIT %(n)s
+    FOR UPDATE SKIP LOCKED
+), due AS (
+    SELECT id FROM archive_files
+    WHERE status = 'queued' AND available_at <= now()
+    ORDER BY available_at, id
+    LIMIT greatest(%(n)s - (SELECT count(*) FROM expired), 0)
+    FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT id FROM expired UNION ALL SELECT id FROM due
+), claimed AS (
+    UPDATE archive_files f
+    SET status       = CASE WHEN f.attempts >= %(max_attempts)s THEN 'rejected' ELSE 'processing' END,
+        error_code   = CASE WHEN f.attempts >= %(max_attempts)s THEN 'attempts_exhausted' END,
+        attempts     = CASE WHEN f.attempts >= %(max_attempts)s THEN f.attempts ELSE f.attempts + 1 END,
+        lease_token  = CASE WHEN f.attempts >= %(max_attempts)s THEN NULL ELSE gen_random_uuid() END,
+        lease_until  = CASE WHEN f.attempts >= %(max_attempts)s THEN NULL
+                            ELSE now() + make_interval(secs => %(lease_seconds)s::float8) END,
+        lease_owner  = %(worker)s,
+        finished_at  = CASE WHEN f.attempts >= %(max_attempts)s THEN now() END,
+        updated_at   = now()
+    FROM picked p
+    WHERE f.id = p.id
+    RETURNING f.id, f.owner, f.status, f.attempts, f.lease_token, f.lease_until,
+              f.original_key, f.original_version, f.error_code
+), logged AS (
+    INSERT INTO archive_events (file_id, kind, attempt, token, worker, error_code)
+    SELECT id, CASE WHEN status = 'rejected' THEN 'exhausted' ELSE 'claimed' END,
+           attempts, lease_token, %(worker)s, error_code
+    FROM claimed
+)
+SELECT id, owner, status, attempts, lease_token, lease_until, original_key, original_version
+FROM claimed;
+
+-- name: heartbeat
+-- Extends every lease still held by its token; answers the ids whose lease is lost.
+WITH held AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS h(id, token)
+), extended AS (
+    UPDATE archive_files f
+    SET lease_until = now() + make_interval(secs => %(lease_seconds)s::float8)
+    FROM held h
+    WHERE f.id = h.id AND f.lease_token = h.token AND f.status = 'processing'
+    RETURNING f.id
+), lost AS (
+    INSERT INTO archive_events (file_id, kind, token, worker)
+    SELECT h.id, 'lease_lost', h.token, %(worker)s
+    FROM held h
+    WHERE NOT EXISTS (SELECT 1 FROM extended e WHERE e.id = h.id)
+    RETURNING file_id
+)
+SELECT file_id AS id FROM lost;
+
+-- name: register_attempt_object
+-- Before an attempt PUTs its derivative, so that a crash between PUT and commit cannot
+-- leak the object: the sweeper removes whatever no live attempt or card accounts for.
+INSERT INTO orphan_objects (object_key, file_id, token, reason)
+VALUES (%(key)s, %(id)s, %(token)s, 'attempt')
+ON CONFLICT (object_key) DO NOTHING;
+
+-- name: complete
+-- The fenced commit, batched: each row publishes only if its own token still holds the
+-- lease. The others record lease_lost and leave their object to the sweeper.
+WITH done AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(keys)s::text[],
+                         %(versions)s::text[], %(sha256s)s::text[], %(widths)s::int[],
+                         %(heights)s::int[], %(sizes)s::bigint[])
+        AS d(id, token, derived_key, derived_version, sha256, width, height, derived_bytes)
+), published AS (
+    UPDATE archive_files f
+    SET status = 'ready', derived_key = d.derived_key, derived_version = d.derived_version,
+        sha256 = d.sha256, width = d.width, height = d.height,
+        derived_bytes = d.derived_bytes, error_code = NULL,
+        lease_token = NULL, lease_until = NULL, finished_at = now(), updated_at = now()
+    FROM done d
+    WHERE f.id = d.id AND f.lease_token = d.token AND f.status = 'processing'
+    RETURNING f.id, f.attempts, d.token, d.derived_key
+), ready_events AS (
+    INSERT INTO archive_events (file_id, kind, attempt, token, worker)
+    SELECT id, 'ready', attempts, token, %(worker)s FROM published
+), accounted AS (
+    DELETE FROM orphan_objects o USING published p WHERE o.object_key = p.derived_key
+), lost AS (
+    SELECT d.* FROM done d
+    WHERE NOT EXISTS (SELECT 1 FROM published p WHERE p.id = d.id AND p.token = d.token)
+), lost_events AS (
+    INSERT INTO archive_events (file_id, kind, token, worker)
+    SELECT id, 'lease_lost', token, %(worker)s FROM lost
+), orphaned AS (
+    INSERT INTO orphan_objects (object_key, file_id, token, reason)
+    SELECT derived_key, id, token, 'lease_lost' FROM lost
+    ON CONFLICT (object_key) DO UPDATE SET reason = 'lease_lost', created_at = now()
+)
+SELECT id, token FROM lost;
+
+-- name: fail
+-- Transient errors requeue with a backoff until max_attempts; anything else, or the last
+-- attempt, ends rejected. Zero rows: the lease was already lost.
+WITH failed AS (
+    UPDATE archive_files f
+    SET status = CASE WHEN %(transient)s AND f.attempts < %(max_attempts)s
+                      THEN 'queued' ELSE 'rejected' END,
+        error_code = CASE WHEN %(transient)s AND f.attempts < %(max_attempts)s
+                          THEN NULL ELSE %(error_code)s END,
+        available_at = now() + make_interval(secs => %(delay)s::float8),
+        finished_at = CASE WHEN %(transient)s AND f.attempts < %(max_attempts)s
+                           THEN NULL ELSE now() END,
+        lease_token = NULL, lease_until = NULL, updated_at = now()
+    WHERE f.id = %(id)s AND f.lease_token = %(token)s AND f.status = 'processing'
+    RETURNING f.id, f.status, f.attempts
+), logged AS (
+    INSERT INTO archive_events (file_id, kind, attempt, token, worker, error_code)
+    SELECT id,
+           CASE WHEN status = 'queued' THEN 'retry_scheduled'
+                WHEN %(transient)s THEN 'exhausted' ELSE 'rejected' END,
+           attempts, %(token)s, %(worker)s, %(error_code)s
+    FROM failed
+    UNION ALL
+    SELECT %(id)s, 'lease_lost', NULL, %(token)s, %(worker)s, %(error_code)s
+    WHERE NOT EXISTS (SELECT 1 FROM failed)
+)
+SELECT status FROM failed;
+
+-- name: release
+-- Graceful hand-back: queued and due now, so no one waits for the lease to run out.
+-- The attempt still counts: a file is never started more than max_attempts times.
+WITH held AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS h(id, token)
+), released AS (
+    UPDATE archive_files f
+    SET status = 'queued', available_at = now(), lease_token = NULL, lease_until = NULL,
+        updated_at = now()
+    FROM held h
+    WHERE f.id = h.id AND f.lease_token = h.token AND f.status = 'processing'
+    RETURNING f.id, f.attempts, h.token
+), logged AS (
+    INSERT INTO archive_events (file_id, kind, attempt, token, worker)
+    SELECT id, 'released', attempts, token, %(worker)s FROM released
+)
+SELECT r.id, pg_notify('darkroom_jobs', '') IS NULL AS notified FROM released r;
+
+-- name: revoke
+-- Delete: the card goes to deleting and its lease is revoked, so no attempt can publish.
+WITH revoked AS (
+    UPDATE archive_files f
+    SET status = 'deleting', lease_token = NULL, lease_until = NULL,
+        deleted_at = now(), updated_at = now()
+    WHERE f.id = %(id)s AND f.owner = %(owner)s AND f.status <> 'deleting'
+    RETURNING f.id, f.attempts
+), logged AS (
+    INSERT INTO archive_events (file_id, kind, attempt)
+    SELECT id, 'revoked', attempts FROM revoked
+)
+SELECT id FROM revoked;
+
+-- name: get_file
+SELECT * FROM archive_files WHERE id = %(id)s AND owner = %(owner)s AND status <> 'deleting';
+
+-- name: list_files
+-- Newest first; the cursor is the (created_at, id) of the last card of the previous page.
+SELECT * FROM archive_files
+WHERE owner = %(owner)s AND status <> 'deleting'
+  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(after_created)s::timestamptz IS NULL
+       OR (created_at, id) < (%(after_created)s::timestamptz, %(after_id)s::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: stats
+SELECT
+    (SELECT coalesce(jsonb_object_agg(status, n), '{}'::jsonb)
+       FROM (SELECT status, count(*) AS n FROM archive_files GROUP BY status) s) AS counts,
+    (SELECT extract(epoch FROM now() - min(since))::float8 FROM (
+        SELECT min(available_at) AS since FROM archive_files
+         WHERE status = 'queued' AND available_at <= now()
+        UNION ALL
+        SELECT min(lease_until) FROM archive_files
+         WHERE status = 'processing' AND lease_until < now()) c) AS oldest_claimable_age_seconds,
+    (SELECT count(*) FROM archive_files
+      WHERE status = 'processing' AND lease_until < now()) AS expired_leases,
+    (SELECT count(*) FILTER (WHERE kind IN ('rejected', 'exhausted'))::float8
+            / nullif(count(*), 0)
+       FROM archive_events
+      WHERE created_at > now() - interval '1 hour'
+        AND kind IN ('ready', 'rejected', 'exhausted')) AS rejected_share_1h,
+    (SELECT count(*) FILTER (WHERE kind IN ('rejected', 'exhausted'))::float8
+            / nullif(count(*), 0)
+       FROM archive_events
+      WHERE created_at > now() - interval '24 hours'
+        AND kind IN ('ready', 'rejected', 'exhausted')) AS rejected_share_24h,
+    (SELECT count(*) FROM archive_events
+      WHERE created_at > now() - interval '1 minute' AND kind = 'ready') AS completed_last_minute,
+    (SELECT count(*) FROM archive_events WHERE kind = 'lease_lost') AS lease_lost_total;

@@ -1,0 +1,286 @@
+"""The lease protocol (DESIGN §3): every change of a card's status happens here.
+
+The worker, the API and the sweeper call these methods and never write `status`
+themselves. Each method is one statement (see `db/queries.sql`), so each transition is
+atomic and its event is written in the same transaction as the change it records.
+
+The invariants this module keeps:
+- a card is `processing` exactly while some attempt holds a lease (`lease_token`,
+  `lease_until`), and the lease is time-limited by the database's clock;
+- a result is published only by the attempt whose token still holds the lease; a stale
+  attempt's commit changes nothing, is recorded as `lease_lost`, and its object is left
+  to the sweeper;
+- a file is started at most `max_attempts` times, however its attempts ended.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from darkroom.db.queries import QUERIES
+from darkroom.errors import TRANSIENT_CODES, DarkroomError, ErrorCode
+
+NOTIFY_CHANNEL = "darkroom_jobs"
+STATUSES = ("pending", "queued", "processing", "ready", "rejected", "deleting")
+
+
+class LeaseLost(DarkroomError):
+    """The attempt no longer holds its lease: it must not publish, and it has not."""
+
+    def __init__(self, file_id: uuid.UUID, token: uuid.UUID) -> None:
+        super().__init__(f"lease lost for {file_id} (token {str(token)[:8]})")
+        self.file_id = file_id
+        self.token = token
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One attempt's right to publish a result for one card, until `lease_until`."""
+
+    file_id: uuid.UUID
+    token: uuid.UUID
+    attempt: int
+    lease_until: datetime
+    owner: str
+    original_key: str
+    original_version: str | None
+
+    @property
+    def token_prefix(self) -> str:
+        return str(self.token)[:8]
+
+
+@dataclass(frozen=True, slots=True)
+class Derived:
+    """What a successful attempt publishes."""
+
+    key: str
+    version: str
+    sha256: str
+    width: int
+    height: int
+    size: int
+
+
+class ConfirmOutcome(StrEnum):
+    QUEUED = "queued"  # pending -> queued now
+    ALREADY = "already"  # the same version was confirmed before: nothing changed
+    CONFLICT = "conflict"  # confirmed before with another version
+    NOT_FOUND = "not_found"
+
+
+def backoff_delay(
+    attempt: int, base: float, cap: float, rng: random.Random | None = None
+) -> float:
+    """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2**(attempt-1))].
+
+    Full jitter spreads retries of a fault that hit many files at once, so the recovering
+    dependency is not met by a synchronized wave.
+    """
+    ceiling = min(cap, base * 2 ** max(attempt - 1, 0))
+    return (rng or random).uniform(0.0, ceiling)
+
+
+class Queue:
+    """The one owner of status changes. Safe to share among tasks of one event loop."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        *,
+        lease_seconds: float,
+        max_attempts: int,
+        retry_base_seconds: float,
+        retry_cap_seconds: float,
+        worker: str = "",
+        rng: random.Random | None = None,
+    ) -> None:
+        self.pool = pool
+        self.lease_seconds = lease_seconds
+        self.max_attempts = max_attempts
+        self.retry_base_seconds = retry_base_seconds
+        self.retry_cap_seconds = retry_cap_seconds
+        self.worker = worker
+        self._rng = rng or random.Random()
+
+    async def _rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(QUERIES[name], params, prepare=True)
+            return list(await cur.fetchall()) if cur.description else []
+
+    # --- cards -----------------------------------------------------------------------
+
+    async def create_file(
+        self, *, owner: str, filename: str, content_type: str, size: int,
+        file_id: uuid.UUID | None = None,
+    ) -> dict[str, Any]:
+        """A new card in `pending`; its original goes under a key derived from its id."""
+        file_id = file_id or uuid.uuid4()
+        rows = await self._rows("create_file", {
+            "id": file_id, "owner": owner, "filename": filename,
+            "content_type": content_type, "size": size,
+            "original_key": original_key(file_id),
+        })
+        return rows[0]
+
+    async def confirm(self, file_id: uuid.UUID, owner: str, version: str) -> ConfirmOutcome:
+        """pending -> queued for exactly `version`, with NOTIFY; idempotent for the same version."""
+        rows = await self._rows("confirm", {"id": file_id, "owner": owner, "version": version})
+        if not rows:
+            return ConfirmOutcome.NOT_FOUND
+        row = rows[0]
+        if row["moved"]:
+            return ConfirmOutcome.QUEUED
+        if row["previous_version"] == version:
+            return ConfirmOutcome.ALREADY
+        return ConfirmOutcome.CONFLICT
+
+    async def get_file(self, file_id: uuid.UUID, owner: str) -> dict[str, Any] | None:
+        rows = await self._rows("get_file", {"id": file_id, "owner": owner})
+        return rows[0] if rows else None
+
+    async def list_files(
+        self, owner: str, *, status: str | None = None, limit: int = 50,
+        after: tuple[datetime, uuid.UUID] | None = None,
+    ) -> list[dict[str, Any]]:
+        return await self._rows("list_files", {
+            "owner": owner, "status": status, "limit": limit,
+            "after_created": after[0] if after else None,
+            "after_id": after[1] if after else None,
+        })
+
+    async def revoke(self, file_id: uuid.UUID, owner: str) -> bool:
+        """Any state -> deleting; the lease (if any) is revoked so nothing can publish."""
+        return bool(await self._rows("revoke", {"id": file_id, "owner": owner}))
+
+    # --- attempts --------------------------------------------------------------------
+
+    async def claim(self, n: int) -> list[Lease]:
+        """Lease up to `n` claimable cards in one short transaction.
+
+        Rows that were already started `max_attempts` times are moved to
+        rejected/attempts_exhausted by the same statement and are not returned.
+        """
+        if n <= 0:
+            return []
+        rows = await self._rows("claim", {
+            "n": n, "max_attempts": self.max_attempts,
+            "lease_seconds": self.lease_seconds, "worker": self.worker,
+        })
+        return [
+            Lease(
+                file_id=r["id"], token=r["lease_token"], attempt=r["attempts"],
+                lease_until=r["lease_until"], owner=r["owner"],
+                original_key=r["original_key"], original_version=r["original_version"],
+            )
+            for r in rows
+            if r["status"] == "processing"
+        ]
+
+    async def heartbeat(self, leases: Sequence[Lease]) -> set[uuid.UUID]:
+        """Extend every lease by `lease_seconds`; answers the file ids whose lease is lost."""
+        if not leases:
+            return set()
+        rows = await self._rows("heartbeat", {
+            "ids": [lease.file_id for lease in leases],
+            "tokens": [lease.token for lease in leases],
+            "lease_seconds": self.lease_seconds, "worker": self.worker,
+        })
+        return {r["id"] for r in rows}
+
+    async def register_attempt_object(self, lease: Lease, key: str) -> None:
+        """Record the key an attempt is about to write, before it writes it."""
+        await self._rows("register_attempt_object",
+                         {"key": key, "id": lease.file_id, "token": lease.token})
+
+    async def complete_many(self, results: Sequence[tuple[Lease, Derived]]) -> set[uuid.UUID]:
+        """Fenced commit of several attempts in one statement; answers the ids not published.
+
+        Each row is still fenced by its own token: a lost one records `lease_lost` and
+        registers its object as an orphan, and never counts as success.
+        """
+        if not results:
+            return set()
+        rows = await self._rows("complete", {
+            "ids": [lease.file_id for lease, _ in results],
+            "tokens": [lease.token for lease, _ in results],
+            "keys": [d.key for _, d in results],
+            "versions": [d.version for _, d in results],
+            "sha256s": [d.sha256 for _, d in results],
+            "widths": [d.width for _, d in results],
+            "heights": [d.height for _, d in results],
+            "sizes": [d.size for _, d in results],
+            "worker": self.worker,
+        })
+        return {r["id"] for r in rows}
+
+    async def complete(self, lease: Lease, derived: Derived) -> None:
+        """Publish one result; raises `LeaseLost` when the attempt lost its right to."""
+        if await self.complete_many([(lease, derived)]):
+            raise LeaseLost(lease.file_id, lease.token)
+
+    async def fail(self, lease: Lease, code: ErrorCode) -> str:
+        """Record a failed attempt; answers the card's new status (`queued` or `rejected`).
+
+        Transient codes requeue with backoff and full jitter while attempts remain; a
+        transient failure of the last attempt rejects with that code. Raises `LeaseLost`.
+        """
+        transient = code in TRANSIENT_CODES
+        delay = (
+            backoff_delay(lease.attempt, self.retry_base_seconds, self.retry_cap_seconds,
+                          self._rng)
+            if transient else 0.0
+        )
+        rows = await self._rows("fail", {
+            "id": lease.file_id, "token": lease.token, "transient": transient,
+            "error_code": str(code), "max_attempts": self.max_attempts,
+            "delay": delay, "worker": self.worker,
+        })
+        if not rows:
+            raise LeaseLost(lease.file_id, lease.token)
+        return str(rows[0]["status"])
+
+    async def release(self, leases: Sequence[Lease]) -> set[uuid.UUID]:
+        """Hand unfinished leases back (queued, due now); answers the ids released."""
+        if not leases:
+            return set()
+        rows = await self._rows("release", {
+            "ids": [lease.file_id for lease in leases],
+            "tokens": [lease.token for lease in leases],
+            "worker": self.worker,
+        })
+        return {r["id"] for r in rows}
+
+    # --- health ----------------------------------------------------------------------
+
+    async def stats(self) -> dict[str, Any]:
+        """Queue health (DESIGN §6) as one JSON-ready object."""
+        row = (await self._rows("stats", {}))[0]
+        counts = {status: 0 for status in STATUSES}
+        counts.update({k: int(v) for k, v in row["counts"].items()})
+        return {
+            "counts": counts,
+            "oldest_claimable_age_seconds": row["oldest_claimable_age_seconds"],
+            "expired_leases": int(row["expired_leases"]),
+            "rejected_share_1h": row["rejected_share_1h"],
+            "rejected_share_24h": row["rejected_share_24h"],
+            "completed_last_minute": int(row["completed_last_minute"]),
+            "lease_lost_total": int(row["lease_lost_total"]),
+        }
+
+
+def original_key(file_id: uuid.UUID) -> str:
+    return f"originals/{file_id}"
+
+
+def derived_key(lease: Lease) -> str:
+    """Unique to the attempt: two attempts never write the same bytes' key."""
+    return f"derived/{lease.file_id}/{lease.token}.webp"

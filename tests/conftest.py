@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from darkroom.db.connection import open_pool
+from darkroom.queue import Queue
+from tests.support.postgres import TestPostgres
+
+CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> TestPostgres:
+    return TestPostgres.start(tmp_path_factory.mktemp("pg"))
+
+
+@pytest.fixture
+def db_url(postgres: TestPostgres) -> Iterator[str]:
+    with postgres.database() as url:
+        yield url
+
+
+@pytest.fixture
+def empty_db_url(postgres: TestPostgres) -> Iterator[str]:
+    with postgres.database(migrated=False) as url:
+        yield url
+
+
+def make_queue(pool: Any, **overrides: Any) -> Queue:
+    options: dict[str, Any] = {
+        "lease_seconds": 30.0, "max_attempts": 3,
+        "retry_base_seconds": 0.0, "retry_cap_seconds": 0.0, "worker": "test",
+    }
+    options.update(overrides)
+    return Queue(pool, **options)
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[Any]:
+    p = await open_pool(db_url, min_size=1, max_size=4)
+    try:
+        yield p
+    finally:
+        await p.close()

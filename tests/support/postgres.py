@@ -1,0 +1,70 @@
+"""A real PostgreSQL for the tests: the embedded pgserver one, or DARKROOM_TEST_DATABASE_URL.
+
+Each test gets a database of its own, cloned from a migrated template, so no test can see
+another's rows or depend on another's order.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from darkroom.db import embedded
+from darkroom.db.migrations import migrate
+
+TEMPLATE = "darkroom_test_template"
+
+
+class TestPostgres:
+    def __init__(self, server_url: str) -> None:
+        self.server_url = server_url
+        self.template_ready = False
+
+    @classmethod
+    def start(cls, tmp: Path) -> TestPostgres:
+        url = os.environ.get("DARKROOM_TEST_DATABASE_URL")
+        if not url:
+            url = embedded.url(tmp / "pg", stop_on_exit=True)
+        return cls(url)
+
+    def url_for(self, dbname: str) -> str:
+        params = conninfo_to_dict(self.server_url)
+        params["dbname"] = dbname
+        return make_conninfo(**params)  # type: ignore[arg-type]
+
+    def _admin(self) -> psycopg.Connection[tuple[object, ...]]:
+        return psycopg.connect(self.server_url, autocommit=True)
+
+    def ensure_template(self) -> None:
+        if self.template_ready:
+            return
+        with self._admin() as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)")
+            conn.execute(f"CREATE DATABASE {TEMPLATE}")
+        migrate(self.url_for(TEMPLATE))
+        self.template_ready = True
+
+    @contextmanager
+    def database(self, *, migrated: bool = True) -> Iterator[str]:
+        name = f"darkroom_t_{uuid.uuid4().hex[:12]}"
+        if migrated:
+            self.ensure_template()
+        with self._admin() as conn:
+            template = f" TEMPLATE {TEMPLATE}" if migrated else ""
+            conn.execute(f"CREATE DATABASE {name}{template}")
+        try:
+            yield self.url_for(name)
+        finally:
+            with self._admin() as conn:
+                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    def server_pid(self) -> int | None:
+        with self._admin() as conn:
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        return int(row[0]) if row else None

@@ -1,3 +1,3 @@
-"""darkroom: uploaded originals in, WebP derivatives out, coordinated by a PostgreSQL lease queue."""
+"""darkroom: originals in, WebP derivatives out, coordinated by a PostgreSQL lease queue."""
 
 __version__ = "0.1.0"

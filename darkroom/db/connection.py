@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -17,8 +18,15 @@ def database_url(settings: Settings) -> str:
 
 
 async def open_pool(conninfo: str, *, min_size: int = 1, max_size: int = 8,
-                    name: str = "darkroom") -> AsyncConnectionPool:
-    """An opened pool; connections that died with a server restart are checked out again."""
+                    name: str = "darkroom", fail_fast: bool = True) -> AsyncConnectionPool:
+    """An opened pool; connections that died with a server restart are checked out again.
+
+    With `fail_fast`, an unreachable server raises psycopg's own one-line error at once
+    instead of the pool retrying in the background; long-running services pass False.
+    """
+    if fail_fast:
+        probe = await psycopg.AsyncConnection.connect(conninfo, connect_timeout=10)
+        await probe.close()
     pool = AsyncConnectionPool(
         conninfo,
         min_size=min_size,

@@ -1,4 +1,8 @@
-"""Loads the named statements of `queries.sql` (one file, so SQL lives in one place)."""
+"""Loads the named statements of the `.sql` files beside this module.
+
+SQL lives in one folder: `queries.sql` holds the lease protocol (every status change),
+the other files hold the statements of one concept each (keys, sweeper, ...).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +13,18 @@ _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
 def _load() -> dict[str, str]:
-    text = resources.files("darkroom.db").joinpath("queries.sql").read_text(encoding="utf-8")
-    parts = _NAME.split(text)
-    # parts = [preamble, name1, body1, name2, body2, ...]
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+    queries: dict[str, str] = {}
+    folder = resources.files("darkroom.db")
+    for file in sorted(folder.iterdir(), key=lambda f: f.name):
+        if not file.name.endswith(".sql"):
+            continue
+        parts = _NAME.split(file.read_text(encoding="utf-8"))
+        # parts = [preamble, name1, body1, name2, body2, ...]
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in queries:
+                raise RuntimeError(f"query {name!r} is defined twice (in {file.name})")
+            queries[name] = body.strip()
+    return queries
 
 
 QUERIES: dict[str, str] = _load()

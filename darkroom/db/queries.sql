@@ -77,12 +77,12 @@ WITH held AS (
     SET lease_until = now() + make_interval(secs => %(lease_seconds)s::float8)
     FROM held h
     WHERE f.id = h.id AND f.lease_token = h.token AND f.status = 'processing'
-    RETURNING f.id
+    RETURNING f.id, f.lease_token
 ), lost AS (
     INSERT INTO archive_events (file_id, kind, token, worker)
     SELECT h.id, 'lease_lost', h.token, %(worker)s
     FROM held h
-    WHERE NOT EXISTS (SELECT 1 FROM extended e WHERE e.id = h.id)
+    WHERE NOT EXISTS (SELECT 1 FROM extended e WHERE e.id = h.id AND e.lease_token = h.token)
     RETURNING file_id
 )
 SELECT file_id AS id FROM lost;

@@ -1,0 +1,156 @@
+"""`darkroom`: one command, a subcommand per part of the service (DESIGN §4)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+
+from darkroom.config import ConfigError, Settings, load_settings
+
+
+def _settings(args: argparse.Namespace, **flags: Any) -> Settings:
+    data_dir = getattr(args, "data_dir", None)
+    return load_settings(data_dir=data_dir, **flags)
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from darkroom.db.connection import database_url
+    from darkroom.db.migrations import migrate
+
+    applied = migrate(database_url(_settings(args)))
+    print(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from darkroom.stats import fetch, render
+
+    stats = asyncio.run(fetch(_settings(args)))
+    print(json.dumps(stats, indent=2) if args.json else render(stats))
+    return 0
+
+
+def cmd_derive(args: argparse.Namespace) -> int:
+    from darkroom.derive import cli
+
+    return cli(args.input, args.output, _settings(args))
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from darkroom.worker import main
+
+    return main(_settings(args), concurrency=args.concurrency, name=args.name,
+                metrics_port=args.metrics_port)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from darkroom.sweeper import main
+
+    return main(_settings(args), once=args.once)
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    from darkroom.api.app import serve
+
+    return serve(_settings(args), host=args.host, port=args.port)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from darkroom.up import main
+
+    return main(_settings(args), host=args.host, port=args.port, workers=args.workers)
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    from darkroom.keys import create_key_cli
+
+    return create_key_cli(_settings(args), owner=args.owner, admin=args.admin)
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from darkroom.importer import main
+
+    settings = load_settings(api_url=args.api, api_key=args.key)
+    return main(settings, directory=args.directory, wait=args.wait,
+                concurrency=args.concurrency)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="darkroom", description=__doc__)
+    parser.add_argument("--data-dir", help="state directory (DARKROOM_DATA_DIR, default .darkroom)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, func: Callable[[argparse.Namespace], int], help: str
+            ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("--data-dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        p.set_defaults(func=func)
+        return p
+
+    p = add("up", cmd_up, "database, migrations, API, workers and sweeper in one command")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--workers", type=int, default=None, help="worker slots (default: cores)")
+
+    add("migrate", cmd_migrate, "apply schema migrations (safe to run concurrently)")
+
+    p = add("api", cmd_api, "the HTTP API only")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+
+    p = add("worker", cmd_worker, "one worker process")
+    p.add_argument("--concurrency", type=int, default=None, help="slots (default: cores)")
+    p.add_argument("--name", default=None)
+    p.add_argument("--metrics-port", type=int, default=None)
+
+    p = add("sweep", cmd_sweep, "delete orphaned objects and purge deleted files")
+    p.add_argument("--once", action="store_true", help="one pass, then exit")
+
+    p = add("stats", cmd_stats, "queue health")
+    p.add_argument("--json", action="store_true")
+
+    keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="keys_command",
+                                                                   required=True)
+    p = keys.add_parser("create", help="print a new API key (stored hashed)")
+    p.add_argument("--owner", required=True)
+    p.add_argument("--admin", action="store_true")
+    p.set_defaults(func=cmd_keys_create)
+
+    p = add("import", cmd_import, "upload every image in DIR through the API")
+    p.add_argument("directory", metavar="DIR")
+    p.add_argument("--wait", action="store_true", help="wait until every file is finished")
+    p.add_argument("--api", default=os.environ.get("DARKROOM_API_URL"))
+    p.add_argument("--key", default=os.environ.get("DARKROOM_API_KEY"))
+    p.add_argument("--concurrency", type=int, default=4)
+
+    p = add("derive", cmd_derive, "run the derivative pipeline on one local file")
+    p.add_argument("input", metavar="IN")
+    p.add_argument("-o", "--output", default=None)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result: int = args.func(args)
+        return result
+    except ConfigError as exc:
+        print(f"darkroom: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except psycopg.OperationalError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"darkroom: database unavailable: {first}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

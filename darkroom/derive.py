@@ -1,0 +1,328 @@
+"""Untrusted image bytes in, a WebP derivative out (DESIGN §7).
+
+`derive()` is pure and in-process; production runs it inside `darkroom.sandbox`'s child
+process so that a decoder crash, a runaway allocation or a hang only ever kills the child.
+
+Order of defence, cheapest first: byte limit, magic-byte sniff (JPEG, PNG, WebP, GIF
+only), the format's own loader reading the header alone, dimension and pixel limits, and
+only then the full decode with errors treated as errors.
+
+pyvips is imported lazily (`_vips()`): the API and the worker parent import `Limits` and
+`Derivative` from here and should not map libvips into their address space at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from darkroom.errors import DeriveError, ErrorCode
+
+if TYPE_CHECKING:
+    from darkroom.config import Settings
+
+log = logging.getLogger("darkroom.derive")
+
+WEBP_QUALITY = 80
+WEBP_EFFORT = 4
+
+# Loaders we trust, by libvips class name. Everything else that derives from
+# VipsForeignLoad is blocked. The pyvips-binary build marks none of its loaders
+# "untrusted" (it ships svg, tiff, heif, uhdr, csv, matrix, vips, raw loaders), so
+# block_untrusted_set alone would block nothing: an allow-list is the real fence.
+_ALLOWED_LOADER_CLASSES = (
+    "VipsForeignLoadJpeg",
+    "VipsForeignLoadPng",
+    "VipsForeignLoadWebp",
+    "VipsForeignLoadNsgif",
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_bytes: int = 25_000_000
+    max_pixels: int = 50_000_000
+    max_dimension: int = 16_384
+    max_edge: int = 2048
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        return cls(
+            max_bytes=settings.max_upload_bytes,
+            max_pixels=settings.max_pixels,
+            max_dimension=settings.max_dimension,
+            max_edge=settings.derivative_max_edge,
+        )
+
+
+@dataclass(frozen=True)
+class Derivative:
+    data: bytes
+    width: int
+    height: int
+    sha256: str
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+
+def sniff(data: bytes) -> str | None:
+    """The allowed format these bytes claim by their magic number, else None.
+
+    HEIC/AVIF are deliberately absent: the wheel's libheif is a large, CVE-prone
+    parser, and the brief allows them only if clearly safe.
+    """
+    if data[:3] == b"\xff\xd8\xff":
+        return "jpeg"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png"
+    if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
+    return None
+
+
+_vips_lock = threading.Lock()
+_vips_module: Any = None
+
+
+def _vips() -> Any:
+    """pyvips, configured for hostile input; loaded and configured once per process."""
+    global _vips_module
+    with _vips_lock:
+        if _vips_module is None:
+            import pyvips
+
+            pyvips.block_untrusted_set(True)
+            pyvips.operation_block_set("VipsForeignLoad", True)
+            for name in _ALLOWED_LOADER_CLASSES:
+                pyvips.operation_block_set(name, False)
+            # The operation cache keys buffer loads on the blob; with untrusted bytes
+            # and one job per call it only costs memory and risks a stale hit.
+            pyvips.cache_set_max(0)
+            _vips_module = pyvips
+        return _vips_module
+
+
+def _load_header(vips: Any, kind: str, data: bytes, jpeg_shrink: int = 1) -> Any:
+    """Open with the sniffed format's own loader; libvips reads only the header here."""
+    common: dict[str, Any] = {"access": "sequential", "fail_on": "error"}
+    if kind == "jpeg":
+        return vips.Image.jpegload_buffer(data, shrink=jpeg_shrink, **common)
+    if kind == "png":
+        return vips.Image.pngload_buffer(data, **common)
+    if kind == "webp":
+        return vips.Image.webpload_buffer(data, n=1, **common)
+    if kind == "gif":
+        return vips.Image.gifload_buffer(data, n=1, **common)
+    raise DeriveError(ErrorCode.UNSUPPORTED_FORMAT, kind)
+
+
+def _jpeg_shrink(width: int, height: int, max_edge: int) -> int:
+    """The largest libjpeg DCT scale that still leaves the long edge ≥ max_edge.
+
+    Like Pillow's draft mode: decoding at 1/2, 1/4 or 1/8 is far cheaper than decoding
+    in full and resizing, and the final resize then only trims the remainder.
+    """
+    long_edge = max(width, height)
+    for shrink in (8, 4, 2):
+        if long_edge // shrink >= max_edge:
+            return shrink
+    return 1
+
+
+def check_size(data: bytes, limits: Limits) -> str:
+    """Byte limit and sniff: the checks that need no decoder. Returns the format."""
+    if not data:
+        # An empty upload is a broken upload, not a format we refuse.
+        raise DeriveError(ErrorCode.INVALID_IMAGE, "empty input")
+    if len(data) > limits.max_bytes:
+        raise DeriveError(ErrorCode.IMAGE_TOO_LARGE, f"{len(data)} bytes")
+    kind = sniff(data)
+    if kind is None:
+        raise DeriveError(ErrorCode.UNSUPPORTED_FORMAT, f"magic {data[:12].hex()}")
+    return kind
+
+
+def check_dimensions(width: int, height: int, limits: Limits) -> None:
+    if width < 1 or height < 1:
+        raise DeriveError(ErrorCode.INVALID_IMAGE, f"{width}x{height}")
+    if width > limits.max_dimension or height > limits.max_dimension:
+        raise DeriveError(ErrorCode.IMAGE_TOO_LARGE, f"{width}x{height}")
+    if width * height > limits.max_pixels:
+        raise DeriveError(ErrorCode.IMAGE_TOO_LARGE, f"{width}x{height} pixels")
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    return "out of memory" in str(exc).lower()
+
+
+def open_checked(data: bytes, limits: Limits) -> tuple[Any, str]:
+    """Sniff, read the header, enforce the limits, and reopen with shrink-on-load.
+
+    Returns a lazy, sequential image: nothing has been decoded yet.
+    """
+    vips = _vips()
+    kind = check_size(data, limits)
+    try:
+        header = _load_header(vips, kind, data)
+    except vips.Error as exc:
+        log.info("header rejected (%s): %s", kind, exc)
+        raise DeriveError(ErrorCode.INVALID_IMAGE, f"{kind} header") from None
+    width, height = int(header.width), int(header.height)
+    check_dimensions(width, height, limits)
+    if kind == "jpeg":
+        shrink = _jpeg_shrink(width, height, limits.max_edge)
+        if shrink > 1:
+            try:
+                header = _load_header(vips, kind, data, jpeg_shrink=shrink)
+            except vips.Error as exc:
+                log.info("jpeg reopen failed: %s", exc)
+                raise DeriveError(ErrorCode.INVALID_IMAGE, "jpeg header") from None
+    return header, kind
+
+
+def decode_resized(data: bytes, limits: Limits) -> Any:
+    """Everything up to the encoder: an upright sRGB 8-bit image in memory.
+
+    Exposed so the benchmark can time decode+resize apart from encode.
+    """
+    vips = _vips()
+    image, kind = open_checked(data, limits)
+    try:
+        if max(image.width, image.height) > limits.max_edge:
+            # thumbnail_image premultiplies alpha around the resample, which a plain
+            # resize does not; the box is square so orientation does not matter yet.
+            image = image.thumbnail_image(
+                limits.max_edge, height=limits.max_edge, size="down", no_rotate=True
+            )
+        # The one full decode happens here. It also ends the sequential pipeline so
+        # that autorot may read in any order, and it separates decode errors (the
+        # input's fault) from encode errors (ours).
+        image = image.copy_memory()
+    except vips.Error as exc:
+        if _is_out_of_memory(exc):
+            log.warning("decode ran out of memory (%s): %s", kind, exc)
+            raise DeriveError(ErrorCode.PROCESSING_FAILED, "out of memory") from None
+        log.info("decode failed (%s): %s", kind, exc)
+        raise DeriveError(ErrorCode.INVALID_IMAGE, f"{kind} decode") from None
+    try:
+        image = image.autorot()
+        image = _to_srgb(vips, image)
+    except vips.Error as exc:
+        log.warning("colour/orientation failed (%s): %s", kind, exc)
+        raise DeriveError(ErrorCode.PROCESSING_FAILED, "colour conversion") from None
+    return image
+
+
+def _to_srgb(vips: Any, image: Any) -> Any:
+    """Colour-manage to 8-bit sRGB, keeping any alpha band."""
+    interpretation = str(image.interpretation)
+    has_icc = image.get_typeof("icc-profile-data") != 0
+    if interpretation == "cmyk":
+        # A CMYK JPEG without a profile still needs one to mean anything; libvips
+        # ships a generic CMYK profile as "cmyk".
+        image = image.icc_transform(
+            "srgb", input_profile="cmyk", embedded=has_icc, intent="perceptual"
+        )
+    elif has_icc:
+        try:
+            image = image.icc_transform("srgb", embedded=True, intent="perceptual")
+        except vips.Error as exc:
+            # A broken or mismatched embedded profile should not reject a photo that
+            # decodes fine; fall back to treating the pixels as sRGB.
+            log.info("ignoring unusable ICC profile: %s", exc)
+    if str(image.interpretation) != "srgb" or str(image.format) != "uchar":
+        image = image.colourspace("srgb")
+    if str(image.format) != "uchar":
+        image = image.cast("uchar")
+    return image
+
+
+def encode(image: Any) -> bytes:
+    """WebP with no metadata at all: keep='none' drops EXIF, XMP and the ICC profile."""
+    data: bytes = image.webpsave_buffer(Q=WEBP_QUALITY, effort=WEBP_EFFORT, keep="none")
+    return data
+
+
+def derive(data: bytes, limits: Limits) -> Derivative:
+    """Turn untrusted image bytes into a WebP derivative or raise `DeriveError`."""
+    vips = _vips()
+    try:
+        image = decode_resized(data, limits)
+        try:
+            webp = encode(image)
+        except vips.Error as exc:
+            log.warning("webp encode failed: %s", exc)
+            raise DeriveError(ErrorCode.PROCESSING_FAILED, "encode") from None
+        return Derivative(
+            data=webp,
+            width=int(image.width),
+            height=int(image.height),
+            sha256=hashlib.sha256(webp).hexdigest(),
+        )
+    except DeriveError:
+        raise
+    except MemoryError:
+        # The header limits passed, so a blow-up is the decoder misbehaving or the
+        # memory limit being set too tight: not something the uploader can fix.
+        raise DeriveError(ErrorCode.PROCESSING_FAILED, "out of memory") from None
+    except Exception as exc:
+        log.exception("unexpected derive failure")
+        raise DeriveError(ErrorCode.PROCESSING_FAILED, type(exc).__name__) from None
+
+
+def cli(path: str, out: str | None, settings: Settings) -> int:
+    """`darkroom derive IN [-o OUT]`: the production child-process path on one file."""
+    from darkroom.sandbox import DecoderProcess
+
+    limits = Limits.from_settings(settings)
+
+    def fail(code: ErrorCode) -> int:
+        print(json.dumps({"error_code": str(code)}))
+        return 1
+
+    source = Path(path)
+    try:
+        # Refuse by size before reading, so a huge file is never pulled into memory.
+        if source.stat().st_size > limits.max_bytes:
+            return fail(ErrorCode.IMAGE_TOO_LARGE)
+        data = source.read_bytes()
+    except OSError as exc:
+        print(f"darkroom derive: cannot read input: {exc.strerror}", file=sys.stderr)
+        return fail(ErrorCode.ORIGINAL_MISSING)
+    try:
+        with DecoderProcess(
+            limits,
+            timeout=settings.derive_timeout_seconds,
+            memory_mb=settings.derive_memory_mb,
+        ) as proc:
+            result = proc.derive(data)
+    except DeriveError as exc:
+        log.info("derive %s failed: %s", path, exc)
+        return fail(exc.code)
+    if out is not None:
+        try:
+            Path(out).write_bytes(result.data)
+        except OSError as exc:
+            print(f"darkroom derive: cannot write output: {exc.strerror}", file=sys.stderr)
+            return fail(ErrorCode.PROCESSING_FAILED)
+    print(
+        json.dumps(
+            {
+                "width": result.width,
+                "height": result.height,
+                "bytes": result.size,
+                "sha256": result.sha256,
+            }
+        )
+    )
+    return 0

@@ -1,0 +1,48 @@
+"""Queue health for operators: `darkroom stats` and the API's `/v1/queue`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from darkroom.config import Settings
+from darkroom.db.connection import database_url, open_pool
+from darkroom.queue import Queue
+
+
+def queue_for(pool: Any, settings: Settings, worker: str = "") -> Queue:
+    return Queue(
+        pool,
+        lease_seconds=settings.lease_seconds,
+        max_attempts=settings.max_attempts,
+        retry_base_seconds=settings.retry_base_seconds,
+        retry_cap_seconds=settings.retry_cap_seconds,
+        worker=worker,
+    )
+
+
+async def fetch(settings: Settings) -> dict[str, Any]:
+    pool = await open_pool(database_url(settings), min_size=1, max_size=1, name="stats")
+    try:
+        return await queue_for(pool, settings).stats()
+    finally:
+        await pool.close()
+
+
+def _share(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1%}"
+
+
+def render(stats: dict[str, Any]) -> str:
+    age = stats["oldest_claimable_age_seconds"]
+    lines = ["status       cards"]
+    lines += [f"{status:<12} {n:>6}" for status, n in stats["counts"].items()]
+    lines += [
+        "",
+        f"oldest claimable job   {'—' if age is None else f'{age:.1f} s'}",
+        f"expired leases         {stats['expired_leases']}",
+        f"rejected share 1h/24h  {_share(stats['rejected_share_1h'])} / "
+        f"{_share(stats['rejected_share_24h'])}",
+        f"completed last minute  {stats['completed_last_minute']}",
+        f"lease lost (total)     {stats['lease_lost_total']}",
+    ]
+    return "\n".join(lines)

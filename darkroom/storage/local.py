@@ -1,0 +1,329 @@
+"""The embedded default store: versioned objects in a local directory.
+
+Layout: the key's segments are directories, and each version of the key is a file in the
+key's directory named `@<version>`, with its content type in `@<version>.type` beside
+it. Key segments can never start with "@" or ".", so version files, their sidecars and
+the `.tmp-*` files of puts in progress can never be mistaken for keys.
+
+A put writes temporary files, fsyncs them, renames them into place and fsyncs the
+directory. The data file is renamed last, so a version becomes visible only complete and
+with its content type already beside it; a crash at any point leaves nothing visible but
+at most a stray temporary file or sidecar, which readers ignore.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from darkroom.errors import ObjectMissing, StorageConfigError, StorageUnavailable
+from darkroom.storage.base import (
+    CHUNK_SIZE,
+    Body,
+    ObjectInfo,
+    ObjectVersion,
+    PresignedRequest,
+    validate_content_type,
+    validate_key,
+    validate_prefix,
+)
+
+log = logging.getLogger(__name__)
+
+_VERSION = re.compile(r"[0-9a-f]{16}-[0-9a-f]{8}")
+_DATA_FILE = re.compile(r"@([0-9a-f]{16}-[0-9a-f]{8})")
+_TEMP_PREFIX = ".tmp-"
+_TYPE_SUFFIX = ".type"
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+
+_version_lock = threading.Lock()
+_last_version_ns = 0
+
+
+def new_version() -> str:
+    """A unique version id that sorts by creation time.
+
+    The time part never repeats or goes backwards within a process, so the versions a
+    process writes sort in the order it wrote them even if the wall clock steps back; the
+    random part keeps concurrent processes from colliding.
+    """
+    global _last_version_ns
+    with _version_lock:
+        now = max(time.time_ns(), _last_version_ns + 1)
+        _last_version_ns = now
+    return f"{now:016x}-{uuid.uuid4().hex[:8]}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_body(body: Body, out: BinaryIO) -> int:
+    if isinstance(body, bytes | bytearray | memoryview):
+        view = memoryview(body)
+        for start in range(0, len(view), CHUNK_SIZE):
+            out.write(view[start : start + CHUNK_SIZE])
+        return len(view)
+    size = 0
+    while True:
+        chunk = body.read(CHUNK_SIZE)
+        if not chunk:
+            return size
+        out.write(chunk)
+        size += len(chunk)
+
+
+class LocalStore:
+    """A directory of versioned objects (`file:///abs/dir`)."""
+
+    def __init__(self, root: Path) -> None:
+        root = Path(root)
+        if not root.is_absolute():
+            raise StorageConfigError("the local object directory must be an absolute path")
+        self.root = root
+
+    def __repr__(self) -> str:
+        return f"LocalStore({str(self.root)!r})"
+
+    # -- paths ------------------------------------------------------------------------
+
+    def _key_dir(self, key: str) -> Path:
+        return self.root.joinpath(*validate_key(key).split("/"))
+
+    def _version_paths(self, key: str, version: str) -> tuple[Path, Path] | None:
+        """The data file and sidecar of a version, or None if `version` is malformed."""
+        directory = self._key_dir(key)
+        # A version id from outside is never joined into a path unless it has exactly the
+        # shape this store produces, so it cannot name anything but a version file.
+        if not isinstance(version, str) or not _VERSION.fullmatch(version):
+            return None
+        return directory / f"@{version}", directory / f"@{version}{_TYPE_SUFFIX}"
+
+    def _ensure_dir(self, directory: Path) -> None:
+        """Create `directory` and its parents, making each new entry durable."""
+        if directory.is_dir():
+            return
+        if not self.root.is_dir():
+            self.root.mkdir(parents=True, exist_ok=True)
+            _fsync_dir(self.root.parent)
+        current = self.root
+        for part in directory.relative_to(self.root).parts:
+            parent, current = current, current / part
+            try:
+                current.mkdir()
+            except FileExistsError:
+                continue
+            _fsync_dir(parent)
+
+    # -- writing ----------------------------------------------------------------------
+
+    def put(
+        self, key: str, body: Body, *, content_type: str = DEFAULT_CONTENT_TYPE
+    ) -> str:
+        directory = self._key_dir(key)
+        validate_content_type(content_type)
+        version = new_version()
+        data_tmp = directory / f"{_TEMP_PREFIX}{version}"
+        type_tmp = directory / f"{_TEMP_PREFIX}{version}{_TYPE_SUFFIX}"
+        try:
+            out = self._open_temp(directory, data_tmp)
+            with out:
+                _write_body(body, out)
+                out.flush()
+                os.fsync(out.fileno())
+            with open(type_tmp, "xb") as meta:
+                meta.write(content_type.encode("ascii"))
+                meta.flush()
+                os.fsync(meta.fileno())
+            os.rename(type_tmp, directory / f"@{version}{_TYPE_SUFFIX}")
+            # The data file last: from this rename on, the version exists, complete.
+            os.rename(data_tmp, directory / f"@{version}")
+            _fsync_dir(directory)
+        except BaseException as exc:
+            for leftover in (data_tmp, type_tmp):
+                try:
+                    leftover.unlink()
+                except OSError:
+                    pass
+            if isinstance(exc, OSError):
+                log.warning("local put of %s failed: %s", key, exc)
+                raise StorageUnavailable("the local object store could not write") from exc
+            raise
+        return version
+
+    def _open_temp(self, directory: Path, path: Path) -> BinaryIO:
+        # A concurrent delete of the last version may remove the (then empty) directory
+        # between our mkdir and our open; a temp file inside keeps it alive after that.
+        for _ in range(3):
+            self._ensure_dir(directory)
+            try:
+                return open(path, "xb")
+            except FileNotFoundError:
+                continue
+        self._ensure_dir(directory)
+        return open(path, "xb")
+
+    def delete(self, key: str, version: str | None = None) -> None:
+        directory = self._key_dir(key)
+        try:
+            if version is None:
+                self._delete_all(directory)
+            else:
+                paths = self._version_paths(key, version)
+                if paths is None:
+                    return
+                removed = False
+                for path in paths:  # the data file first: that hides the version
+                    try:
+                        path.unlink()
+                        removed = True
+                    except (FileNotFoundError, NotADirectoryError):
+                        pass
+                if removed:
+                    _fsync_dir(directory)
+            self._prune(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except OSError as exc:
+            log.warning("local delete of %s failed: %s", key, exc)
+            raise StorageUnavailable("the local object store could not delete") from exc
+
+    def _delete_all(self, directory: Path) -> None:
+        removed = False
+        with os.scandir(directory) as entries:
+            names = [e.name for e in entries if e.name.startswith("@") and not e.is_dir()]
+        # Data files before sidecars, so no version is ever visible without its type.
+        names.sort(key=lambda name: name.endswith(_TYPE_SUFFIX))
+        for name in names:
+            try:
+                (directory / name).unlink()
+                removed = True
+            except FileNotFoundError:
+                pass
+        if removed:
+            _fsync_dir(directory)
+
+    def _prune(self, directory: Path) -> None:
+        """Remove now-empty key directories up to (not including) the root."""
+        while directory != self.root and self.root in directory.parents:
+            try:
+                directory.rmdir()
+            except OSError as exc:
+                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                    return
+                raise
+            _fsync_dir(directory.parent)
+            directory = directory.parent
+
+    # -- reading ----------------------------------------------------------------------
+
+    def get(self, key: str, version: str) -> bytes:
+        paths = self._version_paths(key, version)
+        if paths is None:
+            raise ObjectMissing("object version not found")
+        try:
+            with open(paths[0], "rb") as f:
+                return f.read()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+            raise ObjectMissing("object version not found") from exc
+        except OSError as exc:
+            log.warning("local get of %s@%s failed: %s", key, version, exc)
+            raise StorageUnavailable("the local object store could not read") from exc
+
+    def head(self, key: str, version: str) -> ObjectInfo:
+        paths = self._version_paths(key, version)
+        if paths is None:
+            raise ObjectMissing("object version not found")
+        data, sidecar = paths
+        try:
+            size = data.stat().st_size
+            if not data.is_file():
+                raise ObjectMissing("object version not found")
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise ObjectMissing("object version not found") from exc
+        except OSError as exc:
+            log.warning("local head of %s@%s failed: %s", key, version, exc)
+            raise StorageUnavailable("the local object store could not read") from exc
+        return ObjectInfo(key, version, size, self._content_type(sidecar))
+
+    def _content_type(self, sidecar: Path) -> str:
+        try:
+            return validate_content_type(sidecar.read_text("ascii"))
+        except (OSError, ValueError):
+            return DEFAULT_CONTENT_TYPE
+
+    def list(self, prefix: str) -> Iterator[ObjectVersion]:
+        validate_prefix(prefix)
+        head, _, rest = prefix.rpartition("/")
+        base = self.root.joinpath(*head.split("/")) if head else self.root
+        key_base = f"{head}/" if head else ""
+        try:
+            with os.scandir(base) as entries:
+                children = sorted(
+                    e.name for e in entries if e.is_dir() and e.name.startswith(rest)
+                )
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for name in children:
+            yield from self._walk(base / name, key_base + name)
+
+    def _walk(self, directory: Path, key: str) -> Iterator[ObjectVersion]:
+        versions: list[tuple[str, int]] = []
+        subdirs: list[str] = []
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    try:
+                        if entry.is_dir():
+                            if not entry.name.startswith(("@", ".")):
+                                subdirs.append(entry.name)
+                        elif m := _DATA_FILE.fullmatch(entry.name):
+                            versions.append((m.group(1), entry.stat().st_size))
+                    except FileNotFoundError:
+                        continue  # deleted while we were looking: it is simply gone
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for version, size in sorted(versions, reverse=True):
+            yield ObjectVersion(key, version, size)
+        for name in sorted(subdirs):
+            yield from self._walk(directory / name, f"{key}/{name}")
+
+    # -- the rest ---------------------------------------------------------------------
+
+    def presign_put(
+        self, key: str, *, content_type: str, expires: int = 900
+    ) -> PresignedRequest | None:
+        validate_key(key)
+        return None  # the API receives the bytes itself
+
+    def presign_get(self, key: str, version: str, *, expires: int = 300) -> str | None:
+        validate_key(key)
+        return None  # the API serves the bytes itself
+
+    def check(self) -> None:
+        try:
+            self._ensure_dir(self.root)
+            if not os.access(self.root, os.W_OK | os.X_OK):
+                log.error("local object directory %s is not writable", self.root)
+                raise StorageConfigError("the local object directory is not writable")
+            free = shutil.disk_usage(self.root).free
+        except OSError as exc:
+            log.error("local object directory %s is unusable: %s", self.root, exc)
+            if exc.errno in (errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EROFS):
+                raise StorageConfigError("the local object directory is not usable") from exc
+            raise StorageUnavailable("the local object directory is unavailable") from exc
+        if free == 0:
+            raise StorageUnavailable("the local object directory has no free space")

@@ -1,0 +1,226 @@
+"""The lease protocol against a real PostgreSQL: each transition and its fencing."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from darkroom.errors import ErrorCode
+from darkroom.queue import ConfirmOutcome, Derived, LeaseLost, backoff_delay, derived_key
+from tests.conftest import make_queue
+
+
+async def new_queued(q: Any, n: int = 1, owner: str = "alice") -> list[uuid.UUID]:
+    ids = []
+    for i in range(n):
+        card = await q.create_file(owner=owner, filename=f"f{i}.jpg",
+                                   content_type="image/jpeg", size=10)
+        assert await q.confirm(card["id"], owner, "v1") is ConfirmOutcome.QUEUED
+        ids.append(card["id"])
+    return ids
+
+
+def derived_for(lease: Any) -> Derived:
+    return Derived(key=derived_key(lease), version="dv", sha256="ab" * 32,
+                   width=10, height=8, size=123)
+
+
+def expire(db_url: str, file_id: uuid.UUID) -> None:
+    """Move a lease into the past: the controllable clock of these tests."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE archive_files SET lease_until = now() - interval '1 second' "
+                     "WHERE id = %s", (file_id,))
+
+
+def events(db_url: str, file_id: uuid.UUID) -> list[str]:
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute("SELECT kind FROM archive_events WHERE file_id = %s ORDER BY id",
+                            (file_id,)).fetchall()
+    return [r[0] for r in rows]
+
+
+def card(db_url: str, file_id: uuid.UUID) -> dict[str, Any]:
+    with psycopg.connect(db_url, row_factory=psycopg.rows.dict_row) as conn:
+        row = conn.execute("SELECT * FROM archive_files WHERE id = %s", (file_id,)).fetchone()
+    assert row is not None
+    return row
+
+
+async def test_confirm_is_idempotent_and_fenced_by_version(pool: Any) -> None:
+    q = make_queue(pool)
+    c = await q.create_file(owner="alice", filename="a.jpg", content_type="image/jpeg", size=1)
+    assert c["status"] == "pending"
+    assert await q.confirm(c["id"], "bob", "v1") is ConfirmOutcome.NOT_FOUND
+    assert await q.confirm(c["id"], "alice", "v1") is ConfirmOutcome.QUEUED
+    assert await q.confirm(c["id"], "alice", "v1") is ConfirmOutcome.ALREADY
+    assert await q.confirm(c["id"], "alice", "v2") is ConfirmOutcome.CONFLICT
+    assert await q.confirm(uuid.uuid4(), "alice", "v1") is ConfirmOutcome.NOT_FOUND
+
+
+async def test_claim_complete_publishes_once(pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    [fid] = await new_queued(q)
+    [lease] = await q.claim(5)
+    assert lease.file_id == fid and lease.attempt == 1 and lease.original_version == "v1"
+    assert await q.claim(5) == []
+    await q.complete(lease, derived_for(lease))
+    row = card(db_url, fid)
+    assert row["status"] == "ready" and row["lease_token"] is None
+    assert row["derived_key"] == derived_key(lease)
+    with pytest.raises(LeaseLost):
+        await q.complete(lease, derived_for(lease))
+    assert events(db_url, fid) == ["claimed", "ready", "lease_lost"]
+
+
+async def test_stale_commit_changes_nothing(pool: Any, db_url: str) -> None:
+    q = make_queue(pool, lease_seconds=1.0)
+    [fid] = await new_queued(q)
+    [a] = await q.claim(1)
+    expire(db_url, fid)
+    [b] = await q.claim(1)
+    assert b.file_id == fid and b.token != a.token and b.attempt == 2
+    await q.complete(b, derived_for(b))
+    with pytest.raises(LeaseLost):
+        await q.complete(a, derived_for(a))
+    row = card(db_url, fid)
+    assert row["status"] == "ready" and row["derived_key"] == derived_key(b)
+    assert events(db_url, fid) == ["claimed", "claimed", "ready", "lease_lost"]
+    with psycopg.connect(db_url) as conn:
+        orphans = conn.execute("SELECT object_key, token FROM orphan_objects").fetchall()
+    assert orphans == [(derived_key(a), a.token)]
+
+
+async def test_crash_loop_ends_after_exactly_max_attempts(pool: Any, db_url: str) -> None:
+    q = make_queue(pool, max_attempts=3)
+    [fid] = await new_queued(q)
+    starts = 0
+    for _ in range(10):
+        leases = await q.claim(1)
+        if not leases:
+            break
+        starts += 1
+        expire(db_url, fid)  # the attempt "crashed": it never reports
+    assert starts == 3
+    row = card(db_url, fid)
+    assert row["status"] == "rejected" and row["error_code"] == "attempts_exhausted"
+    assert row["attempts"] == 3
+    assert events(db_url, fid) == ["claimed"] * 3 + ["exhausted"]
+
+
+async def test_revoke_during_processing_fences_the_commit(pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    [fid] = await new_queued(q)
+    [lease] = await q.claim(1)
+    assert await q.revoke(fid, "bob") is False
+    assert await q.revoke(fid, "alice") is True
+    assert await q.revoke(fid, "alice") is False
+    with pytest.raises(LeaseLost):
+        await q.complete(lease, derived_for(lease))
+    assert await q.heartbeat([lease]) == {fid}
+    row = card(db_url, fid)
+    assert row["status"] == "deleting" and row["derived_key"] is None
+    assert await q.get_file(fid, "alice") is None
+
+
+async def test_permanent_failure_rejects_at_once(pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    [fid] = await new_queued(q)
+    [lease] = await q.claim(1)
+    assert await q.fail(lease, ErrorCode.INVALID_IMAGE) == "rejected"
+    row = card(db_url, fid)
+    assert row["error_code"] == "invalid_image" and row["attempts"] == 1
+    with pytest.raises(LeaseLost):
+        await q.fail(lease, ErrorCode.INVALID_IMAGE)
+
+
+async def test_transient_failure_retries_then_rejects(pool: Any, db_url: str) -> None:
+    q = make_queue(pool, max_attempts=3, retry_base_seconds=0.0)
+    [fid] = await new_queued(q)
+    outcomes = []
+    for _ in range(3):
+        [lease] = await q.claim(1)
+        outcomes.append(await q.fail(lease, ErrorCode.STORAGE_UNAVAILABLE))
+    assert outcomes == ["queued", "queued", "rejected"]
+    row = card(db_url, fid)
+    assert row["error_code"] == "storage_unavailable" and row["attempts"] == 3
+    assert events(db_url, fid).count("retry_scheduled") == 2
+    assert events(db_url, fid)[-1] == "exhausted"
+
+
+async def test_transient_failure_waits_for_its_backoff(pool: Any, db_url: str) -> None:
+    q = make_queue(pool, retry_base_seconds=600.0, retry_cap_seconds=600.0,
+                   rng=random.Random(7))
+    [fid] = await new_queued(q)
+    [lease] = await q.claim(1)
+    assert await q.fail(lease, ErrorCode.PROCESSING_TIMEOUT) == "queued"
+    row = card(db_url, fid)
+    delay = (row["available_at"] - row["updated_at"]).total_seconds()
+    assert 0 <= delay <= 600
+    if delay > 1:
+        assert await q.claim(1) == []
+
+
+def test_backoff_grows_and_is_jittered() -> None:
+    rng = random.Random(1)
+    base, cap = 2.0, 100.0
+    for attempt in range(1, 10):
+        ceiling = min(cap, base * 2 ** (attempt - 1))
+        draws = [backoff_delay(attempt, base, cap, rng) for _ in range(2000)]
+        assert all(0.0 <= d <= ceiling for d in draws)
+        # full jitter: spread over the whole range, not clustered at the ceiling
+        assert min(draws) < 0.05 * ceiling and max(draws) > 0.95 * ceiling
+        assert 0.4 * ceiling < sum(draws) / len(draws) < 0.6 * ceiling
+
+
+async def test_release_hands_back_due_now_and_keeps_the_count(pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    [fid] = await new_queued(q)
+    [lease] = await q.claim(1)
+    assert await q.release([lease]) == {fid}
+    row = card(db_url, fid)
+    assert row["status"] == "queued" and row["lease_token"] is None and row["attempts"] == 1
+    [again] = await q.claim(1)
+    assert again.attempt == 2
+
+
+async def test_heartbeat_extends_only_the_holder(pool: Any, db_url: str) -> None:
+    q = make_queue(pool, lease_seconds=5.0)
+    [fid] = await new_queued(q)
+    [a] = await q.claim(1)
+    before = card(db_url, fid)["lease_until"]
+    assert await q.heartbeat([a]) == set()
+    assert card(db_url, fid)["lease_until"] >= before
+    expire(db_url, fid)
+    [b] = await q.claim(1)
+    assert await q.heartbeat([a, b]) == {fid}
+    assert "lease_lost" in events(db_url, fid)
+
+
+async def test_batch_claim_and_batch_complete(pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    ids = await new_queued(q, 20)
+    leases = await q.claim(8)
+    assert len(leases) == 8 and len({lease.file_id for lease in leases}) == 8
+    expire(db_url, leases[0].file_id)
+    [stolen] = await q.claim(1)  # the expired lease is rescued first
+    assert stolen.file_id == leases[0].file_id
+    lost = await q.complete_many([(lease, derived_for(lease)) for lease in leases])
+    assert lost == {leases[0].file_id}
+    stats = await q.stats()
+    assert stats["counts"]["ready"] == 7 and stats["counts"]["processing"] == 1
+    assert stats["counts"]["queued"] == len(ids) - 8
+    assert stats["lease_lost_total"] == 1 and stats["completed_last_minute"] == 7
+    assert stats["oldest_claimable_age_seconds"] is not None
+    assert stats["expired_leases"] == 0 and stats["rejected_share_1h"] == 0.0
+
+
+async def test_stats_of_an_empty_queue(pool: Any) -> None:
+    stats = await make_queue(pool).stats()
+    assert stats["oldest_claimable_age_seconds"] is None
+    assert stats["rejected_share_24h"] is None
+    assert set(stats["counts"]) == {"pending", "queued", "processing", "ready", "rejected",
+                                    "deleting"}

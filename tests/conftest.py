@@ -46,3 +46,15 @@ async def pool(db_url: str) -> AsyncIterator[Any]:
         yield p
     finally:
         await p.close()
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One real S3 server (SeaweedFS) for the whole run; each test takes its own bucket."""
+    from tests.support.seaweed import SeaweedServer
+
+    server = SeaweedServer.start(tmp_path_factory.mktemp("s3"))
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -7,6 +7,8 @@ another's rows or depend on another's order.
 from __future__ import annotations
 
 import os
+import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,16 +24,32 @@ TEMPLATE = "darkroom_test_template"
 
 
 class TestPostgres:
-    def __init__(self, server_url: str) -> None:
+    def __init__(self, server_url: str, pgdata: Path | None = None) -> None:
         self.server_url = server_url
         self.template_ready = False
+        self.pgdata = pgdata  # set when the server is our own, so it can be restarted
 
     @classmethod
     def start(cls, tmp: Path) -> TestPostgres:
         url = os.environ.get("DARKROOM_TEST_DATABASE_URL")
-        if not url:
-            url = embedded.url(tmp / "pg", stop_on_exit=True)
-        return cls(url)
+        if url:
+            return cls(url)
+        # Not under pytest's tmp dirs: those are private to root, and the server runs as
+        # the unprivileged `pgserver` user when the tests run as root.
+        base = Path(tempfile.mkdtemp(prefix="darkroom-test-pg-"))
+        base.chmod(0o755)
+        pgdata = base / "pg"
+        return cls(embedded.url(pgdata, stop_on_exit=True), pgdata)
+
+    def restart(self) -> None:
+        """Restart the server under its clients (fast shutdown: every session is cut)."""
+        assert self.pgdata is not None, "only the embedded server can be restarted"
+        from pgserver._commands import POSTGRES_BIN_PATH
+
+        user = "pgserver" if os.geteuid() == 0 else None
+        subprocess.run([str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.pgdata), "-w",
+                        "-m", "fast", "restart"], check=True, user=user, timeout=60,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def url_for(self, dbname: str) -> str:
         params = conninfo_to_dict(self.server_url)

@@ -1,0 +1,379 @@
+"""The worker: N slots that claim leased cards, derive WebP in child processes, and publish.
+
+One asyncio loop runs everything that waits (database, store, signals); the CPU work of a
+decode runs in a child process per slot, so neither a slow image nor a crashing decoder
+can stall heartbeats or take the worker down. The loop, in prose:
+
+    while not stopping:
+        claim as many cards as there are free slots;
+        start a job for each;
+        sleep until NOTIFY, a job finishing, or a jittered poll.
+
+Each job: read the exact confirmed original, derive, PUT under a key unique to the
+attempt, fenced commit. A separate heartbeat task extends every held lease each lease/3;
+a lease found lost kills that job's child at once. On SIGTERM/SIGINT the worker stops
+claiming, lets jobs finish within the grace period, then kills the rest and hands their
+cards back; a second signal skips the grace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import psycopg
+from prometheus_client import start_http_server
+
+from darkroom import metrics
+from darkroom.config import ConfigError, Settings
+from darkroom.db.connection import database_url, open_pool
+from darkroom.db.migrations import migrate
+from darkroom.derive import Limits
+from darkroom.errors import (
+    DeriveError,
+    ErrorCode,
+    ObjectMissing,
+    StorageConfigError,
+    StorageUnavailable,
+)
+from darkroom.queue import NOTIFY_CHANNEL, Derived, Lease, LeaseLost, Queue, derived_key
+from darkroom.sandbox import DecoderProcess
+from darkroom.stats import queue_for
+from darkroom.storage import ObjectStore, open_store
+
+log = logging.getLogger("darkroom.worker")
+T = TypeVar("T")
+
+# Database errors that a restart or a network blip produces; anything else is a bug.
+DB_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
+
+
+@dataclass
+class Job:
+    lease: Lease
+    decoder: DecoderProcess
+    started: float = field(default_factory=time.monotonic)
+    task: asyncio.Task[None] | None = None
+    # Set when the attempt must not touch the card any more: its lease was lost, or the
+    # worker handed it back at shutdown.
+    abandoned: bool = False
+
+    def log_extra(self) -> dict[str, Any]:
+        return {"file_id": str(self.lease.file_id), "attempt": self.lease.attempt,
+                "token": self.lease.token_prefix}
+
+    def abandon(self) -> None:
+        self.abandoned = True
+        self.decoder.kill()
+
+
+class Worker:
+    def __init__(
+        self, settings: Settings, queue: Queue, store: ObjectStore, *,
+        listen_conninfo: str, concurrency: int,
+    ) -> None:
+        self.settings = settings
+        self.queue = queue
+        self.store = store
+        self.listen_conninfo = listen_conninfo
+        self.concurrency = concurrency
+        limits = Limits.from_settings(settings)
+        self.idle_decoders = [
+            DecoderProcess(limits, timeout=settings.derive_timeout_seconds,
+                           memory_mb=settings.derive_memory_mb)
+            for _ in range(concurrency)
+        ]
+        self.jobs: dict[uuid.UUID, Job] = {}
+        self.wake = asyncio.Event()
+        self.stopping = asyncio.Event()
+        self.skip_grace = asyncio.Event()
+        self._rng = random.Random()
+
+    # --- the main loop -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        for decoder in self.idle_decoders:
+            decoder.start()
+        helpers = [asyncio.create_task(self._listen(), name="listen"),
+                   asyncio.create_task(self._heartbeat(), name="heartbeat")]
+        try:
+            while not self.stopping.is_set():
+                claimed = await self._claim_free_slots()
+                if claimed == 0 or len(self.jobs) >= self.concurrency:
+                    await self._sleep_until_woken()
+        finally:
+            await self._drain()
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            for decoder in self.idle_decoders:
+                decoder.close()
+
+    def request_stop(self) -> None:
+        """First signal: drain within the grace period. Second: skip the grace."""
+        if self.stopping.is_set():
+            log.warning("second signal: skipping the shutdown grace")
+            self.skip_grace.set()
+        else:
+            log.info("stopping: no new claims; finishing running jobs",
+                     extra={"running": len(self.jobs)})
+            self.stopping.set()
+        self.wake.set()
+
+    async def _claim_free_slots(self) -> int:
+        free = self.concurrency - len(self.jobs)
+        if free <= 0:
+            return 0
+        try:
+            leases = await self.queue.claim(free)
+        except DB_ERRORS as exc:
+            metrics.DB_ERRORS.inc()
+            log.warning("claim failed; database unavailable", extra={"error": type(exc).__name__})
+            await self._pause(self._rng.uniform(0.5, 2.0))
+            return 0
+        for lease in leases:
+            job = Job(lease, self.idle_decoders.pop())
+            self.jobs[lease.file_id] = job
+            job.task = asyncio.create_task(self._run_job(job), name=f"job-{lease.file_id}")
+            metrics.CLAIMED.inc()
+            log.info("claimed", extra=job.log_extra())
+        return len(leases)
+
+    async def _sleep_until_woken(self) -> None:
+        # Jittered, so that many idle workers do not poll in lock-step.
+        timeout = self.settings.poll_seconds * self._rng.uniform(0.5, 1.5)
+        await self._pause(timeout)
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), timeout=seconds)
+        self.wake.clear()
+
+    # --- one attempt -------------------------------------------------------------------
+
+    async def _run_job(self, job: Job) -> None:
+        outcome = "error"
+        try:
+            outcome = await self._attempt(job)
+        except Exception:
+            log.exception("attempt crashed", extra=job.log_extra())
+        finally:
+            metrics.JOBS.labels(outcome).inc()
+            metrics.JOB_SECONDS.labels(outcome).observe(time.monotonic() - job.started)
+            del self.jobs[job.lease.file_id]
+            self.idle_decoders.append(job.decoder)
+            self.wake.set()  # a slot is free: claim again at once, so a backlog drains
+
+    async def _attempt(self, job: Job) -> str:
+        lease = job.lease
+        try:
+            with _stage("fetch"):
+                original = await asyncio.to_thread(
+                    self.store.get, lease.original_key, lease.original_version or "")
+            if job.abandoned:
+                return "lease_lost"
+            with _stage("derive"):
+                result = await asyncio.to_thread(job.decoder.derive, original)
+            if job.abandoned:
+                return "lease_lost"
+            key = derived_key(lease)
+            await self._db(lambda: self.queue.register_attempt_object(lease, key))
+            with _stage("put"):
+                version = await asyncio.to_thread(
+                    self.store.put, key, result.data, content_type="image/webp")
+            derived = Derived(key=key, version=version, sha256=result.sha256,
+                              width=result.width, height=result.height, size=result.size)
+            with _stage("commit"):
+                await self._db(lambda: self.queue.complete(lease, derived))
+            log.info("ready", extra={**job.log_extra(), "bytes": result.size})
+            return "ready"
+        except LeaseLost:
+            metrics.LEASE_LOST.inc()
+            log.warning("lease lost; result not published", extra=job.log_extra())
+            return "lease_lost"
+        except ObjectMissing:
+            return await self._fail(job, ErrorCode.ORIGINAL_MISSING, "original missing")
+        except StorageUnavailable as exc:
+            return await self._fail(job, ErrorCode.STORAGE_UNAVAILABLE, str(exc))
+        except DeriveError as exc:
+            if job.abandoned:
+                return "lease_lost"
+            return await self._fail(job, exc.code, exc.detail)
+
+    async def _fail(self, job: Job, code: ErrorCode, detail: str) -> str:
+        if job.abandoned:
+            return "lease_lost"
+        try:
+            status = await self._db(lambda: self.queue.fail(job.lease, code))
+        except LeaseLost:
+            metrics.LEASE_LOST.inc()
+            log.warning("lease lost before the failure was recorded", extra=job.log_extra())
+            return "lease_lost"
+        if status == "queued":
+            metrics.RETRIES.labels(str(code)).inc()
+        log.info("attempt failed", extra={**job.log_extra(), "error_code": str(code),
+                                          "status": status, "detail": detail[:300]})
+        return "retry" if status == "queued" else "rejected"
+
+    async def _db(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Retry a fenced statement through a database outage while the lease may hold.
+
+        The statement is fenced by its token, so repeating it is safe; after a lease's
+        worth of trying the lease has certainly expired, and the next holder takes over.
+        """
+        deadline = time.monotonic() + self.settings.lease_seconds
+        delay = 0.2
+        while True:
+            try:
+                return await call()
+            except DB_ERRORS as exc:
+                metrics.DB_ERRORS.inc()
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("database call failed; retrying",
+                            extra={"error": type(exc).__name__, "retry_in": round(delay, 2)})
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    # --- background tasks --------------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        interval = self.settings.lease_seconds / 3
+        while True:
+            await asyncio.sleep(interval)
+            held = [job.lease for job in self.jobs.values() if not job.abandoned]
+            if not held:
+                continue
+            try:
+                lost = await self.queue.heartbeat(held)
+            except DB_ERRORS as exc:
+                metrics.DB_ERRORS.inc()
+                log.warning("heartbeat failed", extra={"error": type(exc).__name__})
+                continue
+            metrics.HEARTBEATS.inc()
+            for file_id in lost:
+                job = self.jobs.get(file_id)
+                if job is not None and not job.abandoned:
+                    metrics.LEASE_LOST.inc()
+                    log.warning("heartbeat: lease lost; stopping the job", extra=job.log_extra())
+                    job.abandon()
+
+    async def _listen(self) -> None:
+        """LISTEN on a connection of its own: `notifies()` holds its connection."""
+        delay = 0.5
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.listen_conninfo,
+                                                             autocommit=True)
+                async with conn:
+                    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    delay = 0.5
+                    self.wake.set()  # anything enqueued while we were not listening
+                    async for _ in conn.notifies():
+                        self.wake.set()
+            except DB_ERRORS as exc:
+                log.warning("LISTEN connection lost; polling meanwhile",
+                            extra={"error": type(exc).__name__})
+                await asyncio.sleep(delay * self._rng.uniform(0.5, 1.5))
+                delay = min(delay * 2, 10.0)
+
+    # --- shutdown ----------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        running = [job.task for job in self.jobs.values() if job.task is not None]
+        if running:
+            finished = asyncio.ensure_future(asyncio.gather(*running, return_exceptions=True))
+            skipped = asyncio.create_task(self.skip_grace.wait())
+            await asyncio.wait([finished, skipped], timeout=self.settings.shutdown_grace_seconds,
+                               return_when=asyncio.FIRST_COMPLETED)
+            skipped.cancel()
+        unfinished = list(self.jobs.values())
+        if not unfinished:
+            return
+        for job in unfinished:
+            job.abandon()
+        try:
+            released = await self.queue.release([job.lease for job in unfinished])
+        except DB_ERRORS:
+            released = set()
+            log.warning("could not hand leases back; they will expire instead")
+        for job in unfinished:
+            metrics.JOBS.labels("released").inc()
+            log.info("handed back" if job.lease.file_id in released else "not handed back",
+                     extra=job.log_extra())
+        await asyncio.gather(*(job.task for job in unfinished if job.task),
+                             return_exceptions=True)
+
+
+class _stage:
+    """Times one stage of an attempt into the stage histogram."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        self.start = time.monotonic()
+
+    def __exit__(self, *exc: object) -> None:
+        metrics.STAGE_SECONDS.labels(self.name).observe(time.monotonic() - self.start)
+
+
+async def run_worker(settings: Settings, *, concurrency: int, name: str,
+                     stop: asyncio.Event | None = None) -> None:
+    """Run one worker until `stop` is set (or SIGTERM/SIGINT, when on the main thread)."""
+    conninfo = database_url(settings)
+    await asyncio.to_thread(migrate, conninfo)
+    store = open_store(settings.resolved_storage_url)
+    try:
+        await asyncio.to_thread(store.check)
+    except StorageConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    pool = await open_pool(conninfo, min_size=1, max_size=4, name=f"worker-{name}")
+    queue = queue_for(pool, settings, worker=name)
+    worker = Worker(settings, queue, store, listen_conninfo=conninfo, concurrency=concurrency)
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(ValueError, NotImplementedError):  # not the main thread
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.request_stop)
+    watcher = asyncio.create_task(_stop_when(stop, worker)) if stop else None
+    log.info("worker started", extra={"worker": name, "slots": concurrency})
+    try:
+        await worker.run()
+    finally:
+        if watcher:
+            watcher.cancel()
+        await pool.close()
+        log.info("worker stopped", extra={"worker": name})
+
+
+async def _stop_when(stop: asyncio.Event, worker: Worker) -> None:
+    await stop.wait()
+    worker.request_stop()
+
+
+def default_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def main(settings: Settings, *, concurrency: int | None, name: str | None,
+         metrics_port: int | None) -> int:
+    from darkroom import logs
+
+    logs.setup()
+    if metrics_port is not None:
+        start_http_server(metrics_port, addr="127.0.0.1")
+    slots = concurrency or os.cpu_count() or 1
+    if slots < 1:
+        raise ConfigError("--concurrency must be at least 1")
+    asyncio.run(run_worker(settings, concurrency=slots, name=name or default_name()))
+    return 0

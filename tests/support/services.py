@@ -1,0 +1,202 @@
+"""Real darkroom processes for the tests: started, signalled, frozen and killed like in life."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+
+from darkroom.db.connection import open_pool
+from darkroom.queue import ConfirmOutcome, Queue
+from darkroom.storage import ObjectStore
+
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T], *, timeout: float = 60.0, interval: float = 0.05,
+              what: str = "condition") -> T:
+    """Poll `check` until it answers something truthy, or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+class DarkroomProcess:
+    """One `darkroom …` subprocess with its own log file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "darkroom.cli", *args], env=env,
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def kill9(self) -> None:
+        """Kill the whole group, decoder children included, as a machine crash would."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def wait(self, timeout: float = 60) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with_suppress(lambda: os.killpg(self.proc.pid, signal.SIGCONT))
+            with_suppress(lambda: os.killpg(self.proc.pid, signal.SIGKILL))
+            self.proc.wait(timeout=30)
+        self._log.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def with_suppress(call: Callable[[], Any]) -> None:
+    try:
+        call()
+    except ProcessLookupError:
+        pass
+
+
+class Harness:
+    """A database, a store, and the processes of one test."""
+
+    def __init__(self, db_url: str, store: ObjectStore, storage_url: str, tmp: Path,
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.db_url = db_url
+        self.store = store
+        self.tmp = tmp
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")},
+            "DARKROOM_DATABASE_URL": db_url,
+            "DARKROOM_STORAGE_URL": storage_url,
+            "DARKROOM_DATA_DIR": str(tmp / "data"),
+            "DARKROOM_LEASE_SECONDS": "2",
+            "DARKROOM_MAX_ATTEMPTS": "3",
+            "DARKROOM_RETRY_BASE_SECONDS": "0.2",
+            "DARKROOM_RETRY_CAP_SECONDS": "1",
+            "DARKROOM_POLL_SECONDS": "0.5",
+            "DARKROOM_SWEEP_GUARD_SECONDS": "0",
+            **(extra_env or {}),
+        }
+        self.processes: list[DarkroomProcess] = []
+        self.db = psycopg.connect(db_url, autocommit=True, row_factory=dict_row)
+
+    def start(self, *args: str, env: dict[str, str] | None = None) -> DarkroomProcess:
+        name = f"{args[0]}-{len(self.processes)}"
+        proc = DarkroomProcess(list(args), {**self.env, **(env or {})},
+                               self.tmp / f"{name}.log")
+        self.processes.append(proc)
+        return proc
+
+    def worker(self, concurrency: int = 2, **env: str) -> DarkroomProcess:
+        name = f"w{len(self.processes)}"
+        return self.start("worker", "--concurrency", str(concurrency), "--name", name,
+                          env={f"DARKROOM_{k.upper()}": v for k, v in env.items()})
+
+    def close(self) -> None:
+        for proc in self.processes:
+            proc.stop()
+        self.db.close()
+
+    # --- cards ------------------------------------------------------------------------
+
+    def upload(self, data: bytes, owner: str = "tester", name: str = "photo.jpg") -> uuid.UUID:
+        """What the API does on upload + confirm, through the protocol module itself."""
+        return asyncio.run(self._upload(data, owner, name))
+
+    async def _upload(self, data: bytes, owner: str, name: str) -> uuid.UUID:
+        pool = await open_pool(self.db_url, min_size=1, max_size=1)
+        try:
+            q = Queue(pool, lease_seconds=2, max_attempts=3, retry_base_seconds=0,
+                      retry_cap_seconds=0)
+            card = await q.create_file(owner=owner, filename=name, content_type="image/jpeg",
+                                       size=len(data))
+            version = await asyncio.to_thread(self.store.put, card["original_key"], data,
+                                              content_type="image/jpeg")
+            assert await q.confirm(card["id"], owner, version) is ConfirmOutcome.QUEUED
+            return uuid.UUID(str(card["id"]))
+        finally:
+            await pool.close()
+
+    def revoke(self, file_id: uuid.UUID, owner: str = "tester") -> None:
+        async def go() -> None:
+            pool = await open_pool(self.db_url, min_size=1, max_size=1)
+            try:
+                q = Queue(pool, lease_seconds=2, max_attempts=3, retry_base_seconds=0,
+                          retry_cap_seconds=0)
+                assert await q.revoke(file_id, owner)
+            finally:
+                await pool.close()
+
+        asyncio.run(go())
+
+    def reconnect(self) -> bool:
+        """After a server restart: a new connection for the test's own queries."""
+        try:
+            self.db.execute("SELECT 1")
+        except psycopg.OperationalError:
+            self.db.close()
+            self.db = psycopg.connect(self.db_url, autocommit=True, row_factory=dict_row)
+        return True
+
+    def card(self, file_id: uuid.UUID) -> dict[str, Any]:
+        row = self.db.execute("SELECT * FROM archive_files WHERE id = %s",
+                              (file_id,)).fetchone()
+        assert row is not None, f"no card {file_id}"
+        return row
+
+    def statuses(self, ids: list[uuid.UUID]) -> dict[str, int]:
+        rows = self.db.execute(
+            "SELECT status, count(*) AS n FROM archive_files WHERE id = ANY(%s)"
+            " GROUP BY status", (ids,)).fetchall()
+        return {r["status"]: r["n"] for r in rows}
+
+    def all_finished(self, ids: list[uuid.UUID]) -> bool:
+        s = self.statuses(ids)
+        return s.get("ready", 0) + s.get("rejected", 0) == len(ids)
+
+    def events(self, file_id: uuid.UUID | None = None, kind: str | None = None
+               ) -> list[dict[str, Any]]:
+        return self.db.execute(
+            "SELECT * FROM archive_events WHERE (%s::uuid IS NULL OR file_id = %s)"
+            " AND (%s::text IS NULL OR kind = %s) ORDER BY id",
+            (file_id, file_id, kind, kind)).fetchall()
+
+    def assert_published_once(self, file_id: uuid.UUID) -> None:
+        card = self.card(file_id)
+        assert card["status"] == "ready", card
+        ready = self.events(file_id, "ready")
+        assert len(ready) == 1, ready
+        assert card["derived_key"] == f"derived/{file_id}/{ready[0]['token']}.webp"
+        data = self.store.get(card["derived_key"], card["derived_version"])
+        assert hashlib.sha256(data).hexdigest() == card["sha256"]
+        assert len(data) == card["derived_bytes"]
+        assert data[:4] == b"RIFF" and data[8:12] == b"WEBP"
+
+    def object_keys(self, file_id: uuid.UUID) -> list[str]:
+        return sorted(f"{o.key}@{o.version}" for prefix in
+                      (f"originals/{file_id}", f"derived/{file_id}/")
+                      for o in self.store.list(prefix))

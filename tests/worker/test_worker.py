@@ -1,0 +1,173 @@
+"""Real worker processes against real PostgreSQL and SeaweedFS, under kills and signals."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CORPUS
+from tests.support.services import Harness, wait_for
+
+PHOTOS = sorted(p for p in CORPUS.iterdir() if p.suffix in {".jpg", ".png"})
+
+
+def photo(i: int = 0) -> bytes:
+    return PHOTOS[i % len(PHOTOS)].read_bytes()
+
+
+def sweep_once(h: Harness) -> str:
+    out = subprocess.run([sys.executable, "-m", "darkroom.cli", "sweep", "--once"],
+                         env=h.env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_thirty_photos_end_ready_each_published_once(harness: Harness) -> None:
+    ids = [harness.upload(photo(i), name=PHOTOS[i % len(PHOTOS)].name) for i in range(30)]
+    harness.worker(concurrency=2)
+    wait_for(lambda: harness.all_finished(ids), timeout=240, what="30 files finished")
+    assert harness.statuses(ids) == {"ready": 30}
+    for file_id in ids:
+        harness.assert_published_once(file_id)
+        card = harness.card(file_id)
+        assert max(card["width"], card["height"]) <= 2048
+
+
+def test_kill9_mid_job_another_worker_finishes_after_expiry(
+        harness: Harness, tmp_path: Path) -> None:
+    marker = tmp_path / "hang"
+    ids = [harness.upload(photo(i)) for i in range(3)]
+    doomed = harness.worker(concurrency=3, sandbox_test_hang=str(marker))
+    wait_for(marker.exists, what="a decode in progress")
+    wait_for(lambda: harness.statuses(ids).get("processing", 0) == 3, what="3 leases")
+    doomed.kill9()
+    harness.worker(concurrency=2)
+    wait_for(lambda: harness.all_finished(ids), timeout=120, what="files finished")
+    for file_id in ids:
+        harness.assert_published_once(file_id)
+        assert harness.card(file_id)["attempts"] == 2
+
+
+def test_frozen_worker_cannot_publish_and_its_orphan_is_swept(harness: Harness) -> None:
+    [file_id] = [harness.upload(photo(0))]
+    frozen = harness.worker(concurrency=1)
+    wait_for(lambda: harness.card(file_id)["status"] == "processing", what="first lease")
+    frozen.signal(signal.SIGSTOP)
+    stale_token = harness.card(file_id)["lease_token"]
+    rescuer = harness.worker(concurrency=1)
+    wait_for(lambda: harness.card(file_id)["status"] == "ready", timeout=60, what="rescue")
+    rescuer.signal(signal.SIGTERM)
+    assert rescuer.wait() == 0
+    frozen.signal(signal.SIGCONT)
+    wait_for(lambda: any(e["token"] == stale_token
+                         for e in harness.events(file_id, "lease_lost")),
+             what="the stale attempt's lease_lost")
+    frozen.signal(signal.SIGTERM)
+    assert frozen.wait() == 0
+    harness.assert_published_once(file_id)
+    card = harness.card(file_id)
+    assert str(stale_token) not in card["derived_key"]
+    sweep_once(harness)
+    assert harness.object_keys(file_id) == sorted([
+        f"{card['original_key']}@{card['original_version']}",
+        f"{card['derived_key']}@{card['derived_version']}",
+    ])
+    assert harness.db.execute("SELECT count(*) AS n FROM orphan_objects").fetchone() == {
+        "n": 0}
+
+
+def test_killed_in_every_attempt_ends_attempts_exhausted(harness: Harness,
+                                                         tmp_path: Path) -> None:
+    file_id = harness.upload(photo(1))
+    for attempt in (1, 2, 3):
+        marker = tmp_path / f"hang-{attempt}"
+        w = harness.worker(concurrency=1, sandbox_test_hang=str(marker))
+        wait_for(marker.exists, what=f"attempt {attempt} decoding")
+        assert harness.card(file_id)["attempts"] == attempt
+        w.kill9()
+    harness.worker(concurrency=1)
+    wait_for(lambda: harness.card(file_id)["status"] == "rejected", timeout=60,
+             what="exhausted")
+    card = harness.card(file_id)
+    assert card["error_code"] == "attempts_exhausted" and card["attempts"] == 3
+    assert len(harness.events(file_id, "claimed")) == 3
+
+
+def test_sigterm_hands_back_long_jobs_and_exits_zero(harness: Harness,
+                                                     tmp_path: Path) -> None:
+    marker = tmp_path / "hang"
+    ids = [harness.upload(photo(i)) for i in range(2)]
+    w = harness.worker(concurrency=2, sandbox_test_hang=str(marker),
+                       shutdown_grace_seconds="1")
+    wait_for(lambda: harness.statuses(ids).get("processing", 0) == 2, what="2 leases")
+    w.signal(signal.SIGTERM)
+    assert w.wait(timeout=30) == 0
+    assert harness.statuses(ids) == {"queued": 2}
+    for file_id in ids:
+        assert [e["kind"] for e in harness.events(file_id)][-1] == "released"
+    harness.worker(concurrency=2)
+    wait_for(lambda: harness.all_finished(ids), timeout=120, what="finished after hand-back")
+    for file_id in ids:
+        harness.assert_published_once(file_id)
+
+
+def test_sigterm_lets_running_jobs_finish_within_the_grace(harness: Harness) -> None:
+    ids = [harness.upload(photo(i)) for i in range(6)]
+    w = harness.worker(concurrency=2, shutdown_grace_seconds="60")
+    wait_for(lambda: harness.statuses(ids).get("processing", 0) >= 1, what="a lease")
+    w.signal(signal.SIGTERM)
+    assert w.wait(timeout=60) == 0
+    statuses = harness.statuses(ids)
+    assert "processing" not in statuses
+    assert statuses.get("ready", 0) >= 1
+    assert not harness.events(kind="released")
+
+
+def test_delete_during_processing_publishes_nothing_and_is_purged(
+        harness: Harness, tmp_path: Path) -> None:
+    marker = tmp_path / "hang"
+    file_id = harness.upload(photo(2))
+    w = harness.worker(concurrency=1, sandbox_test_hang=str(marker))
+    wait_for(marker.exists, what="decoding")
+    harness.revoke(file_id)
+    wait_for(lambda: harness.events(file_id, "lease_lost"), timeout=30,
+             what="the heartbeat noticing the revoke")
+    w.signal(signal.SIGTERM)
+    assert w.wait(timeout=30) == 0
+    assert harness.card(file_id)["status"] == "deleting"
+    assert not harness.events(file_id, "ready")
+    sweep_once(harness)
+    assert harness.db.execute("SELECT count(*) AS n FROM archive_files WHERE id = %s",
+                              (file_id,)).fetchone() == {"n": 0}
+    assert harness.object_keys(file_id) == []
+
+
+@pytest.mark.slow
+def test_outages_postgres_restart_and_frozen_s3(harness: Harness, postgres: object,
+                                                 seaweed: object) -> None:
+    from tests.support.postgres import TestPostgres
+    from tests.support.seaweed import SeaweedServer
+
+    assert isinstance(postgres, TestPostgres) and isinstance(seaweed, SeaweedServer)
+    if postgres.pgdata is None:
+        pytest.skip("the PostgreSQL under test is not ours to restart")
+    ids = [harness.upload(photo(i)) for i in range(12)]
+    for _ in range(2):
+        harness.worker(concurrency=2, max_attempts="20")
+    wait_for(lambda: harness.statuses(ids).get("ready", 0) >= 2, timeout=120, what="progress")
+    postgres.restart()
+    wait_for(lambda: harness.reconnect() and harness.statuses(ids).get("ready", 0) >= 4,
+             timeout=120, what="progress after the restart")
+    with seaweed.frozen():
+        wait_for(lambda: harness.events(kind="retry_scheduled"), timeout=60,
+                 what="a storage_unavailable retry")
+    wait_for(lambda: harness.all_finished(ids), timeout=240, what="all finished")
+    assert harness.statuses(ids) == {"ready": 12}
+    assert any(e["error_code"] == "storage_unavailable"
+               for e in harness.events(kind="retry_scheduled"))
+    for file_id in ids:
+        harness.assert_published_once(file_id)

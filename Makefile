@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck check bench clean
+.PHONY: install run test test-db lint typecheck check bench-install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,9 +23,12 @@ run: install
 test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
+# The tests that talk to PostgreSQL; .ci/run repeats them against a second server.
+test-db: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/queue tests/worker tests/api
+
 lint: install
 	$(BIN)/ruff check darkroom tests bench
-	$(BIN)/ruff format --check darkroom tests bench
 
 typecheck: install
 	$(BIN)/mypy

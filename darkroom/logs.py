@@ -9,7 +9,8 @@ import time
 from typing import Any
 
 # Attributes every LogRecord has; anything else passed via `extra=` is a structured field.
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message", "asctime", "color_message"}  # uvicorn adds an ANSI-coloured copy
 
 
 class JsonFormatter(logging.Formatter):

@@ -161,8 +161,13 @@ def check_dimensions(width: int, height: int, limits: Limits) -> None:
         raise DeriveError(ErrorCode.IMAGE_TOO_LARGE, f"{width}x{height} pixels")
 
 
+# How libvips, libjpeg, libspng and glib word an allocation failure under RLIMIT_AS.
+_OOM_MARKERS = ("out of memory", "insufficient memory", "memory allocation", "failed to allocate")
+
+
 def _is_out_of_memory(exc: BaseException) -> bool:
-    return "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    return any(marker in text for marker in _OOM_MARKERS)
 
 
 def open_checked(data: bytes, limits: Limits) -> tuple[Any, str]:

@@ -62,9 +62,7 @@ class ObjectStore(Protocol):
     configured, `ValueError` for a malformed key or content type (a programming error).
     """
 
-    def put(
-        self, key: str, body: Body, *, content_type: str = "application/octet-stream"
-    ) -> str:
+    def put(self, key: str, body: Body, *, content_type: str = "application/octet-stream") -> str:
         """Store a new immutable version of `key` and return its version id."""
         ...
 

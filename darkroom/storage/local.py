@@ -13,6 +13,7 @@ at most a stray temporary file or sidecar, which readers ignore.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -71,6 +72,10 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class _BodyReadFailed(Exception):
+    """Carries an error raised by the caller's body, which is not a storage fault."""
+
+
 def _write_body(body: Body, out: BinaryIO) -> int:
     if isinstance(body, bytes | bytearray | memoryview):
         view = memoryview(body)
@@ -79,7 +84,10 @@ def _write_body(body: Body, out: BinaryIO) -> int:
         return len(view)
     size = 0
     while True:
-        chunk = body.read(CHUNK_SIZE)
+        try:
+            chunk = body.read(CHUNK_SIZE)
+        except Exception as exc:
+            raise _BodyReadFailed from exc
         if not chunk:
             return size
         out.write(chunk)
@@ -130,9 +138,7 @@ class LocalStore:
 
     # -- writing ----------------------------------------------------------------------
 
-    def put(
-        self, key: str, body: Body, *, content_type: str = DEFAULT_CONTENT_TYPE
-    ) -> str:
+    def put(self, key: str, body: Body, *, content_type: str = DEFAULT_CONTENT_TYPE) -> str:
         directory = self._key_dir(key)
         validate_content_type(content_type)
         version = new_version()
@@ -154,10 +160,10 @@ class LocalStore:
             _fsync_dir(directory)
         except BaseException as exc:
             for leftover in (data_tmp, type_tmp):
-                try:
+                with contextlib.suppress(OSError):
                     leftover.unlink()
-                except OSError:
-                    pass
+            if isinstance(exc, _BodyReadFailed) and exc.__cause__ is not None:
+                raise exc.__cause__ from None
             if isinstance(exc, OSError):
                 log.warning("local put of %s failed: %s", key, exc)
                 raise StorageUnavailable("the local object store could not write") from exc
@@ -272,9 +278,7 @@ class LocalStore:
         key_base = f"{head}/" if head else ""
         try:
             with os.scandir(base) as entries:
-                children = sorted(
-                    e.name for e in entries if e.is_dir() and e.name.startswith(rest)
-                )
+                children = sorted(e.name for e in entries if e.is_dir() and e.name.startswith(rest))
         except (FileNotFoundError, NotADirectoryError):
             return
         for name in children:

@@ -1,0 +1,1018 @@
+"""Queue benchmark: darkroom's lease protocol against Procrastinate, PgQueuer and the seed.
+
+One run, one PostgreSQL server, a fresh database per system. Measures
+  1. no-op throughput (claim -> fenced complete) at 1, 4 and 16 worker processes,
+  2. idle enqueue -> claim latency at a steady 50 jobs/s,
+  3. claim time with 1,000,000 finished rows + 20,000 queued versus ~10 rows,
+prints Markdown and writes bench/out/queue.json.
+
+    .venv/bin/python bench/queue.py [--quick] [--database-url URL]
+
+Each system lives in its own small adapter (`*_seed_jobs`, `*_drain`, `*_done`, gathered
+in `adapters()`), so one can be rerun alone: `--only pgqueuer`, or from Python
+`run_throughput(Server(url), adapters()[2], workers=4, jobs=20_000)`.
+"""
+
+# The file is called queue.py, so when run as a script its folder is sys.path[0] and it
+# would shadow the standard library's `queue`, which multiprocessing imports. Drop that
+# entry before anything imports `queue`; spawned workers inherit the cleaned sys.path.
+import sys
+from pathlib import Path
+
+if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg.rows import dict_row
+
+from darkroom.db.connection import open_pool
+from darkroom.db.migrations import migrate
+from darkroom.db.queries import QUERIES
+from darkroom.queue import Derived, Lease, Queue, derived_key
+
+OUT = Path(__file__).resolve().parent / "out" / "queue.json"
+WORKER_COUNTS = (1, 4, 16)
+# The top of the 32–100 range: per-batch costs (two round trips, two commits) are paid
+# once per 100 jobs, and the claim's per-row work still dominates (measured: 32 -> ~7k,
+# 100 -> ~10k jobs/s for one worker with the proposed claim fix).
+DARKROOM_BATCH = 100
+# PgQueuer's batch_size is its main throughput knob (default 10); the best one is
+# whichever wins in this run, so several are tried.
+PGQUEUER_BATCHES = (10, 100)
+# Procrastinate fetches one job per query whatever the concurrency; a little in-process
+# concurrency overlaps the finish of one job with the fetch of the next.
+PROCRASTINATE_CONCURRENCY = 4
+TINY = 40  # queued rows in the "~10 rows" table of the claim-time comparison
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How big each measurement is; --quick shrinks all of them."""
+
+    jobs: int  # darkroom and PgQueuer throughput runs
+    slow_jobs: int  # Procrastinate and the seed drain ~10x slower: fewer jobs, same rate
+    repeats: int
+    finished_rows: int
+    queued_rows: int
+    claims: int
+    latency_seconds: float
+    backlog_rows: int  # queued rows only: how the claim copes with a large backlog
+    workers: tuple[int, ...] = WORKER_COUNTS
+    latency_rate: float = 50.0
+    quick: bool = False
+
+
+FULL = Plan(jobs=20_000, slow_jobs=4_000, repeats=3, finished_rows=1_000_000,
+            queued_rows=20_000, claims=300, latency_seconds=10.0, backlog_rows=200_000)
+# Spawning 16 workers costs seconds on 2 cores; the smoke test stops at 4.
+QUICK = Plan(jobs=2_000, slow_jobs=300, repeats=1, finished_rows=100_000,
+             queued_rows=2_000, claims=40, latency_seconds=2.0, backlog_rows=20_000,
+             workers=(1, 4), quick=True)
+
+
+# --- the server and its databases ---------------------------------------------------------
+
+
+@dataclass
+class Server:
+    """One PostgreSQL server; every system gets its own fresh database on it."""
+
+    url: str
+
+    def db_url(self, name: str) -> str:
+        # A URL (not key=value) because asyncpg, which PgQueuer prefers, takes only URLs.
+        parts = urlsplit(self.url)
+        return urlunsplit(parts._replace(path="/" + name))
+
+    def fresh_db(self, name: str) -> str:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.db_url(name)
+
+    def describe(self) -> dict[str, str]:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            settings = {
+                name: str(conn.execute(f"SHOW {name}").fetchone()[0])  # type: ignore[index]
+                for name in ("server_version", "shared_buffers", "synchronous_commit",
+                             "fsync", "max_connections")
+            }
+        return settings
+
+
+def machine() -> dict[str, Any]:
+    model = "unknown"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {"nproc": os.cpu_count(), "cpu": model, "python": platform.python_version(),
+            "kernel": platform.release(), "loadavg_at_start": os.getloadavg()}
+
+
+# --- running N worker processes -----------------------------------------------------------
+
+
+def _worker_entry(target: Callable[..., Any], barrier: Any, results: Any,
+                  args: tuple[Any, ...]) -> None:
+    logging.disable(logging.WARNING)  # peers log every job at INFO; keep stdout a table
+    try:
+        results.put(target(barrier, *args))
+    except BaseException as exc:
+        results.put(exc)
+        raise
+
+
+def run_processes(target: Callable[..., Any], args: list[tuple[Any, ...]],
+                  timeout: float = 600.0) -> tuple[float, list[Any]]:
+    """Start one spawned process per args, release them together; answers (t0, results).
+
+    Each target calls `barrier.wait()` once its connections are open, so process start-up
+    and imports are not timed; t0 is taken the moment the barrier opens.
+    """
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(len(args) + 1)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_worker_entry, args=(target, barrier, results, a))
+             for a in args]
+    for p in procs:
+        p.start()
+    try:
+        barrier.wait(timeout=180)
+        t0 = time.time()
+        out = [results.get(timeout=timeout) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    for r in out:
+        if isinstance(r, BaseException):
+            raise RuntimeError(f"worker failed: {r!r}") from r
+    return t0, out
+
+
+# --- darkroom ------------------------------------------------------------------------------
+
+
+def noop_result(lease: Lease) -> Derived:
+    return Derived(derived_key(lease), "v", "0" * 64, 1, 1, 1)
+
+
+# The claim's UPDATE joins `picked`, whose LIMIT is an expression, so the planner guesses
+# 10% of the queued rows and hash-joins them against a sequential scan of the whole
+# archive_files table (see docs/BENCHMARKS.md). The proposed fix looks the picked ids up
+# through the primary key instead. It is measured here side by side; darkroom's own SQL
+# is not changed by this script.
+_CLAIM_JOIN = """    FROM picked p
+    WHERE f.id = p.id
+    RETURNING f.id, f.owner, f.status"""
+_CLAIM_BY_PKEY = """    WHERE f.id = ANY (ARRAY(SELECT id FROM picked))
+    RETURNING f.id, f.owner, f.status"""
+
+
+def proposed_claim_sql() -> str:
+    if _CLAIM_JOIN not in QUERIES["claim"]:
+        raise RuntimeError("darkroom's claim SQL changed: update the proposed fix")
+    return QUERIES["claim"].replace(_CLAIM_JOIN, _CLAIM_BY_PKEY)
+
+
+def use_proposed_claim() -> None:
+    """In this process only: Queue.claim sends the proposed SQL."""
+    if _CLAIM_BY_PKEY not in QUERIES["claim"]:
+        QUERIES["claim"] = proposed_claim_sql()
+
+
+def _queue(pool: Any, name: str) -> Queue:
+    return Queue(pool, lease_seconds=300, max_attempts=3, retry_base_seconds=1,
+                 retry_cap_seconds=1, worker=name)
+
+
+def darkroom_seed_jobs(url: str, n: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects")
+        conn.execute(
+            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
+            " original_key, original_version, status)"
+            " SELECT 'bench', 'f' || i || '.jpg', 'image/jpeg', 1, 'originals/' || i, 'v1',"
+            " 'queued' FROM generate_series(1, %s) AS i", (n,))
+        conn.execute("VACUUM ANALYZE archive_files")
+
+
+async def _darkroom_drain(barrier: Any, url: str, batch: int, name: str,
+                          fixed: bool) -> tuple[int, float]:
+    if fixed:
+        use_proposed_claim()
+    pool = await open_pool(url, min_size=1, max_size=1, name=name)
+    queue = _queue(pool, name)
+    done = 0
+    try:
+        barrier.wait()
+        while leases := await queue.claim(batch):
+            lost = await queue.complete_many([(lease, noop_result(lease)) for lease in leases])
+            if lost:
+                raise RuntimeError(f"{len(lost)} leases lost in a no-op run")
+            done += len(leases)
+        return done, time.time()
+    finally:
+        await pool.close()
+
+
+def darkroom_drain(barrier: Any, url: str, batch: int, name: str,
+                   fixed: bool = False) -> tuple[int, float]:
+    """One darkroom worker: claim a batch, complete it with per-row fencing, until empty."""
+    return asyncio.run(_darkroom_drain(barrier, url, batch, name, fixed))
+
+
+def darkroom_done(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM archive_files WHERE status = 'ready'")
+        return int(row.fetchone()[0])  # type: ignore[index]
+
+
+# --- the seed's own protocol -----------------------------------------------------------------
+
+# The seed's archive_files, reduced to the columns its worker touches plus the card's own,
+# and with only the primary key: the seed declares no index for its claim.
+SEED_SCHEMA = """
+CREATE TABLE IF NOT EXISTS archive_files (
+    id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    owner text NOT NULL, filename text NOT NULL, content_type text NOT NULL,
+    size_bytes bigint NOT NULL, original_key text NOT NULL, original_version text,
+    status text NOT NULL DEFAULT 'pending'
+        CHECK (status IN ('pending','queued','processing','ready','rejected','deleting')),
+    attempts integer NOT NULL DEFAULT 0, available_at timestamptz NOT NULL DEFAULT now(),
+    lease_token uuid, lease_until timestamptz, error_code text,
+    derived_key text, derived_version text, sha256 text,
+    created_at timestamptz NOT NULL DEFAULT now(), updated_at timestamptz NOT NULL DEFAULT now()
+)"""
+# Verbatim from the seed's worker.mjs (placeholders adapted to psycopg).
+SEED_CLAIM = """SELECT * FROM archive_files WHERE
+      (status='queued' AND available_at<=now()) OR
+      (status='processing' AND lease_until<now())
+      ORDER BY created_at FOR UPDATE SKIP LOCKED LIMIT 1"""
+SEED_LEASE = """UPDATE archive_files SET status='processing',lease_token=%(token)s,
+      lease_until=now()+interval '2 minutes',attempts=attempts+1 WHERE id=%(id)s RETURNING *"""
+SEED_COMPLETE = """UPDATE archive_files SET status='ready',derived_key=%(key)s,
+      derived_version=%(version)s, sha256=%(sha)s,lease_token=NULL,lease_until=NULL
+      WHERE id=%(id)s AND lease_token=%(token)s AND status='processing'"""
+
+
+def seed_prepare(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(SEED_SCHEMA)
+        conn.execute("TRUNCATE archive_files")
+
+
+def seed_seed_jobs(url: str, n: int) -> None:
+    seed_prepare(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
+            " original_key, original_version, status, created_at)"
+            " SELECT 'bench', 'f' || i || '.jpg', 'image/jpeg', 1, 'originals/' || i, 'v1',"
+            " 'queued', now() + i * interval '1 microsecond' FROM generate_series(1, %s) AS i",
+            (n,))
+        conn.execute("VACUUM ANALYZE archive_files")
+
+
+def seed_claim(conn: psycopg.Connection[Any]) -> dict[str, Any] | None:
+    """The seed's claim(): one row, select and lease in one transaction."""
+    with conn.transaction():
+        cur = conn.cursor(row_factory=dict_row)
+        row = cur.execute(SEED_CLAIM).fetchone()
+        if row is None:
+            return None
+        return cur.execute(SEED_LEASE, {"id": row["id"], "token": uuid.uuid4()}).fetchone()
+
+
+def seed_complete(conn: psycopg.Connection[Any], row: Any) -> None:
+    with conn.transaction():
+        conn.execute(SEED_COMPLETE, {"id": row["id"], "token": row["lease_token"],
+                                     "key": f"derived/{row['id']}", "version": "v",
+                                     "sha": "0" * 64})
+
+
+def seed_drain(barrier: Any, url: str) -> tuple[int, float]:
+    """One seed worker (worker.mjs): claim one, complete it; stop at the first empty claim.
+
+    The seed sleeps 1 s when the queue is empty; a drain has nothing left to wait for then.
+    """
+    done = 0
+    with psycopg.connect(url, row_factory=dict_row) as conn:
+        barrier.wait()
+        while (row := seed_claim(conn)) is not None:
+            seed_complete(conn, row)
+            done += 1
+        return done, time.time()
+
+
+def seed_done(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM archive_files WHERE status = 'ready'")
+        return int(row.fetchone()[0])  # type: ignore[index]
+
+
+# --- PgQueuer --------------------------------------------------------------------------------
+
+
+def _asyncpg_available() -> bool:
+    try:
+        import asyncpg  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+async def _pgqueuer_queries(url: str) -> tuple[Any, Any]:
+    from pgqueuer.queries import Queries
+
+    # asyncpg is PgQueuer's default and fastest driver (its own benchmark uses it);
+    # psycopg is the fallback when the asyncpg extra is not installed.
+    if _asyncpg_available():
+        import asyncpg
+        from pgqueuer.db import AsyncpgDriver
+
+        conn = await asyncpg.connect(dsn=url)
+        return Queries(AsyncpgDriver(conn)), conn
+    from pgqueuer.db import PsycopgDriver
+
+    aconn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    return Queries(PsycopgDriver(aconn)), aconn
+
+
+def pgqueuer_seed_jobs(url: str, n: int) -> None:
+    async def go() -> None:
+        queries, conn = await _pgqueuer_queries(url)
+        try:
+            if not await queries.schema_is_installed():
+                await queries.install()
+            await queries.clear_queue()
+            await queries.clear_statistics_log()
+            await queries.clear_queue_log()  # done is counted from the log: start it empty
+            for start in range(0, n, 5_000):
+                k = min(5_000, n - start)
+                await queries.enqueue(["noop"] * k, [None] * k, [0] * k)
+        finally:
+            await conn.close()
+    asyncio.run(go())
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE pgqueuer")
+
+
+async def _pgqueuer_drain(barrier: Any, url: str, batch: int) -> tuple[int, float]:
+    from pgqueuer.models import Job
+    from pgqueuer.qm import QueueManager
+    from pgqueuer.types import QueueExecutionMode
+
+    queries, conn = await _pgqueuer_queries(url)
+    qm = QueueManager(queries)
+    done = 0
+
+    @qm.entrypoint("noop")
+    async def noop(job: Job) -> None:
+        nonlocal done
+        done += 1
+
+    try:
+        barrier.wait()
+        # drain: return once the queue is empty and every picked job is logged done.
+        await qm.run(batch_size=batch, mode=QueueExecutionMode.drain)
+        return done, time.time()
+    finally:
+        await conn.close()
+
+
+def pgqueuer_drain(barrier: Any, url: str, batch: int) -> tuple[int, float]:
+    """One PgQueuer QueueManager in drain mode with `batch_size=batch`."""
+    return asyncio.run(_pgqueuer_drain(barrier, url, batch))
+
+
+def pgqueuer_done(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        # Finished jobs leave the pgqueuer table and are logged as successful.
+        left = conn.execute("SELECT count(*) FROM pgqueuer").fetchone()[0]  # type: ignore[index]
+        ok = conn.execute("SELECT count(*) FROM pgqueuer_log"
+                          " WHERE status = 'successful'").fetchone()[0]  # type: ignore[index]
+    return int(ok) if int(left) == 0 else -int(left)
+
+
+# --- Procrastinate ---------------------------------------------------------------------------
+
+
+def _procrastinate_app(url: str, pool_size: int) -> Any:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(
+        conninfo=url, min_size=1, max_size=pool_size))
+
+    @app.task(name="noop")
+    async def noop() -> None:
+        return None
+
+    return app
+
+
+def procrastinate_seed_jobs(url: str, n: int) -> None:
+    async def go() -> None:
+        app = _procrastinate_app(url, 2)
+        async with app.open_async():
+            with psycopg.connect(url, autocommit=True) as conn:
+                installed = conn.execute(
+                    "SELECT to_regclass('procrastinate_jobs') IS NOT NULL").fetchone()[0]  # type: ignore[index]
+                if installed:
+                    conn.execute("TRUNCATE procrastinate_jobs CASCADE")
+            if not installed:
+                await app.schema_manager.apply_schema_async()
+            task = app.tasks["noop"]
+            for start in range(0, n, 2_000):
+                await task.batch_defer_async(*[{} for _ in range(min(2_000, n - start))])
+    asyncio.run(go())
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE procrastinate_jobs")
+
+
+async def _procrastinate_drain(barrier: Any, url: str, concurrency: int) -> tuple[int, float]:
+    app = _procrastinate_app(url, concurrency + 2)
+    async with app.open_async():
+        barrier.wait()
+        # wait=False: stop once no job is left. No LISTEN: nothing arrives during a drain.
+        await app.run_worker_async(concurrency=concurrency, wait=False, listen_notify=False,
+                                   install_signal_handlers=False)
+        return -1, time.time()
+
+
+def procrastinate_drain(barrier: Any, url: str, concurrency: int) -> tuple[int, float]:
+    """One Procrastinate worker process with `concurrency` in-process job slots."""
+    return asyncio.run(_procrastinate_drain(barrier, url, concurrency))
+
+
+def procrastinate_done(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'")
+        return int(row.fetchone()[0])  # type: ignore[index]
+
+
+# --- throughput --------------------------------------------------------------------------------
+
+
+@dataclass
+class Adapter:
+    """What the throughput runner needs to know of one system in one configuration."""
+
+    system: str
+    config: str
+    db: str
+    seed_jobs: Callable[[str, int], None]
+    drain: Callable[..., tuple[int, float]]
+    drain_args: Callable[[str, int], tuple[Any, ...]]  # (url, worker index) -> args
+    done: Callable[[str], int]
+    slow: bool = False  # ~10x slower per job: drains plan.slow_jobs instead of plan.jobs
+    once: bool = False  # run once, not plan.repeats times (reference points, not targets)
+
+
+def adapters(quick: bool = False) -> list[Adapter]:
+    out = [Adapter("darkroom", f"batch {DARKROOM_BATCH}, complete_many", "bench_darkroom",
+                   darkroom_seed_jobs, darkroom_drain,
+                   lambda url, i: (url, DARKROOM_BATCH, f"w{i}", False), darkroom_done),
+           Adapter("darkroom (proposed claim fix)", f"batch {DARKROOM_BATCH}, complete_many",
+                   "bench_darkroom", darkroom_seed_jobs, darkroom_drain,
+                   lambda url, i: (url, DARKROOM_BATCH, f"w{i}", True), darkroom_done)]
+    driver = "asyncpg" if _asyncpg_available() else "psycopg"
+    out += [Adapter("pgqueuer", f"batch_size {b}, {driver}", "bench_pgqueuer",
+                    pgqueuer_seed_jobs, pgqueuer_drain,
+                    lambda url, i, b=b: (url, b), pgqueuer_done,  # type: ignore[misc]
+                    once=b != max(PGQUEUER_BATCHES))
+            for b in (PGQUEUER_BATCHES[-1:] if quick else PGQUEUER_BATCHES)]
+    out += [Adapter("procrastinate", f"concurrency {PROCRASTINATE_CONCURRENCY}",
+                    "bench_procrastinate", procrastinate_seed_jobs, procrastinate_drain,
+                    lambda url, i: (url, PROCRASTINATE_CONCURRENCY), procrastinate_done,
+                    slow=True, once=True),
+            Adapter("seed", "LIMIT 1 per transaction, OR query", "bench_seed",
+                    seed_seed_jobs, seed_drain, lambda url, i: (url,), seed_done, slow=True,
+                    once=True)]
+    return out
+
+
+@dataclass
+class ThroughputRun:
+    system: str
+    config: str
+    workers: int
+    jobs: int
+    runs_jobs_per_s: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.runs_jobs_per_s)
+
+
+def run_throughput(server: Server, adapter: Adapter, workers: int, jobs: int) -> float:
+    """One drain of `jobs` no-op jobs by `workers` processes; answers jobs/s."""
+    url = server.db_url(adapter.db)
+    adapter.seed_jobs(url, jobs)
+    t0, results = run_processes(adapter.drain,
+                                [adapter.drain_args(url, i) for i in range(workers)])
+    t_end = max(end for _, end in results)
+    finished = adapter.done(url)
+    if finished != jobs:
+        raise RuntimeError(f"{adapter.system}: {finished} of {jobs} jobs finished")
+    return jobs / (t_end - t0)
+
+
+def throughput(server: Server, plan: Plan, only: set[str] | None) -> list[ThroughputRun]:
+    chosen = [a for a in adapters(plan.quick)
+              if not only or a.system.split(" ")[0] in only]
+    for db in {a.db for a in chosen}:
+        url = server.fresh_db(db)
+        if db == "bench_darkroom":
+            migrate(url)
+    runs = {(a.system, a.config, w): ThroughputRun(a.system, a.config, w,
+                                                  plan.slow_jobs if a.slow else plan.jobs)
+            for w in plan.workers for a in chosen}
+    # Repeats go round-robin over every system, so a burst of load from a neighbour on
+    # this shared machine hits all of them alike instead of one system's runs.
+    for rep in range(plan.repeats):
+        for workers in plan.workers:
+            for a in chosen:
+                # The slow ones take ~10x longer per job: one run each keeps the whole
+                # benchmark under 15 minutes; the comparisons that decide targets repeat.
+                if a.once and rep:
+                    continue
+                run = runs[(a.system, a.config, workers)]
+                url = server.db_url(a.db)
+                run.runs_jobs_per_s.append(run_throughput(server, a, workers, run.jobs))
+                log(f"  [{rep + 1}/{plan.repeats}] {a.system:30} {a.config:34} {workers:>2}"
+                    f" workers: {run.runs_jobs_per_s[-1]:8,.0f} jobs/s")
+    return list(runs.values())
+
+
+# --- idle latency --------------------------------------------------------------------------------
+
+
+async def _darkroom_latency_worker(barrier: Any, url: str, expected: int, limit: float,
+                                   poll: float) -> dict[str, float]:
+    pool = await open_pool(url, min_size=1, max_size=1, name="latency")
+    queue = _queue(pool, "latency")
+    listen = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    await listen.execute("LISTEN darkroom_jobs")
+    claimed: dict[str, float] = {}
+    try:
+        barrier.wait()
+        deadline = time.time() + limit
+        while len(claimed) < expected and time.time() < deadline:
+            leases = await queue.claim(32)
+            now = time.time()
+            if leases:
+                claimed.update((str(lease.file_id), now) for lease in leases)
+                await queue.complete_many([(lease, noop_result(lease)) for lease in leases])
+                continue
+            # Idle: wake on the first NOTIFY, or poll anyway after `poll` seconds in case
+            # a notification was lost (e.g. the listening connection was replaced).
+            async for _ in listen.notifies(timeout=poll, stop_after=1):
+                pass
+        return claimed
+    finally:
+        await listen.close()
+        await pool.close()
+
+
+def darkroom_latency_worker(barrier: Any, url: str, expected: int, limit: float,
+                            poll: float) -> dict[str, float]:
+    """darkroom's idle worker: LISTEN darkroom_jobs on its own connection + fallback poll."""
+    return asyncio.run(_darkroom_latency_worker(barrier, url, expected, limit, poll))
+
+
+def seed_latency_worker(barrier: Any, url: str, expected: int,
+                        limit: float) -> dict[str, float]:
+    """The seed's loop: claim; when nothing is there, sleep 1 s."""
+    claimed: dict[str, float] = {}
+    with psycopg.connect(url, row_factory=dict_row) as conn:
+        barrier.wait()
+        deadline = time.time() + limit
+        while len(claimed) < expected and time.time() < deadline:
+            row = seed_claim(conn)
+            if row is None:
+                time.sleep(1.0)
+                continue
+            claimed[str(row["id"])] = time.time()
+            seed_complete(conn, row)
+    return claimed
+
+
+def _paced(n: int, rate: float) -> Iterator[int]:
+    """Yields 0..n-1 at a steady `rate` per second (absolute schedule: no drift)."""
+    start = time.time()
+    for i in range(n):
+        delay = start + i / rate - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        yield i
+
+
+def _latency_stats(enqueued: dict[str, float], claimed: dict[str, float]) -> dict[str, Any]:
+    lat = sorted((claimed[k] - t) * 1000 for k, t in enqueued.items() if k in claimed)
+    if not lat:
+        return {"n": 0, "enqueued": len(enqueued)}
+    q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else lat * 99
+    return {"n": len(lat), "enqueued": len(enqueued), "p50_ms": statistics.median(lat),
+            "p95_ms": q[94], "max_ms": lat[-1]}
+
+
+def _run_with_producer(target: Callable[..., Any], args: tuple[Any, ...],
+                       produce: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """Runs one worker process and the producer (here) at the same time."""
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    results = ctx.Queue()
+    proc = ctx.Process(target=_worker_entry, args=(target, barrier, results, args))
+    proc.start()
+    try:
+        barrier.wait(timeout=120)
+        time.sleep(0.5)  # let the worker find the queue empty and go idle first
+        enqueued = produce()
+        claimed = results.get(timeout=120)
+    finally:
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+    if isinstance(claimed, BaseException):
+        raise RuntimeError(f"latency worker failed: {claimed!r}") from claimed
+    return {"enqueued": enqueued, "claimed": claimed}  # type: ignore[dict-item]
+
+
+def darkroom_latency(server: Server, plan: Plan) -> dict[str, Any]:
+    """Producer: create pending cards, then `confirm` them (UPDATE + pg_notify, one txn)."""
+    url = server.db_url("bench_darkroom")
+    n = int(plan.latency_rate * plan.latency_seconds)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects")
+        ids = [r[0] for r in conn.execute(
+            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
+            " original_key) SELECT 'bench', 'f' || i, 'image/jpeg', 1, 'originals/' || i"
+            " FROM generate_series(1, %s) i RETURNING id", (n,)).fetchall()]
+        conn.execute("VACUUM ANALYZE archive_files")
+
+    def produce() -> dict[str, float]:
+        async def go() -> dict[str, float]:
+            pool = await open_pool(url, min_size=1, max_size=1, name="producer")
+            queue = _queue(pool, "producer")
+            enqueued: dict[str, float] = {}
+            try:
+                await queue.confirm(uuid.uuid4(), "bench", "warm-up")  # prepare, not timed
+                start = time.time()
+                for i in range(n):
+                    delay = start + i / plan.latency_rate - time.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    # Taken before the statement: the latency includes the enqueue's own
+                    # commit, so it can only be overstated, never flattered.
+                    enqueued[str(ids[i])] = time.time()
+                    await queue.confirm(ids[i], "bench", "v1")
+            finally:
+                await pool.close()
+            return enqueued
+        return asyncio.run(go())
+
+    r = _run_with_producer(darkroom_latency_worker,
+                           (url, n, plan.latency_seconds + 20, 1.0), produce)
+    return _latency_stats(r["enqueued"], r["claimed"])  # type: ignore[arg-type]
+
+
+def seed_latency(server: Server, plan: Plan) -> dict[str, Any]:
+    """Producer: INSERT a queued row, as the seed's API does on confirm (no NOTIFY)."""
+    url = server.db_url("bench_seed")
+    seed_prepare(url)
+    n = int(plan.latency_rate * plan.latency_seconds)
+
+    def produce() -> dict[str, float]:
+        enqueued: dict[str, float] = {}
+        with psycopg.connect(url, autocommit=True) as conn:
+            for i in _paced(n, plan.latency_rate):
+                fid = uuid.uuid4()
+                enqueued[str(fid)] = time.time()
+                conn.execute(
+                    "INSERT INTO archive_files (id, owner, filename, content_type, size_bytes,"
+                    " original_key, original_version, status) VALUES"
+                    " (%s, 'bench', %s, 'image/jpeg', 1, %s, 'v1', 'queued')",
+                    (fid, f"f{i}", f"originals/{fid}"))
+        return enqueued
+
+    r = _run_with_producer(seed_latency_worker, (url, n, plan.latency_seconds + 20), produce)
+    return _latency_stats(r["enqueued"], r["claimed"])  # type: ignore[arg-type]
+
+
+# --- claim time versus table size ----------------------------------------------------------------
+
+
+def darkroom_fill(url: str, finished: int, queued: int) -> None:
+    """`finished` ready cards (older) and `queued` due ones, loaded in bulk."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects")
+        conn.execute(
+            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
+            " original_key, original_version, status, attempts, derived_key, derived_version,"
+            " sha256, width, height, derived_bytes, created_at, available_at, finished_at)"
+            " SELECT 'u' || (i %% 1000), 'f' || i, 'image/jpeg', 1, 'originals/' || i, 'v1',"
+            " 'ready', 1, 'derived/' || i, 'v', repeat('0', 64), 1, 1, 1,"
+            " now() - interval '30 days' + i * interval '1 millisecond',"
+            " now() - interval '30 days' + i * interval '1 millisecond', now()"
+            " FROM generate_series(1, %s) AS i", (finished,))
+        conn.execute(
+            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
+            " original_key, original_version, status, created_at, available_at)"
+            " SELECT 'u' || (i %% 1000), 'q' || i, 'image/jpeg', 1, 'originals/q' || i, 'v1',"
+            " 'queued', now() - interval '1 day' + i * interval '1 millisecond',"
+            " now() - interval '1 day' + i * interval '1 millisecond'"
+            " FROM generate_series(1, %s) AS i", (queued,))
+        conn.execute("VACUUM ANALYZE archive_files")
+
+
+def seed_fill(url: str, finished: int, queued: int) -> None:
+    seed_prepare(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
+            " original_key, original_version, status, attempts, derived_key, derived_version,"
+            " sha256, created_at, available_at)"
+            " SELECT 'u' || (i %% 1000), 'f' || i, 'image/jpeg', 1, 'originals/' || i, 'v1',"
+            " 'ready', 1, 'derived/' || i, 'v', repeat('0', 64),"
+            " now() - interval '30 days' + i * interval '1 millisecond',"
+            " now() - interval '30 days' + i * interval '1 millisecond'"
+            " FROM generate_series(1, %s) AS i", (finished,))
+        conn.execute(
+            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
+            " original_key, original_version, status, created_at, available_at)"
+            " SELECT 'u' || (i %% 1000), 'q' || i, 'image/jpeg', 1, 'originals/q' || i, 'v1',"
+            " 'queued', now() - interval '1 day' + i * interval '1 millisecond',"
+            " now() - interval '1 day' + i * interval '1 millisecond'"
+            " FROM generate_series(1, %s) AS i", (queued,))
+        conn.execute("VACUUM ANALYZE archive_files")
+
+
+def _timed_claims(url: str, claims: int, once: Callable[[psycopg.Connection[Any]], Any],
+                  vacuum_every: int = 50) -> float:
+    """Median ms of `claims` claims, each in a transaction that is rolled back.
+
+    The rollback keeps the table's shape; the aborted row versions it leaves are vacuumed
+    every `vacuum_every` claims (outside the timing) so they do not pile up either. The
+    first 10 claims warm caches and prepared statements and are not counted.
+    """
+    times: list[float] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        for i in range(claims + 10):
+            if i and i % vacuum_every == 0:
+                conn.execute("VACUUM archive_files")
+            with conn.transaction(force_rollback=True):
+                t = time.perf_counter()
+                rows = once(conn)
+                elapsed = time.perf_counter() - t
+            if not rows:
+                raise RuntimeError("claim found nothing to claim")
+            if i >= 10:
+                times.append(elapsed * 1000)
+    return statistics.median(times)
+
+
+def darkroom_claim_once(n: int, sql: str | None = None
+                        ) -> Callable[[psycopg.Connection[Any]], Any]:
+    params = {"n": n, "max_attempts": 3, "lease_seconds": 300.0, "worker": "bench"}
+    query = sql or QUERIES["claim"]
+
+    def once(conn: psycopg.Connection[Any]) -> Any:
+        # What Queue.claim sends: the same text, prepared on the server.
+        return conn.execute(query, params, prepare=True).fetchall()
+    return once
+
+
+def seed_claim_once(conn: psycopg.Connection[Any]) -> Any:
+    row = conn.execute(SEED_CLAIM).fetchone()
+    if row is None:
+        return None
+    return conn.execute(SEED_LEASE, {"id": row[0], "token": uuid.uuid4()}).fetchall()
+
+
+def claim_times(server: Server, plan: Plan) -> list[dict[str, Any]]:
+    """Claim time on a tiny table versus one with plan.finished_rows finished rows.
+
+    The tiny table holds TINY queued rows rather than exactly 10, so that claim(32) gets
+    full batches on both sides and the ratio compares like with like.
+    """
+    cases: list[tuple[str, str, Callable[[psycopg.Connection[Any]], Any]]] = [
+        ("darkroom", "claim(1)", darkroom_claim_once(1)),
+        ("darkroom", "claim(32)", darkroom_claim_once(32)),
+        ("darkroom (proposed claim fix)", "claim(32)",
+         darkroom_claim_once(32, proposed_claim_sql())),
+        ("seed", "OR … ORDER BY created_at LIMIT 1", seed_claim_once),
+    ]
+    fills = {"darkroom": darkroom_fill, "seed": seed_fill}
+    ms: dict[tuple[str, str, str], float] = {}
+    for db, fill in fills.items():
+        url = server.db_url(f"bench_{db}")
+        # Each table is filled once per size and every claim variant measured on it. The
+        # backlog size is darkroom's only: the seed's claim is already slow at "big".
+        sizes = [("tiny", 0, TINY), ("big", plan.finished_rows, plan.queued_rows)]
+        if db == "darkroom":
+            sizes.append(("backlog", 0, plan.backlog_rows))
+        for size, finished, queued in sizes:
+            fill(url, finished, queued)
+            for system, what, once in cases:
+                if system.split(" ")[0] == db:
+                    ms[(system, what, size)] = _timed_claims(url, plan.claims, once)
+    out = []
+    for system, what, _ in cases:
+        small, big = ms[(system, what, "tiny")], ms[(system, what, "big")]
+        backlog = ms.get((system, what, "backlog"))
+        out.append({"system": system, "claim": what, "ms_10_rows": small, "ms_big": big,
+                    "ratio": big / small, "tiny_rows": TINY,
+                    "finished_rows": plan.finished_rows, "queued_rows": plan.queued_rows,
+                    "ms_backlog": backlog, "backlog_rows": plan.backlog_rows})
+        log(f"  {system:30} {what:34} tiny {small:7.2f} ms   "
+            f"{plan.finished_rows:,}+{plan.queued_rows:,} rows {big:7.2f} ms   x{big / small:.2f}"
+            + (f"   {plan.backlog_rows:,} queued {backlog:7.2f} ms" if backlog else ""))
+    return out
+
+
+# --- report ---------------------------------------------------------------------------------------
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m, pg, plan = result["machine"], result["postgres"], result["plan"]
+    counts = plan["workers"]
+    lines = [
+        f"Machine: {m['nproc']} CPUs ({m['cpu']}), load average at start "
+        f"{m['loadavg_at_start'][0]:.2f}; PostgreSQL {pg['server_version']} "
+        f"({result['server']}), synchronous_commit={pg['synchronous_commit']}, "
+        f"fsync={pg['fsync']}, shared_buffers={pg['shared_buffers']}.",
+        "",
+        "### No-op throughput (claim → fenced complete), jobs/s",
+        "",
+        f"{plan['jobs']:,} jobs for darkroom and PgQueuer (median of {plan['repeats']} runs), "
+        f"{plan['slow_jobs']:,} for Procrastinate and the seed (one run). "
+        "Workers are separate processes.",
+        "",
+        "| system | configuration | " + " | ".join(f"{w} worker{'s' if w > 1 else ''}"
+                                               for w in counts) + " |",
+        "|---|---|" + "---:|" * len(counts),
+    ]
+    by_key: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+    for r in result.get("throughput") or []:
+        by_key.setdefault((r["system"], r["config"]), {})[r["workers"]] = r
+    for (system, config), per in by_key.items():
+        cells = []
+        for w in counts:
+            r = per.get(w)
+            if r is None:
+                cells.append("–")
+                continue
+            runs = r["runs_jobs_per_s"]
+            spread = (f" ({min(runs):,.0f}–{max(runs):,.0f})" if len(runs) > 1 else "")
+            cells.append(f"{r['median']:,.0f}{spread}")
+        lines.append(f"| {system} | {config} | " + " | ".join(cells) + " |")
+    if result.get("latency"):
+        lines += ["", f"### Idle enqueue → claim latency at {plan['latency_rate']:.0f} jobs/s "
+                  f"for {plan['latency_seconds']:.0f} s", "",
+                  "| system | wake-up | claimed | p50 ms | p95 ms | max ms |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for name, how in (("darkroom", "LISTEN darkroom_jobs + 1 s fallback poll"),
+                          ("seed", "1 s sleep when empty")):
+            s = result["latency"].get(name)
+            if s and s.get("n"):
+                lines.append(f"| {name} | {how} | {s['n']}/{s['enqueued']} | "
+                             f"{s['p50_ms']:.1f} | {s['p95_ms']:.1f} | {s['max_ms']:.1f} |")
+    if result.get("claim_time"):
+        c0 = result["claim_time"][0]
+        lines += ["", f"### Claim time, median of {plan['claims']} claims (each rolled back)",
+                  "", f"| system | claim | {c0['tiny_rows']} queued rows, ms | "
+                  f"{c0['finished_rows']:,} ready + {c0['queued_rows']:,} queued, ms | ratio | "
+                  f"backlog: {c0['backlog_rows']:,} queued, ms |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for c in result["claim_time"]:
+            backlog = f"{c['ms_backlog']:.2f}" if c.get("ms_backlog") else "–"
+            lines.append(f"| {c['system']} | {c['claim']} | {c['ms_10_rows']:.2f} | "
+                         f"{c['ms_big']:.2f} | {c['ratio']:.2f}× | {backlog} |")
+    if result.get("targets"):
+        lines += ["", "### Targets (ratios from this run)", "",
+                  "| target | measured | met |", "|---|---|---|"]
+        for t in result["targets"]:
+            lines.append(f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    tp = result.get("throughput") or []
+    pq = [r for r in tp if r["system"] == "pgqueuer"]
+    for system in ("darkroom", "darkroom (proposed claim fix)"):
+        dr = {r["workers"]: r["median"] for r in tp if r["system"] == system}
+        if not (dr and pq):
+            continue
+        best = max(pq, key=lambda r: r["median"])
+        best_dr = max(dr.values())
+        ratio = best_dr / best["median"]
+        out.append({"target": f"{system}: no-op throughput ≥ 1.5× PgQueuer's best",
+                    "measured": f"best {best_dr:,.0f} jobs/s vs PgQueuer best "
+                                f"{best['median']:,.0f} ({best['config']}, {best['workers']} "
+                                f"workers): {ratio:.2f}×", "met": ratio >= 1.5,
+                    "ratio": ratio})
+        for w in result["plan"]["workers"]:
+            same = [r["median"] for r in pq if r["workers"] == w]
+            if w in dr and same:
+                r_w = dr[w] / max(same)
+                out.append({"target": f"{system}: same as above at {w} worker(s)",
+                            "measured": f"{dr[w]:,.0f} vs {max(same):,.0f}: {r_w:.2f}×",
+                            "met": r_w >= 1.5, "ratio": r_w})
+    lat = (result.get("latency") or {}).get("darkroom")
+    if lat and lat.get("n"):
+        out.append({"target": "darkroom: idle latency p50 < 20 ms",
+                    "measured": f"p50 {lat['p50_ms']:.1f} ms, p95 {lat['p95_ms']:.1f} ms",
+                    "met": lat["p50_ms"] < 20})
+    for c in result.get("claim_time") or []:
+        if c["system"].startswith("darkroom"):
+            out.append({"target": f"{c['system']}: {c['claim']} at {c['finished_rows']:,} "
+                                  "finished rows ≤ 1.5× on a tiny table",
+                        "measured": f"{c['ms_big']:.2f} / {c['ms_10_rows']:.2f} ms = "
+                                    f"{c['ratio']:.2f}×", "met": c["ratio"] <= 1.5,
+                        "ratio": c["ratio"]})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, < 1 minute")
+    parser.add_argument("--database-url", help="a PostgreSQL server to use (a superuser "
+                        "URL: a database per system is created on it)")
+    parser.add_argument("--only", help="comma-separated systems for the throughput part")
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip: "
+                        "throughput,latency,claim")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    plan = QUICK if args.quick else FULL
+    skip = set(filter(None, args.skip.split(",")))
+    only = set(args.only.split(",")) if args.only else None
+
+    with contextlib.ExitStack() as stack:
+        if args.database_url:
+            server, where = Server(args.database_url), "external server"
+        else:
+            from darkroom.db import embedded
+
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dr-bench-")))
+            server, where = Server(embedded.url(tmp / "pg", stop_on_exit=True)), "embedded"
+        started = time.time()
+        result: dict[str, Any] = {"machine": machine(), "postgres": server.describe(),
+                                  "server": where, "plan": asdict(plan),
+                                  "command": " ".join([".venv/bin/python", *sys.argv])}
+        log(f"PostgreSQL {result['postgres']['server_version']} ({where}); "
+            f"{result['machine']['nproc']} CPUs: {result['machine']['cpu']}")
+        # Every part below needs darkroom's and the seed's databases to exist.
+        for name in ("bench_darkroom", "bench_seed"):
+            url = server.fresh_db(name)
+        migrate(server.db_url("bench_darkroom"))
+        seed_prepare(url)
+        if "throughput" not in skip:
+            log("throughput:")
+            result["throughput"] = [asdict(r) | {"median": r.median}
+                                    for r in throughput(server, plan, only)]
+        if "latency" not in skip:
+            log("latency:")
+            result["latency"] = {"darkroom": darkroom_latency(server, plan),
+                                 "seed": seed_latency(server, plan)}
+            for k, v in result["latency"].items():
+                log(f"  {k}: {v}")
+        if "claim" not in skip:
+            log("claim time:")
+            result["claim_time"] = claim_times(server, plan)
+        result["targets"] = targets(result)
+        result["elapsed_s"] = time.time() - started
+        result["loadavg_at_end"] = os.getloadavg()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    print(markdown(result))
+    print(f"\n({result['elapsed_s']:.0f} s; JSON in {args.out})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,429 @@
+"""The /v1 routes of DESIGN §4, plus /metrics, /healthz and /readyz.
+
+Every card lookup is by (id, owner): another owner's file and a missing one take the same
+path through the code and answer the same 404, so nothing tells them apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+import uuid
+from typing import Annotated, Any, BinaryIO, cast
+
+from anyio import to_thread
+from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi.responses import JSONResponse, RedirectResponse
+
+from darkroom.api.auth import Admin, Caller
+from darkroom.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from darkroom.api.metrics import render
+from darkroom.api.problems import PROBLEM_MEDIA_TYPE, Problem, not_found, problem_response
+from darkroom.api.schemas import (
+    ACCEPTED_TYPES,
+    Card,
+    CardList,
+    Confirm,
+    Health,
+    NewCard,
+    NewFile,
+    QueueStats,
+    Status,
+    Stored,
+    Upload,
+    card_from_row,
+    decode_cursor,
+    encode_cursor,
+)
+from darkroom.config import Settings
+from darkroom.db.queries import QUERIES
+from darkroom.errors import ObjectMissing
+from darkroom.queue import ConfirmOutcome, Queue
+from darkroom.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+# Request bodies up to this size stay in memory while spooled; larger ones go to disk.
+_SPOOL_MEMORY = 1024 * 1024
+_PRESIGN_PUT_SECONDS = 900
+_PRESIGN_GET_SECONDS = 300
+_READY_TIMEOUT = 3.0
+
+
+def _problem(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+    }
+
+
+_DESCRIPTIONS = {
+    401: "No API key, or not a valid one.",
+    403: "The key is valid but not allowed here.",
+    404: "No such file (or it belongs to another owner).",
+    409: "The file is not in a state that allows this.",
+    413: "Larger than the upload limit.",
+    422: "The request is not valid; `errors` names the fields.",
+    503: "The database or the object store is unavailable.",
+}
+
+
+def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI declarations of the problem answers a route can give."""
+    return {status: _problem(_DESCRIPTIONS[status]) for status in (*statuses, 503)}
+
+
+router = APIRouter()
+
+# Declared a UUID in the schema, taken as any string: a malformed id is answered like an
+# id that does not exist (404), not as a validation error.
+FileId = Annotated[
+    str, Path(description="The card's id (a UUID).", json_schema_extra={"format": "uuid"})
+]
+
+
+def _queue(request: Request) -> Queue:
+    queue: Queue = request.app.state.queue
+    return queue
+
+
+def _store(request: Request) -> ObjectStore:
+    store: ObjectStore = request.app.state.store
+    return store
+
+
+def _settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def _file_id(raw: str) -> uuid.UUID:
+    # A malformed id is just an id that does not exist: 404, not a validation error.
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise not_found() from None
+
+
+async def _card_row(request: Request, raw_id: str, owner: str) -> dict[str, Any]:
+    row = await _queue(request).get_file(_file_id(raw_id), owner)
+    if row is None:
+        raise not_found()
+    return row
+
+
+def _too_large(limit: int) -> Problem:
+    return Problem(
+        413,
+        "payload_too_large",
+        f"The file is larger than the upload limit of {limit} bytes.",
+        limit=limit,
+    )
+
+
+def _card_json(card: Card, status: int, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(card.model_dump(mode="json"), status_code=status, headers=headers)
+
+
+# --- files -------------------------------------------------------------------------------
+
+
+@router.post(
+    "/v1/files",
+    status_code=201,
+    response_model=NewCard,
+    tags=["files"],
+    responses=problems(401, 413, 422),
+    summary="Create a card and get upload instructions",
+)
+async def create_file(body: NewFile, who: Caller, request: Request) -> JSONResponse:
+    settings = _settings(request)
+    if body.size > settings.max_upload_bytes:
+        raise _too_large(settings.max_upload_bytes)
+    row = await _queue(request).create_file(
+        owner=who.owner, filename=body.filename, content_type=body.content_type, size=body.size
+    )
+    presigned = await to_thread.run_sync(
+        lambda: _store(request).presign_put(
+            row["original_key"], content_type=body.content_type, expires=_PRESIGN_PUT_SECONDS
+        )
+    )
+    if presigned is not None:
+        upload = Upload(method=presigned.method, url=presigned.url, headers=dict(presigned.headers))
+    else:
+        # The local store: the API takes the bytes itself (send the bearer key along).
+        url = str(request.url_for("put_content", file_id=str(row["id"])))
+        upload = Upload(method="PUT", url=url, headers={"Content-Type": body.content_type})
+    card = NewCard(**card_from_row(row).model_dump(), upload=upload)
+    return _card_json(card, 201, {"Location": f"/v1/files/{row['id']}"})
+
+
+@router.put(
+    "/v1/files/{file_id}/content",
+    response_model=Stored,
+    tags=["files"],
+    responses=problems(401, 404, 409, 413, 422),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            # The bytes are stored as they come, under the card's declared content type.
+            "content": {
+                media_type: {"schema": {"type": "string", "format": "binary"}}
+                for media_type in (*ACCEPTED_TYPES, "application/octet-stream")
+            },
+        }
+    },
+    summary="Upload the original through the API",
+)
+async def put_content(file_id: FileId, who: Caller, request: Request) -> Stored:
+    row = await _card_row(request, file_id, who.owner)
+    if row["status"] != "pending":
+        raise Problem(409, "conflict", "The file was already confirmed.")
+    limit = _settings(request).max_upload_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    # Spooled: a small body stays in memory, a big one goes to a temporary file, and the
+    # count stops the upload as soon as it passes the limit, whatever the client declared.
+    with tempfile.SpooledTemporaryFile(max_size=_SPOOL_MEMORY) as spool:
+        received = 0
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > limit:
+                raise _too_large(limit)
+            spool.write(chunk)
+        if received == 0:
+            raise Problem(
+                422,
+                "validation_error",
+                "The request is not valid.",
+                errors=[{"field": "body", "message": "the upload is empty"}],
+            )
+        spool.seek(0)
+        version = await to_thread.run_sync(
+            lambda: _store(request).put(
+                row["original_key"], cast(BinaryIO, spool), content_type=row["content_type"]
+            )
+        )
+    log.info("original stored", extra={"file_id": str(row["id"]), "bytes": received})
+    return Stored(version=version)
+
+
+@router.post(
+    "/v1/files/{file_id}/confirm",
+    status_code=202,
+    response_model=Card,
+    tags=["files"],
+    responses=problems(401, 404, 409, 413, 422),
+    summary="Queue the card for exactly this version of the original",
+)
+async def confirm(file_id: FileId, body: Confirm, who: Caller, request: Request) -> JSONResponse:
+    row = await _card_row(request, file_id, who.owner)
+    queue = _queue(request)
+    location = {"Location": f"/v1/files/{row['id']}"}
+    if row["status"] != "pending":
+        # Decided without the store: a repeat must stay cheap and idempotent even if the
+        # original has since gone (the worker will report that as original_missing).
+        if row["original_version"] == body.version:
+            return _card_json(card_from_row(row), 202, location)
+        raise Problem(409, "conflict", "The file was already confirmed with another version.")
+    limit = _settings(request).max_upload_bytes
+    try:
+        info = await to_thread.run_sync(
+            lambda: _store(request).head(row["original_key"], body.version)
+        )
+    except ObjectMissing:
+        raise Problem(
+            422,
+            "version_not_found",
+            "No upload with this version exists.",
+            errors=[{"field": "version", "message": "no such version"}],
+        ) from None
+    if info.size > limit:
+        raise _too_large(limit)
+    outcome = await queue.confirm(row["id"], who.owner, body.version)
+    if outcome is ConfirmOutcome.NOT_FOUND:
+        raise not_found()
+    if outcome is ConfirmOutcome.CONFLICT:
+        raise Problem(409, "conflict", "The file was already confirmed with another version.")
+    fresh = await queue.get_file(row["id"], who.owner)
+    if fresh is None:  # deleted in between
+        raise not_found()
+    return _card_json(card_from_row(fresh), 202, location)
+
+
+@router.get(
+    "/v1/files/{file_id}",
+    response_model=Card,
+    tags=["files"],
+    responses=problems(401, 404),
+    summary="One card",
+)
+async def get_file(file_id: FileId, who: Caller, request: Request) -> Card:
+    return card_from_row(await _card_row(request, file_id, who.owner))
+
+
+@router.get(
+    "/v1/files",
+    response_model=CardList,
+    tags=["files"],
+    responses=problems(401, 422),
+    summary="The caller's cards, newest first",
+)
+async def list_files(
+    who: Caller,
+    request: Request,
+    status: Annotated[Status | None, Query(description="Only cards in this status.")] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[
+        str | None, Query(max_length=300, description="`next_cursor` of the previous page.")
+    ] = None,
+) -> CardList:
+    after = None
+    if cursor is not None:
+        try:
+            after = decode_cursor(cursor)
+        except ValueError:
+            raise Problem(
+                422,
+                "validation_error",
+                "The request is not valid.",
+                errors=[{"field": "cursor", "message": "not a cursor of this API"}],
+            ) from None
+    rows = await _queue(request).list_files(who.owner, status=status, limit=limit + 1, after=after)
+    page = rows[:limit]
+    next_cursor = (
+        encode_cursor(page[-1]["created_at"], page[-1]["id"]) if len(rows) > limit else None
+    )
+    return CardList(items=[card_from_row(r) for r in page], next_cursor=next_cursor)
+
+
+@router.get(
+    "/v1/files/{file_id}/derivative",
+    tags=["files"],
+    responses={
+        200: {
+            "description": "The WebP (local store).",
+            "content": {"image/webp": {"schema": {"type": "string", "format": "binary"}}},
+        },
+        304: {"description": "Not modified (If-None-Match matched the ETag)."},
+        307: {"description": "A redirect to a short-lived URL of the WebP."},
+        **problems(401, 404, 409),
+    },
+    response_class=Response,
+    summary="The WebP derivative",
+)
+async def derivative(file_id: FileId, who: Caller, request: Request) -> Response:
+    row = await _card_row(request, file_id, who.owner)
+    if row["status"] != "ready":
+        raise Problem(409, "not_ready", f"The file is {row['status']}, not ready.")
+    store = _store(request)
+    key, version = row["derived_key"], row["derived_version"]
+    url = await to_thread.run_sync(
+        lambda: store.presign_get(key, version, expires=_PRESIGN_GET_SECONDS)
+    )
+    if url is not None:
+        return RedirectResponse(url, status_code=307, headers={"Cache-Control": "no-store"})
+    etag = f'"{row["sha256"]}"'
+    # Private: only the key's owner may see it. Immutable: a card's derivative never
+    # changes once ready (a new upload is a new card).
+    headers = {"ETag": etag, "Cache-Control": "private, max-age=86400, immutable"}
+    if etag in request.headers.get("if-none-match", ""):
+        return Response(status_code=304, headers=headers)
+    try:
+        data = await to_thread.run_sync(lambda: store.get(key, version))
+    except ObjectMissing:
+        # Ready but the bytes are gone: treat as missing rather than hint at internals.
+        log.error("derivative object missing", extra={"file_id": str(row["id"])})
+        raise not_found() from None
+    return Response(data, media_type="image/webp", headers=headers)
+
+
+@router.delete(
+    "/v1/files/{file_id}",
+    status_code=202,
+    tags=["files"],
+    responses={202: {"description": "The card is being deleted."}, **problems(401, 404)},
+    response_class=Response,
+    summary="Delete a file",
+)
+async def delete_file(file_id: FileId, who: Caller, request: Request) -> Response:
+    if not await _queue(request).revoke(_file_id(file_id), who.owner):
+        raise not_found()
+    return Response(status_code=202)
+
+
+# --- operations --------------------------------------------------------------------------
+
+
+@router.get(
+    "/v1/queue",
+    response_model=QueueStats,
+    tags=["operations"],
+    responses=problems(401, 403),
+    summary="Queue health (admin key)",
+)
+async def queue_stats(who: Admin, request: Request) -> dict[str, Any]:
+    return await _queue(request).stats()
+
+
+@router.get(
+    "/metrics",
+    tags=["operations"],
+    response_class=Response,
+    responses={
+        200: {
+            "description": "Prometheus text format.",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    },
+    summary="Prometheus metrics",
+)
+async def metrics(request: Request) -> Response:
+    try:
+        stats: dict[str, Any] | None = await asyncio.wait_for(
+            _queue(request).stats(), _READY_TIMEOUT
+        )
+    except Exception as exc:  # a scrape must still answer, with darkroom_queue_stats_up 0
+        log.warning("queue stats unavailable for /metrics: %s", type(exc).__name__)
+        stats = None
+    return Response(render(request.app.state.metrics, stats), media_type=METRICS_CONTENT_TYPE)
+
+
+@router.get("/healthz", response_model=Health, tags=["operations"], summary="Liveness")
+async def healthz() -> Health:
+    return Health(status="ok")
+
+
+@router.get(
+    "/readyz",
+    response_model=Health,
+    tags=["operations"],
+    responses={503: _problem("The database or the object store is unreachable.")},
+    summary="Readiness: database and object store reachable",
+)
+async def readyz(request: Request) -> Response:
+    checks: dict[str, str] = {}
+
+    async def database() -> None:
+        async with request.app.state.pool.connection(timeout=_READY_TIMEOUT) as conn:
+            await conn.execute(QUERIES["ping"])
+
+    async def storage() -> None:
+        await to_thread.run_sync(_store(request).check)
+
+    for name, probe in (("database", database), ("storage", storage)):
+        try:
+            await asyncio.wait_for(probe(), _READY_TIMEOUT)
+            checks[name] = "ok"
+        except Exception as exc:
+            log.warning(
+                "readiness check failed", extra={"check": name, "error": type(exc).__name__}
+            )
+            checks[name] = "unavailable"
+    if all(v == "ok" for v in checks.values()):
+        return JSONResponse(Health(status="ready", checks=checks).model_dump())
+    return problem_response(
+        503, "not_ready_to_serve", "A dependency is unavailable.", checks=checks
+    )

@@ -1,0 +1,180 @@
+"""The JSON shapes of the HTTP API (DESIGN §4); the OpenAPI document is built from these."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# What the API accepts to store. The worker sniffs the real format from the bytes; this
+# is only a first, cheap filter on what the client says it is sending.
+ACCEPTED_TYPES = ("image/jpeg", "image/png", "image/webp", "image/gif")
+VISIBLE_STATUSES = ("pending", "queued", "processing", "ready", "rejected")
+ImageType = Literal["image/jpeg", "image/png", "image/webp", "image/gif"]
+Status = Literal["pending", "queued", "processing", "ready", "rejected"]
+
+MAX_FILENAME = 255
+MAX_VERSION = 1024
+
+
+def _printable(value: str, what: str) -> str:
+    # PostgreSQL text cannot hold NUL, and control characters in a name are never meant.
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise ValueError(f"{what} must not contain control characters")
+    return value
+
+
+class NewFile(BaseModel):
+    # Strict: a JSON string is not silently taken for the integer `size`.
+    model_config = ConfigDict(strict=True)
+
+    filename: str = Field(
+        min_length=1,
+        max_length=MAX_FILENAME,
+        description="The original file name, for display only.",
+    )
+    # An enum in the schema, so a type we do not take is a plain 422 naming this field.
+    content_type: ImageType = Field(description="The media type of the original.")
+    size: int = Field(ge=1, description="The size in bytes the client is about to upload.")
+
+    @field_validator("filename")
+    @classmethod
+    def _filename(cls, value: str) -> str:
+        return _printable(value, "filename")
+
+
+class Confirm(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    version: str = Field(
+        min_length=1,
+        max_length=MAX_VERSION,
+        description="The version id the store gave the upload.",
+    )
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        return _printable(value, "version")
+
+
+class Upload(BaseModel):
+    method: str
+    url: str
+    headers: dict[str, str]
+
+
+class Derivative(BaseModel):
+    url: str
+    width: int | None
+    height: int | None
+    bytes: int | None
+    sha256: str
+
+
+class Card(BaseModel):
+    id: uuid.UUID
+    status: Status
+    error_code: str | None
+    attempts: int
+    created_at: datetime
+    updated_at: datetime
+    filename: str
+    content_type: str
+    size: int
+    derivative: Derivative | None
+
+
+class NewCard(Card):
+    upload: Upload
+
+
+class CardList(BaseModel):
+    items: list[Card]
+    next_cursor: str | None
+
+
+class Stored(BaseModel):
+    version: str
+
+
+class QueueStats(BaseModel):
+    counts: dict[str, int]
+    oldest_claimable_age_seconds: float | None
+    expired_leases: int
+    rejected_share_1h: float | None
+    rejected_share_24h: float | None
+    completed_last_minute: int
+    lease_lost_total: int
+
+
+class Health(BaseModel):
+    status: str
+    checks: dict[str, str] = Field(default_factory=dict)
+
+
+class FieldError(BaseModel):
+    field: str
+    message: str
+
+
+class ProblemDoc(BaseModel):
+    """RFC 9457 problem details, as every error of this API answers them."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    title: str
+    status: int
+    detail: str | None = None
+    errors: list[FieldError] | None = None
+
+
+def card_from_row(row: dict[str, Any]) -> Card:
+    derivative = None
+    if row["status"] == "ready":
+        derivative = Derivative(
+            url=f"/v1/files/{row['id']}/derivative",
+            width=row["width"],
+            height=row["height"],
+            bytes=row["derived_bytes"],
+            sha256=row["sha256"],
+        )
+    return Card(
+        id=row["id"],
+        status=row["status"],
+        error_code=row["error_code"],
+        attempts=row["attempts"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        filename=row["filename"],
+        content_type=row["content_type"],
+        size=row["size_bytes"],
+        derivative=derivative,
+    )
+
+
+# The cursor is opaque to clients: the (created_at, id) of the last card of a page.
+def encode_cursor(created_at: datetime, file_id: uuid.UUID) -> str:
+    raw = json.dumps([created_at.isoformat(), str(file_id)]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    """Raises ValueError for anything this API did not hand out."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created, file_id = json.loads(raw)
+        when = datetime.fromisoformat(created)
+        if when.tzinfo is None:
+            raise ValueError("naive timestamp")
+        return when, uuid.UUID(file_id)
+    except (binascii.Error, UnicodeDecodeError, TypeError, AttributeError) as exc:
+        raise ValueError("invalid cursor") from exc
+    except ValueError as exc:
+        raise ValueError("invalid cursor") from exc

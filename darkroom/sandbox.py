@@ -1,0 +1,426 @@
+"""Run `darkroom.derive.derive` in a persistent, resource-limited child process.
+
+A decoder is the most exposed code darkroom runs: its input comes from anyone with an
+account. A segfault, a runaway allocation or a hang in it must kill a child, never the
+worker. One `DecoderProcess` owns one child (`python -m darkroom.sandbox`, started with
+Popen rather than fork so a threaded asyncio parent is never forked) and reuses it across
+jobs, because starting Python and libvips per image would cost more than many decodes.
+
+Wire protocol over the child's stdin/stdout, one request and one response at a time:
+
+    request:  !II (json length, image length) + JSON limits + image bytes
+    response: !II (json length, webp length)  + JSON meta   + webp bytes
+
+The JSON meta is `{"width", "height", "sha256"}` or `{"error_code", "detail"}`.
+
+Failure mapping in the parent (`DecoderProcess.derive`):
+
+* the child answered with a code          → that code (`DeriveError`)
+* the time limit passed                   → child killed, `processing_timeout`
+* `kill()` from another thread             → child killed, `Cancelled`
+  (a `DeriveError` subclass with code `processing_failed`)
+* the child died, by a signal or EOF,
+  or broke the protocol                    → `processing_failed`
+* memory exhaustion under RLIMIT_AS        → `processing_failed`: the header limits
+  already bound what a valid image may need, so running out is the decoder's or the
+  configuration's fault, not something the uploader can fix. When the allocation fails
+  cleanly the child answers it; when glib aborts instead, the child dies — same code.
+
+The child restarts transparently on the next `derive()` after any of these.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, BinaryIO
+
+from darkroom.derive import Derivative, Limits, check_size
+from darkroom.errors import DeriveError, ErrorCode
+
+log = logging.getLogger("darkroom.sandbox")
+
+_FRAME = struct.Struct("!II")
+# Bounds on what either side accepts, so a confused peer cannot make us allocate wildly.
+_MAX_META = 64 * 1024
+_MAX_OUTPUT = 256 * 1024 * 1024
+# Only tests set this: the child then announces each job by writing one byte to the
+# named path (a FIFO, so the test blocks instead of sleeping) and hangs forever.
+TEST_HANG_ENV = "DARKROOM_SANDBOX_TEST_HANG"
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+class Cancelled(DeriveError):
+    """The in-flight derive was cancelled by `DecoderProcess.kill()`."""
+
+    def __init__(self, detail: str = "cancelled") -> None:
+        super().__init__(ErrorCode.PROCESSING_FAILED, detail)
+
+
+class _ChildGone(Exception):
+    """The pipe to the child broke or closed mid-frame."""
+
+
+def _read_exact(stream: IO[bytes], size: int) -> bytes:
+    data = stream.read(size) if size else b""
+    if len(data) != size:
+        raise _ChildGone(f"short read: {len(data)} of {size}")
+    return data
+
+
+class DecoderProcess:
+    """One persistent decoder child. `derive()` is blocking; run it in a thread.
+
+    `derive()` calls are serialised; `kill()` and `close()` may be called from any
+    thread at any time. A `kill()` while no derive is running just retires the current
+    child; the next derive starts a fresh one and is not affected.
+    """
+
+    def __init__(
+        self,
+        limits: Limits,
+        *,
+        timeout: float,
+        memory_mb: int,
+        concurrency: int = 1,
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError("timeout must be positive")
+        self.limits = limits
+        self.timeout = timeout
+        self.memory_mb = memory_mb
+        self.concurrency = concurrency
+        self._limits_json = json.dumps(dataclasses.asdict(limits)).encode()
+        self._job_lock = threading.Lock()  # one request on the pipe at a time
+        self._lock = threading.Lock()  # guards every field below
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._retired: list[subprocess.Popen[bytes]] = []
+        self._job = 0  # id of the in-flight job, 0 when idle
+        self._next_job = 0
+        self._kill_reason: str | None = None
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def __enter__(self) -> DecoderProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def pid(self) -> int | None:
+        """The current child's pid, if one is running (for monitoring and tests)."""
+        with self._lock:
+            return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> None:
+        """Start the child now rather than on the first derive (pays the spawn early)."""
+        with self._lock:
+            self._ensure_child_locked()
+
+    def kill(self) -> None:
+        """SIGKILL the child; an in-flight `derive()` raises `Cancelled`. Thread-safe."""
+        with self._lock:
+            if self._job:
+                self._kill_reason = "cancelled"
+            self._retire_locked()
+
+    def close(self) -> None:
+        """Stop the child for good: EOF lets an idle child exit by itself."""
+        with self._lock:
+            self._closed = True
+            proc, self._proc = self._proc, None
+            if proc is not None and self._job:
+                self._kill_reason = "cancelled"
+                proc.kill()
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                if proc.stdin is not None:
+                    proc.stdin.close()
+            try:
+                proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            self._close_pipes(proc)
+        with self._lock:
+            self._reap_locked(block=True)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        # Set before the child starts: glibc reads MALLOC_ARENA_MAX at startup and
+        # libvips reads VIPS_CONCURRENCY when it initialises. Few arenas and threads
+        # keep the reserved address space small, so RLIMIT_AS bites only on real use.
+        env["VIPS_CONCURRENCY"] = str(self.concurrency)
+        env["MALLOC_ARENA_MAX"] = "2"
+        env["VIPS_BLOCK_UNTRUSTED"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p
+        )
+        return subprocess.Popen(
+            [sys.executable, "-m", "darkroom.sandbox", str(self.memory_mb)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,  # inherited: a pipe nobody drains would eventually block it
+            env=env,
+            close_fds=True,
+            # Its own session: a terminal's Ctrl-C goes to the worker, which decides.
+            start_new_session=True,
+        )
+
+    def _ensure_child_locked(self) -> subprocess.Popen[bytes]:
+        if self._closed:
+            raise DeriveError(ErrorCode.PROCESSING_FAILED, "decoder process closed")
+        self._reap_locked(block=False)
+        if self._proc is not None and self._proc.poll() is not None:
+            self._retire_locked()
+        if self._proc is None:
+            try:
+                self._proc = self._spawn()
+            except OSError as exc:
+                log.error("cannot start decoder child: %s", exc)
+                raise DeriveError(ErrorCode.PROCESSING_FAILED, "spawn failed") from None
+        return self._proc
+
+    def _retire_locked(self) -> None:
+        """Kill the current child and forget it; it is reaped later, never reused."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                proc.kill()
+            self._retired.append(proc)
+
+    def _reap_locked(self, *, block: bool) -> None:
+        alive = []
+        for proc in self._retired:
+            if block:
+                proc.wait()
+            if proc.poll() is None:
+                alive.append(proc)
+            else:
+                self._close_pipes(proc)
+        self._retired = alive
+
+    @staticmethod
+    def _close_pipes(proc: subprocess.Popen[bytes]) -> None:
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+
+    def _on_timeout(self, job: int) -> None:
+        with self._lock:
+            if self._job == job:
+                self._kill_reason = "timeout"
+                self._retire_locked()
+
+    # -- the job -----------------------------------------------------------------------
+
+    def derive(self, data: bytes) -> Derivative:
+        """Derive in the child. Blocking; raises `DeriveError` (or `Cancelled`)."""
+        # The byte limit and the sniff need no decoder, so they are safe here, and an
+        # oversized upload must not be copied into the child (nor count against its
+        # address-space limit, which would turn image_too_large into a crash).
+        check_size(data, self.limits)
+        with self._job_lock:
+            with self._lock:
+                proc = self._ensure_child_locked()
+                self._next_job += 1
+                job = self._job = self._next_job
+                self._kill_reason = None
+            timer = threading.Timer(self.timeout, self._on_timeout, args=(job,))
+            timer.daemon = True
+            timer.start()
+            try:
+                meta, payload = self._exchange(proc, data)
+            except _ChildGone as exc:
+                with self._lock:
+                    self._job = 0
+                    reason = self._kill_reason
+                    if self._proc is proc:
+                        self._retire_locked()
+                raise self._failure(proc, reason, str(exc)) from None
+            finally:
+                timer.cancel()
+                with self._lock:
+                    self._job = 0
+        return self._result(meta, payload)
+
+    def _exchange(
+        self, proc: subprocess.Popen[bytes], data: bytes
+    ) -> tuple[dict[str, Any], bytes]:
+        stdin, stdout = proc.stdin, proc.stdout
+        assert stdin is not None and stdout is not None
+        try:
+            stdin.write(_FRAME.pack(len(self._limits_json), len(data)))
+            stdin.write(self._limits_json)
+            stdin.write(data)
+            stdin.flush()
+            meta_len, payload_len = _FRAME.unpack(_read_exact(stdout, _FRAME.size))
+            if meta_len > _MAX_META or payload_len > _MAX_OUTPUT:
+                raise _ChildGone(f"bad frame {meta_len}/{payload_len}")
+            meta = json.loads(_read_exact(stdout, meta_len))
+            payload = _read_exact(stdout, payload_len)
+        except (OSError, ValueError) as exc:
+            # EPIPE, EBADF after a concurrent kill, or undecodable JSON.
+            raise _ChildGone(f"{type(exc).__name__}: {exc}") from None
+        if not isinstance(meta, dict):
+            raise _ChildGone("meta is not an object")
+        return meta, payload
+
+    def _failure(
+        self, proc: subprocess.Popen[bytes], reason: str | None, detail: str
+    ) -> DeriveError:
+        try:
+            # Reap now: the child was killed or has exited, so this returns at once,
+            # and a dead child must not linger as a zombie until the next job.
+            code = proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            code = None
+        if reason == "cancelled":
+            return Cancelled()
+        if reason == "timeout":
+            log.warning("decoder child exceeded %.1fs; killed", self.timeout)
+            return DeriveError(ErrorCode.PROCESSING_TIMEOUT, f"over {self.timeout}s")
+        if code is not None and code < 0:
+            detail = f"child killed by {signal.Signals(-code).name}"
+        elif code is not None:
+            detail = f"child exited {code} ({detail})"
+        log.warning("decoder child failed: %s", detail)
+        return DeriveError(ErrorCode.PROCESSING_FAILED, detail)
+
+    def _result(self, meta: dict[str, Any], payload: bytes) -> Derivative:
+        if "error_code" in meta:
+            try:
+                code = ErrorCode(meta["error_code"])
+            except ValueError:
+                code = ErrorCode.PROCESSING_FAILED
+            raise DeriveError(code, str(meta.get("detail", ""))[:500])
+        try:
+            width, height = int(meta["width"]), int(meta["height"])
+        except (KeyError, TypeError, ValueError):
+            raise DeriveError(ErrorCode.PROCESSING_FAILED, "bad child meta") from None
+        digest = hashlib.sha256(payload).hexdigest()
+        if digest != meta.get("sha256") or not payload:
+            raise DeriveError(ErrorCode.PROCESSING_FAILED, "child output corrupt")
+        return Derivative(data=payload, width=width, height=height, sha256=digest)
+
+
+# -- the child -------------------------------------------------------------------------
+
+
+def _harden(memory_mb: int) -> None:
+    import resource
+
+    limit = memory_mb * 1024 * 1024
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)  # an unprivileged process cannot raise its hard limit
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # The worker's own Ctrl-C handling decides when we stop; stdin EOF ends us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _watch_parent()
+
+
+def _watch_parent() -> None:
+    """Exit if the worker dies, even while the main thread hangs inside a decoder.
+
+    Not PR_SET_PDEATHSIG: Linux fires that when the *thread* that spawned us exits,
+    and the worker spawns from short-lived `asyncio.to_thread` pool threads.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
+
+
+def _respond(out: BinaryIO, meta: dict[str, Any], payload: bytes = b"") -> None:
+    encoded = json.dumps(meta).encode()
+    out.write(_FRAME.pack(len(encoded), len(payload)))
+    out.write(encoded)
+    out.write(payload)
+    out.flush()
+
+
+def _child_main(memory_mb: int) -> int:
+    _harden(memory_mb)
+    # The protocol owns fd 1. Anything else that writes to stdout (a stray print, a
+    # library message) is sent to stderr instead of corrupting a frame.
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    requests = sys.stdin.buffer
+    logging.basicConfig(
+        level=logging.WARNING, format="darkroom.sandbox[%(process)d] %(name)s: %(message)s"
+    )
+
+    from darkroom.derive import _vips, derive
+
+    _vips()  # pay for libvips before the first job, not inside its time limit
+    hang_path = os.environ.get(TEST_HANG_ENV)
+
+    while True:
+        head = requests.read(_FRAME.size)
+        if not head:
+            return 0  # the parent closed our stdin: a clean stop
+        try:
+            if len(head) != _FRAME.size:
+                raise _ChildGone("short header")
+            meta_len, data_len = _FRAME.unpack(head)
+            if meta_len > _MAX_META:
+                raise _ChildGone("oversized limits")
+            limits = Limits(**json.loads(_read_exact(requests, meta_len)))
+            data = _read_exact(requests, data_len)
+        except (_ChildGone, ValueError, TypeError) as exc:
+            # Out of step with the parent: no way to resynchronise the stream.
+            print(f"darkroom.sandbox: protocol error: {exc}", file=sys.stderr)
+            return 2
+        if hang_path:
+            with open(hang_path, "wb") as marker:
+                marker.write(b"1")
+            while True:
+                signal.pause()
+        try:
+            result = derive(data, limits)
+        except DeriveError as exc:
+            reply: dict[str, Any] = {"error_code": str(exc.code), "detail": exc.detail}
+            payload = b""
+        except MemoryError:
+            reply = {"error_code": str(ErrorCode.PROCESSING_FAILED), "detail": "oom"}
+            payload = b""
+        else:
+            reply = {"width": result.width, "height": result.height, "sha256": result.sha256}
+            payload = result.data
+        del data
+        try:
+            _respond(out, reply, payload)
+        except BrokenPipeError:
+            return 0  # the parent went away (or killed this job's reader): nothing to do
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(int(sys.argv[1])))

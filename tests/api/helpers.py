@@ -1,0 +1,103 @@
+"""Client-side steps of the upload protocol, as a real client takes them."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from darkroom.config import Settings
+from darkroom.db.connection import open_pool
+from darkroom.queue import Derived, derived_key
+from darkroom.stats import queue_for
+from darkroom.storage import ObjectStore
+
+JPEG = b"\xff\xd8\xff\xe0" + b"\0" * 200
+
+
+def create(
+    client: httpx.Client,
+    *,
+    size: int = len(JPEG),
+    filename: str = "a.jpg",
+    content_type: str = "image/jpeg",
+) -> httpx.Response:
+    return client.post(
+        "/v1/files", json={"filename": filename, "content_type": content_type, "size": size}
+    )
+
+
+def put_original(client: httpx.Client, upload: dict[str, Any], body: bytes) -> str:
+    """PUT the bytes where the API said; answers the version id the store gave them."""
+    if upload["url"].startswith(str(client.base_url)):
+        # The API's own content route: authenticated like every API call.
+        r = client.request(upload["method"], upload["url"], content=body, headers=upload["headers"])
+        assert r.status_code == 200, r.text
+        return str(r.json()["version"])
+    r = httpx.request(upload["method"], upload["url"], content=body, headers=upload["headers"])
+    assert r.status_code == 200, r.text
+    return r.headers["x-amz-version-id"]
+
+
+def upload(client: httpx.Client, body: bytes = JPEG, **kwargs: Any) -> tuple[dict[str, Any], str]:
+    r = create(client, size=len(body), **kwargs)
+    assert r.status_code == 201, r.text
+    card = r.json()
+    return card, put_original(client, card["upload"], body)
+
+
+def confirmed(client: httpx.Client, body: bytes = JPEG, **kwargs: Any) -> dict[str, Any]:
+    card, version = upload(client, body, **kwargs)
+    r = client.post(f"/v1/files/{card['id']}/confirm", json={"version": version})
+    assert r.status_code == 202, r.text
+    return dict(r.json())
+
+
+def make_ready(
+    db_url: str, settings: Settings, store: ObjectStore, file_id: str, webp: bytes
+) -> None:
+    """Play the worker through the lease protocol itself (there is no worker here)."""
+
+    async def run() -> None:
+        pool = await open_pool(db_url, min_size=1, max_size=2)
+        try:
+            queue = queue_for(pool, settings, worker="test")
+            leases = await queue.claim(10)
+            lease = next(le for le in leases if le.file_id == uuid.UUID(file_id))
+            key = derived_key(lease)
+            await queue.register_attempt_object(lease, key)
+            version = store.put(key, webp, content_type="image/webp")
+            await queue.complete(
+                lease,
+                Derived(
+                    key=key,
+                    version=version,
+                    sha256=hashlib.sha256(webp).hexdigest(),
+                    width=3,
+                    height=2,
+                    size=len(webp),
+                ),
+            )
+            rest = [le for le in leases if le.file_id != lease.file_id]
+            await queue.release(rest)
+        finally:
+            await pool.close()
+
+    asyncio.run(run())
+
+
+def poll(check: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
+    """Poll until `check()` answers something truthy, or fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        time.sleep(interval)

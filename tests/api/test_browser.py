@@ -1,0 +1,111 @@
+"""The web page in real headless Chromium (Debian's, driven by Playwright), against the
+real API and a real `darkroom worker` process: upload a photo and a broken file, watch one
+become ready with its preview and the other rejected in words, delete one."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.api.conftest import Api
+from tests.conftest import CORPUS
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SCREENSHOT = Path("/tmp/darkroom-page.png")
+PHOTO = CORPUS / "Dune.jpg"
+
+
+def chromium_binary() -> str | None:
+    for candidate in (
+        os.environ.get("DARKROOM_CHROMIUM"),
+        "/usr/bin/chromium",
+        shutil.which("chromium"),
+        shutil.which("chromium-browser"),
+    ):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return None
+
+
+def test_upload_watch_view_and_delete(
+    page_api: Api, worker_process: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    binary = chromium_binary()
+    if binary is None:
+        pytest.skip("no Chromium binary found (apt-get install chromium)")
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    expect = playwright_api.expect
+
+    api = page_api
+    key = api.make_key("browser", admin=True)
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"this is not an image, only a hundred bytes of plain text. " * 2)
+
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=binary, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 820})
+            page.goto(api.url)
+            page.get_by_test_id("key-input").fill(key)
+            page.get_by_test_id("key-save").click()
+            expect(page.get_by_test_id("key-set")).to_be_visible()
+            expect(page.get_by_test_id("queue-panel")).to_be_visible(timeout=10_000)
+
+            page.get_by_test_id("file-input").set_input_files([str(PHOTO), str(broken)])
+
+            cards = page.get_by_test_id("card")
+            photo = cards.filter(has_text="Dune.jpg")
+            bad = cards.filter(has_text="broken.jpg")
+            # First any final state (so a failure shows at once), then the right one.
+            final = re.compile(r"^(ready|rejected|failed)$")
+            expect(photo).to_have_attribute("data-status", final, timeout=90_000)
+            expect(photo).to_have_attribute("data-status", "ready", timeout=1)
+            preview = photo.get_by_test_id("preview")
+            expect(preview).to_be_visible(timeout=20_000)
+            # Polls in the browser until the WebP has decoded, with Playwright's deadline.
+            page.wait_for_function(
+                "el => el.complete && el.naturalWidth > 0",
+                arg=preview.element_handle(),
+                timeout=20_000,
+            )
+
+            expect(bad).to_have_attribute("data-status", final, timeout=90_000)
+            expect(bad).to_have_attribute("data-status", "rejected", timeout=1)
+            error = bad.get_by_test_id("error")
+            expect(error).to_be_visible()
+            text = error.inner_text()
+            assert "image" in text and "_" not in text  # a sentence, not a code
+
+            expect(page.get_by_test_id("q-ready")).to_have_text("1", timeout=10_000)
+            page.screenshot(path=str(SCREENSHOT), full_page=True)
+
+            bad_id = bad.get_attribute("data-id")
+            bad.get_by_test_id("delete").click()
+            expect(bad).to_have_count(0)
+            expect(cards).to_have_count(1)
+        finally:
+            browser.close()
+
+    with api.client(key) as c:
+        assert c.get(f"/v1/files/{bad_id}").status_code == 404
+        items = c.get("/v1/files").json()["items"]
+        assert [i["filename"] for i in items] == ["Dune.jpg"]
+        assert items[0]["status"] == "ready"
+    assert httpx.get(f"{api.url}/healthz").status_code == 200

@@ -1,0 +1,23 @@
+"""The chaos run of bench/chaos.py in a reduced size: every invariant, every fault kind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bench.chaos import run
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_chaos_run_reduced(tmp_path: Path) -> None:
+    if os.environ.get("DARKROOM_TEST_DATABASE_URL"):
+        pytest.skip("the chaos run restarts its own PostgreSQL")
+    outcome = run(files=160, seed=11, tmp=tmp_path)
+    assert outcome.problems == []
+    tally = outcome.tally
+    assert tally.kills >= 1 and tally.freezes == 1
+    assert tally.pg_restarts == 1 and tally.s3_freezes == 1
+    assert outcome.max_starts <= 8

@@ -1,0 +1,322 @@
+"""The child-process sandbox: crashes, hangs and blow-ups end in a code, never in the parent.
+
+Tests that need a job to be *in flight* use the child's test hook: with
+DARKROOM_SANDBOX_TEST_HANG naming a FIFO, the child writes one byte to it when a job
+arrives and then hangs. Opening the FIFO for reading blocks until that moment, so no test
+sleeps or polls to wait for the child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from darkroom.config import Settings
+from darkroom.derive import Derivative, Limits, cli, derive
+from darkroom.errors import DeriveError, ErrorCode
+from darkroom.sandbox import TEST_HANG_ENV, Cancelled, DecoderProcess
+from tests.derive import images as im
+
+DUNE = (im.CORPUS / "Dune.jpg").read_bytes()
+LIMITS = Limits()
+
+
+@pytest.fixture
+def proc() -> Iterator[DecoderProcess]:
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) as p:
+        yield p
+
+
+@pytest.fixture
+def hang_fifo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    fifo = tmp_path / "job-started"
+    os.mkfifo(fifo)
+    monkeypatch.setenv(TEST_HANG_ENV, str(fifo))
+    return fifo
+
+
+class Background:
+    """Run proc.derive in a thread and keep what it returned or raised."""
+
+    def __init__(self, call: Callable[[], Derivative]) -> None:
+        self.result: Derivative | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(call,), daemon=True)
+        self._thread.start()
+
+    def _run(self, call: Callable[[], Derivative]) -> None:
+        try:
+            self.result = call()
+        except BaseException as exc:
+            self.error = exc
+
+    def join(self) -> None:
+        self._thread.join(timeout=30)
+        assert not self._thread.is_alive(), "derive did not return"
+
+
+def wait_until_in_flight(fifo: Path) -> None:
+    with open(fifo, "rb") as marker:  # blocks until the child has the job
+        assert marker.read(1) == b"1"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is dead for our purposes.
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_same_result_as_in_process(proc: DecoderProcess) -> None:
+    for path in im.CORPUS_IMAGES:
+        data = path.read_bytes()
+        assert proc.derive(data) == derive(data, LIMITS)
+
+
+def test_child_is_reused_across_jobs_and_errors(proc: DecoderProcess) -> None:
+    first = proc.derive(DUNE)
+    pid = proc.pid
+    with pytest.raises(DeriveError) as info:
+        proc.derive(b"not an image at all")
+    assert info.value.code == ErrorCode.UNSUPPORTED_FORMAT
+    with pytest.raises(DeriveError) as info:
+        proc.derive(DUNE[: len(DUNE) // 2])
+    assert info.value.code == ErrorCode.INVALID_IMAGE
+    assert proc.derive(DUNE) == first
+    assert proc.pid == pid
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (b"", ErrorCode.INVALID_IMAGE),
+        (b"%PDF-1.4\n", ErrorCode.UNSUPPORTED_FORMAT),
+        (im.png_header_only(100_000, 100_000), ErrorCode.IMAGE_TOO_LARGE),
+        (b"\xff\xd8\xff\xe0" + b"\x00" * 100, ErrorCode.INVALID_IMAGE),
+    ],
+)
+def test_codes_cross_the_pipe(proc: DecoderProcess, data: bytes, code: ErrorCode) -> None:
+    with pytest.raises(DeriveError) as info:
+        proc.derive(data)
+    assert info.value.code == code
+
+
+def test_bomb_rejected_fast_through_the_child(proc: DecoderProcess) -> None:
+    bomb = im.png_zlib_bomb(30_000, 30_000)
+    proc.start()
+    proc.derive(DUNE)  # the child is up and libvips is warm
+    started = time.perf_counter()
+    with pytest.raises(DeriveError) as info:
+        proc.derive(bomb)
+    assert info.value.code == ErrorCode.IMAGE_TOO_LARGE
+    assert time.perf_counter() - started < 0.05
+
+
+def test_kill_mid_job_cancels_and_next_job_works(
+    proc: DecoderProcess, hang_fifo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = Background(lambda: proc.derive(DUNE))
+    wait_until_in_flight(hang_fifo)
+    pid = proc.pid
+    assert pid is not None and alive(pid)
+    proc.kill()
+    job.join()
+    assert isinstance(job.error, Cancelled)
+    assert job.error.code == ErrorCode.PROCESSING_FAILED
+    assert not alive(pid)
+
+    monkeypatch.delenv(TEST_HANG_ENV)
+    result = proc.derive(DUNE)
+    assert result.width == 1680
+    assert proc.pid != pid
+
+
+def test_child_crash_is_processing_failed(
+    proc: DecoderProcess, hang_fifo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = Background(lambda: proc.derive(DUNE))
+    wait_until_in_flight(hang_fifo)
+    pid = proc.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSEGV)  # what a decoder bug looks like from outside
+    job.join()
+    assert isinstance(job.error, DeriveError) and not isinstance(job.error, Cancelled)
+    assert job.error.code == ErrorCode.PROCESSING_FAILED
+    assert "SIGSEGV" in job.error.detail
+
+    monkeypatch.delenv(TEST_HANG_ENV)
+    assert proc.derive(DUNE).width == 1680
+
+
+def test_hang_hits_the_time_limit(hang_fifo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with DecoderProcess(LIMITS, timeout=0.5, memory_mb=1024) as proc:
+        proc.start()
+        started = time.perf_counter()
+        with pytest.raises(DeriveError) as info:
+            proc.derive(DUNE)
+        elapsed = time.perf_counter() - started
+        assert info.value.code == ErrorCode.PROCESSING_TIMEOUT
+        assert 0.5 <= elapsed < 5.0
+        monkeypatch.delenv(TEST_HANG_ENV)
+        proc.timeout = 30.0
+        assert proc.derive(DUNE).width == 1680
+
+
+@pytest.fixture(scope="module")
+def big_progressive_jpeg() -> bytes:
+    """~24 MP progressive JPEG: libjpeg must buffer every coefficient (~70 MB) to decode."""
+    from darkroom.derive import _vips
+
+    vips = _vips()
+    x = vips.Image.xyz(6000, 4000)
+    rgb = (x[0] % 256).bandjoin([x[1] % 256, (x[0] + x[1]) % 256]).cast("uchar")
+    data: bytes = rgb.copy(interpretation="srgb").jpegsave_buffer(Q=85, interlace=True)
+    return data
+
+
+def test_memory_limit_gives_a_bounded_code(big_progressive_jpeg: bytes) -> None:
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=110) as proc:
+        proc.derive(DUNE)  # small jobs fit
+        with pytest.raises(DeriveError) as info:
+            proc.derive(big_progressive_jpeg)
+        assert info.value.code == ErrorCode.PROCESSING_FAILED
+        assert proc.derive(DUNE).width == 1680  # the parent, and the pool, carry on
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) as proc:
+        assert proc.derive(big_progressive_jpeg).width == 2048
+
+
+def test_real_work_over_the_time_limit(big_progressive_jpeg: bytes) -> None:
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) as proc:
+        proc.derive(DUNE)  # started and warm: the limit below measures decoding only
+        proc.timeout = 0.05
+        with pytest.raises(DeriveError) as info:
+            proc.derive(big_progressive_jpeg)
+        assert info.value.code == ErrorCode.PROCESSING_TIMEOUT
+        proc.timeout = 30.0
+        assert proc.derive(DUNE).width == 1680
+
+
+def test_oversized_input_is_refused_in_the_parent(proc: DecoderProcess) -> None:
+    proc.derive(DUNE)
+    pid = proc.pid
+    with pytest.raises(DeriveError) as info:
+        proc.derive(b"\xff\xd8\xff" + bytes(LIMITS.max_bytes))
+    assert info.value.code == ErrorCode.IMAGE_TOO_LARGE
+    assert proc.pid == pid
+
+
+def test_memory_limit_too_small_to_start_is_still_a_code() -> None:
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=16) as proc:
+        with pytest.raises(DeriveError) as info:
+            proc.derive(DUNE)
+        assert info.value.code == ErrorCode.PROCESSING_FAILED
+
+
+def test_kill_while_idle_only_retires_the_child(proc: DecoderProcess) -> None:
+    proc.derive(DUNE)
+    pid = proc.pid
+    proc.kill()
+    assert proc.pid is None
+    assert proc.derive(DUNE).width == 1680
+    assert proc.pid not in (None, pid)
+
+
+def test_close_stops_the_child() -> None:
+    proc = DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024)
+    proc.derive(DUNE)
+    pid = proc.pid
+    assert pid is not None
+    proc.close()
+    assert not alive(pid)
+    with pytest.raises(DeriveError) as info:
+        proc.derive(DUNE)
+    assert info.value.code == ErrorCode.PROCESSING_FAILED
+
+
+def test_derive_from_threads_is_serialised(proc: DecoderProcess) -> None:
+    jobs = [Background(lambda: proc.derive(DUNE)) for _ in range(4)]
+    for job in jobs:
+        job.join()
+    assert all(job.error is None for job in jobs)
+    assert len({job.result.sha256 for job in jobs if job.result}) == 1
+
+
+# -- darkroom derive IN [-o OUT] --------------------------------------------------------
+
+
+def test_cli_success(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out.webp"
+    assert cli(str(im.CORPUS / "LadyBird.jpg"), str(out), Settings()) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["width"] == 2048 and printed["height"] == 1280
+    assert printed["bytes"] == out.stat().st_size
+    assert set(printed) == {"width", "height", "bytes", "sha256"}
+    im.decode_webp(out.read_bytes())
+
+
+def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = tmp_path / "photo.jpg"
+    text.write_text("hello")
+    assert cli(str(text), None, Settings()) == 1
+    assert json.loads(capsys.readouterr().out) == {"error_code": "unsupported_format"}
+    assert cli(str(tmp_path / "missing.jpg"), None, Settings()) == 1
+    assert json.loads(capsys.readouterr().out) == {"error_code": "original_missing"}
+    assert cli(str(im.CORPUS / "Dune.jpg"), None, Settings(max_upload_bytes=1000)) == 1
+    assert json.loads(capsys.readouterr().out) == {"error_code": "image_too_large"}
+
+
+def test_cli_in_a_fresh_interpreter(tmp_path: Path) -> None:
+    code = "import sys; from darkroom.derive import cli; from darkroom.config import Settings; "
+    code += "sys.exit(cli(sys.argv[1], None, Settings()))"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(im.CORPUS / "Flow.png")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1
+    assert json.loads(lines[0])["width"] == 1920
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs pidfd (Linux ≥ 5.3)")
+def test_child_exits_when_the_worker_dies_mid_job(hang_fifo: Path) -> None:
+    helper = (
+        "import sys; from pathlib import Path; from darkroom.derive import Limits; "
+        "from darkroom.sandbox import DecoderProcess; "
+        "p = DecoderProcess(Limits(), timeout=300, memory_mb=1024); p.start(); "
+        "print(p.pid, flush=True); p.derive(Path(sys.argv[1]).read_bytes())"
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-c", helper, str(im.CORPUS / "Dune.jpg")],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        assert worker.stdout is not None
+        child = int(worker.stdout.readline())
+        wait_until_in_flight(hang_fifo)
+        pidfd = os.pidfd_open(child)
+        worker.kill()  # kill -9 of the worker while its child hangs in a "decoder"
+        worker.wait()
+        readable, _, _ = select.select([pidfd], [], [], 10.0)
+        os.close(pidfd)
+        assert readable, "the orphaned decoder child kept running"
+    finally:
+        worker.kill()
+        worker.wait()

@@ -17,6 +17,7 @@ test suite runs this in a reduced size (tests/chaos/test_chaos.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import io
 import json
@@ -41,7 +42,7 @@ import httpx
 import psycopg
 from psycopg.rows import dict_row
 
-from darkroom.storage import open_store
+from darkroom.storage import S3Store
 from tests.support.postgres import TestPostgres
 from tests.support.seaweed import SeaweedServer
 from tests.support.services import DarkroomProcess, wait_for
@@ -131,8 +132,8 @@ class System:
         if self.pg.pgdata is None:
             raise SystemExit("the chaos run restarts PostgreSQL: unset DARKROOM_TEST_DATABASE_URL")
         self.s3 = SeaweedServer.start(tmp / "s3")
-        bucket = self.s3.create_bucket(f"chaos-{uuid.uuid4().hex[:8]}")
-        self.storage_url = f"s3://{bucket}/darkroom"
+        self.bucket = self.s3.create_bucket(f"chaos-{uuid.uuid4().hex[:8]}")
+        self.storage_url = f"s3://{self.bucket}/darkroom"
         self.db_url = self.pg.url_for("postgres")
         self.port = free_port()
         self.api_url = f"http://127.0.0.1:{self.port}"
@@ -262,7 +263,10 @@ def faults(system: System, tally: Tally, rng: random.Random, stop: threading.Eve
     """The seeded schedule. Each one-off fault fires once progress passes its mark."""
     marks = {"freeze": 0.15, "pg": 0.35, "s3": 0.55}
     next_kill = time.monotonic() + rng.uniform(2, 5)
-    while not stop.wait(0.1):
+    # However the run goes, faults stop after this long, so a stalled run shows up as a
+    # drain that never finishes instead of an endless kill loop.
+    give_up = time.monotonic() + 600
+    while not stop.wait(0.1) and time.monotonic() < give_up:
         done = progress()
         if time.monotonic() >= next_kill:
             victim = rng.randrange(len(system.workers))
@@ -312,15 +316,21 @@ def run(files: int, seed: int, tmp: Path, workers: int = 4) -> Outcome:
     deleted: set[uuid.UUID] = set()
     db = psycopg.connect(system.db_url, autocommit=True, row_factory=dict_row)
     db_lock = threading.Lock()
+    last_progress = 0.0
 
     def progress() -> float:
+        """Share of files finished; the last known figure while PostgreSQL restarts."""
+        nonlocal db, last_progress
         with db_lock:
             try:
                 row = db.execute("SELECT count(*) AS n FROM archive_files"
                                  " WHERE status IN ('ready', 'rejected')").fetchone()
+                last_progress = (row["n"] if row else 0) / files
             except psycopg.OperationalError:
-                return 0.0
-        return (row["n"] if row else 0) / files
+                db.close()
+                with contextlib.suppress(psycopg.OperationalError):
+                    db = psycopg.connect(system.db_url, autocommit=True, row_factory=dict_row)
+        return last_progress
 
     stop = threading.Event()
     chaos = threading.Thread(target=faults, args=(system, tally, rng, stop, progress))
@@ -353,6 +363,9 @@ def run(files: int, seed: int, tmp: Path, workers: int = 4) -> Outcome:
         time.sleep(GUARD + 1)
         sweep = system.start("sweep", "--once")
         assert sweep.wait(300) == 0, sweep.log()
+        with db_lock:
+            db.close()
+            db = psycopg.connect(system.db_url, autocommit=True, row_factory=dict_row)
         return verify(system, db, expected, deleted, tally,
                       drain_seconds=drained - max(tally.last_fault, started),
                       total_seconds=time.monotonic() - started, n_hostile=n_hostile)
@@ -397,7 +410,7 @@ def verify(system: System, db: psycopg.Connection[Any], expected: dict[uuid.UUID
             problems.append(f"{file_id}: published {n} times")
     if claims and max(claims.values()) > MAX_ATTEMPTS:
         problems.append(f"a file was started {max(claims.values())} times")
-    store = open_store(system.storage_url)
+    store = S3Store(system.bucket, "darkroom", client=system.s3.client())
     wanted: set[tuple[str, str]] = set()
     for card in cards.values():
         wanted.add((card["original_key"], card["original_version"]))

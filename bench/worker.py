@@ -34,8 +34,6 @@ from typing import Any
 
 import psycopg
 
-ROOT = Path(__file__).resolve().parents[1]
-
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
 from darkroom.db.migrations import migrate
@@ -44,6 +42,7 @@ from darkroom.queue import ConfirmOutcome, Queue
 from darkroom.sandbox import DecoderProcess
 from darkroom.storage import open_store
 
+ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "corpus"
 
 
@@ -221,7 +220,7 @@ def main() -> None:
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
     (out / "worker.json").write_text(json.dumps(results, indent=2))
-    print(f"| slots | pipeline alone (img/s) | end to end (img/s) | ratio |\n|---|---|---|---|")
+    print("| slots | pipeline alone (img/s) | end to end (img/s) | ratio |\n|---|---|---|---|")
     for slots in (1, 2):
         r = results[f"slots_{slots}"]
         print(f"| {slots} | {r['pipeline_alone_ips']:.2f} | {r['end_to_end_ips']:.2f} | "

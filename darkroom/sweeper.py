@@ -95,8 +95,9 @@ class Sweeper:
             async with self.pool.connection() as conn:
                 cur = await conn.execute(QUERIES["sweep_prune_events"], {
                     "retention_seconds": self.retention_seconds, "limit": 5_000})
-            total += cur.rowcount
-            if cur.rowcount < 5_000:
+            pruned = int(cur.rowcount)
+            total += pruned
+            if pruned < 5_000:
                 return total
 
 

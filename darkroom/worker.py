@@ -292,8 +292,9 @@ class Worker:
     async def _drain(self) -> None:
         running = [job.task for job in self.jobs.values() if job.task is not None]
         if running:
-            finished = asyncio.ensure_future(asyncio.gather(*running, return_exceptions=True))
-            skipped = asyncio.create_task(self.skip_grace.wait())
+            finished: asyncio.Future[Any] = asyncio.ensure_future(
+                asyncio.gather(*running, return_exceptions=True))
+            skipped: asyncio.Future[Any] = asyncio.create_task(self.skip_grace.wait())
             await asyncio.wait([finished, skipped], timeout=self.settings.shutdown_grace_seconds,
                                return_when=asyncio.FIRST_COMPLETED)
             skipped.cancel()

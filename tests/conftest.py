@@ -9,6 +9,7 @@ import pytest
 from darkroom.db.connection import open_pool
 from darkroom.queue import Queue
 from tests.support.postgres import TestPostgres
+from tests.support.seaweed import SeaweedServer
 
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
 
@@ -49,10 +50,8 @@ async def pool(db_url: str) -> AsyncIterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
     """One real S3 server (SeaweedFS) for the whole run; each test takes its own bucket."""
-    from tests.support.seaweed import SeaweedServer
-
     server = SeaweedServer.start(tmp_path_factory.mktemp("s3"))
     try:
         yield server

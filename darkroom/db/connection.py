@@ -35,7 +35,6 @@ async def open_pool(conninfo: str, *, min_size: int = 1, max_size: int = 8,
         open=False,
         kwargs={"autocommit": True, "row_factory": dict_row},
         check=AsyncConnectionPool.check_connection,
-        reconnect_timeout=0,  # never give up: a restarted server comes back
     )
     await pool.open(wait=True, timeout=30)
     return pool

@@ -25,7 +25,8 @@ def start(pgdata: Path, *, stop_on_exit: bool = False) -> Any:
 
     try:
         pgdata.parent.mkdir(parents=True, exist_ok=True)
-        return pgserver.get_server(pgdata, cleanup_mode="stop" if stop_on_exit else None)
+        return pgserver.get_server(  # type: ignore[attr-defined]
+            pgdata, cleanup_mode="stop" if stop_on_exit else None)
     except Exception as exc:  # pgserver raises bare subprocess/assert errors
         raise ConfigError(
             f"embedded PostgreSQL in {pgdata} did not start ({type(exc).__name__}); "

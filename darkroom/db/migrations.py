@@ -16,7 +16,7 @@ _LOCK_KEY = 0x6461726B726F6F6D  # "darkroom"
 
 def available() -> list[tuple[str, str]]:
     folder = resources.files("darkroom.db").joinpath("migrations")
-    files = sorted(f for f in folder.iterdir() if f.name.endswith(".sql"))
+    files = sorted((f for f in folder.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name)
     return [(f.name.removesuffix(".sql"), f.read_text(encoding="utf-8")) for f in files]
 
 

@@ -55,8 +55,9 @@ WITH expired AS (
         lease_owner  = %(worker)s,
         finished_at  = CASE WHEN f.attempts >= %(max_attempts)s THEN now() END,
         updated_at   = now()
-    FROM picked p
-    WHERE f.id = p.id
+    -- An array, not a join: the LIMIT above is an expression, so a join would be planned
+    -- from a guess and could scan the whole table when the backlog is large.
+    WHERE f.id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING f.id, f.owner, f.status, f.attempts, f.lease_token, f.lease_until,
               f.original_key, f.original_version, f.error_code
 ), logged AS (
@@ -76,7 +77,8 @@ WITH held AS (
     UPDATE archive_files f
     SET lease_until = now() + make_interval(secs => %(lease_seconds)s::float8)
     FROM held h
-    WHERE f.id = h.id AND f.lease_token = h.token AND f.status = 'processing'
+    WHERE f.id = ANY (%(ids)s::uuid[]) AND f.id = h.id AND f.lease_token = h.token
+      AND f.status = 'processing'
     RETURNING f.id, f.lease_token
 ), lost AS (
     INSERT INTO archive_events (file_id, kind, token, worker)
@@ -109,7 +111,9 @@ WITH done AS (
         derived_bytes = d.derived_bytes, error_code = NULL,
         lease_token = NULL, lease_until = NULL, finished_at = now(), updated_at = now()
     FROM done d
-    WHERE f.id = d.id AND f.lease_token = d.token AND f.status = 'processing'
+    -- The ANY keeps the plan on the primary key; a join alone may scan every lease.
+    WHERE f.id = ANY (%(ids)s::uuid[]) AND f.id = d.id AND f.lease_token = d.token
+      AND f.status = 'processing'
     RETURNING f.id, f.attempts, d.token, d.derived_key
 ), ready_events AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker)
@@ -167,7 +171,8 @@ WITH held AS (
     SET status = 'queued', available_at = now(), lease_token = NULL, lease_until = NULL,
         updated_at = now()
     FROM held h
-    WHERE f.id = h.id AND f.lease_token = h.token AND f.status = 'processing'
+    WHERE f.id = ANY (%(ids)s::uuid[]) AND f.id = h.id AND f.lease_token = h.token
+      AND f.status = 'processing'
     RETURNING f.id, f.attempts, h.token
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker)

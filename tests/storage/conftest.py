@@ -1,20 +1,12 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from darkroom.storage import LocalStore, ObjectStore, S3Store
 from tests.support.seaweed import SeaweedServer
-
-
-@pytest.fixture(scope="session")
-def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
-    server = SeaweedServer.start(tmp_path_factory.mktemp("s3"))
-    yield server
-    server.stop()
 
 
 def fresh_bucket_name() -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import signal
@@ -74,10 +75,8 @@ class DarkroomProcess:
 
 
 def with_suppress(call: Callable[[], Any]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         call()
-    except ProcessLookupError:
-        pass
 
 
 class Harness:

@@ -1,0 +1,608 @@
+"""HTTP API latency and ceiling: confirm at a fixed rate while a worker is busy, then flat out.
+
+    .venv/bin/python -m bench.api [--rate 200] [--seconds 25] [--ceiling-seconds 10]
+
+(Run as a module: as a script, bench/ would be on sys.path and bench/queue.py would
+shadow the standard library's `queue`.)
+
+Everything runs in one go on one machine: a private PostgreSQL (the pgserver wheel), the
+local object store in a temp dir, a real `darkroom api` process (uvicorn) and a real
+`darkroom worker --concurrency 1` process, both started as `python -m darkroom.cli ...`.
+The load generator is this process (asyncio + httpx), so it shares the cores with them.
+
+1. Confirm latency, open loop: `POST /v1/files/{id}/confirm` at a fixed rate, each on a
+   fresh pending card whose original is already stored (staged before the clock starts,
+   straight through `Queue.create_file` + `store.put`). Sends are scheduled by the wall
+   clock and latency runs from the *scheduled* send time to the response, so a stall of
+   the server or of the generator is charged to the requests it delays (no coordinated
+   omission). Once with the worker deriving a backlog of corpus photos (busy: one core
+   taken by libvips), once with the worker stopped (idle).
+2. The ceiling, closed loop (worker stopped): N clients each send the next request as
+   soon as the previous one is answered, confirm (fresh cards) and GET /v1/files/{id}.
+
+Alongside each phase: CPU used by the API, the worker (with its decoder children),
+PostgreSQL, the generator and everything else on the machine (/proc), and the API's own
+server-side histogram from /metrics, so generator and neighbour noise can be told apart
+from the API's own time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import itertools
+import json
+import math
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pyvips
+
+from darkroom.db import embedded
+from darkroom.db.connection import open_pool
+from darkroom.db.migrations import migrate
+from darkroom.keys import create_key
+from darkroom.queue import ConfirmOutcome, Queue
+from darkroom.storage import open_store
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT.parent / "shared" / "corpus"
+OWNER = "bench"  # the cards the API is asked about
+BACKLOG_OWNER = "backlog"  # the photos that keep the worker busy; never touched by the API
+CONFIRM_ROUTE = "/v1/files/{file_id}/confirm"
+GET_ROUTE = "/v1/files/{file_id}"
+TARGET_P99_MS = 25.0
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+# --- the system under test --------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class System:
+    """A private PostgreSQL, one fresh database and store, and the darkroom processes."""
+
+    def __init__(self, tmp: Path, api_pythonpath: str | None) -> None:
+        self.tmp = tmp
+        # pgserver runs postgres as another user when root: it must be able to enter the dir.
+        base = Path(tempfile.mkdtemp(prefix="darkroom-bench-pg-"))
+        base.chmod(0o755)
+        self.pgdata = base / "pg"
+        server_url = embedded.url(self.pgdata, stop_on_exit=True)
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute("DROP DATABASE IF EXISTS bench_api")
+            conn.execute("CREATE DATABASE bench_api")
+        self.db_url = psycopg.conninfo.make_conninfo(server_url, dbname="bench_api")
+        migrate(self.db_url)
+        store_dir = tmp / "objects"
+        store_dir.mkdir()
+        self.storage_url = store_dir.as_uri()
+        self.env = {**os.environ, "DARKROOM_DATABASE_URL": self.db_url,
+                    "DARKROOM_STORAGE_URL": self.storage_url, "DARKROOM_LEASE_SECONDS": "60",
+                    "DARKROOM_POLL_SECONDS": "5"}
+        self.api_env = dict(self.env)
+        if api_pythonpath:  # A/B a patched copy of darkroom without touching the tree
+            self.api_env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (api_pythonpath, os.environ.get("PYTHONPATH")) if p)
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+
+    def _spawn(self, args: list[str], name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        log = (self.tmp / f"{name}.log").open("wb")
+        return subprocess.Popen([sys.executable, "-m", "darkroom.cli", *args], env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
+
+    def start_api(self) -> subprocess.Popen[bytes]:
+        proc = self._spawn(["api", "--host", "127.0.0.1", "--port", str(self.port)], "api",
+                           self.api_env)
+        deadline = time.monotonic() + 60
+        while True:  # ready = database and store reachable, as a load balancer would see it
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.base_url}/readyz", timeout=2).status_code == 200:
+                    return proc
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError((self.tmp / "api.log").read_text())
+            time.sleep(0.1)
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        proc = self._spawn(["worker", "--concurrency", "1", "--name", "bench"], "worker",
+                           self.env)
+        # Busy must mean deriving, not importing: wait for its log line (decoders warm).
+        path = self.tmp / "worker.log"
+        deadline = time.monotonic() + 60
+        while b"worker started" not in path.read_bytes():
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(path.read_text())
+            time.sleep(0.05)
+        return proc
+
+    def postmaster_pid(self) -> int:
+        return int((self.pgdata / "postmaster.pid").read_text().split()[0])
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# --- staging -----------------------------------------------------------------------------
+
+
+def tiny_jpeg() -> bytes:
+    # The API never decodes, so the confirm cards' originals only need to exist; a real
+    # (small) image keeps them valid should a worker ever reach them.
+    return bytes(pyvips.Image.black(64, 64).jpegsave_buffer(Q=80))
+
+
+def corpus(n: int) -> list[tuple[bytes, str]]:
+    files = sorted(p for p in CORPUS.iterdir() if p.suffix in {".jpg", ".png"})
+    types = {".jpg": "image/jpeg", ".png": "image/png"}
+    return [(files[i % len(files)].read_bytes(), types[files[i % len(files)].suffix])
+            for i in range(n)]
+
+
+async def stage(db_url: str, storage_url: str, owner: str,
+                images: list[tuple[bytes, str]]) -> list[tuple[uuid.UUID, str]]:
+    """Pending cards with their originals stored: (id, version) per image."""
+    store = open_store(storage_url)
+    pool = await open_pool(db_url, min_size=4, max_size=4)
+    q = Queue(pool, lease_seconds=60, max_attempts=3, retry_base_seconds=1, retry_cap_seconds=1)
+    # Concurrent: each put fsyncs three times, so one at a time would take minutes.
+    gate = asyncio.Semaphore(8)
+
+    async def one(data: bytes, content_type: str) -> tuple[uuid.UUID, str]:
+        async with gate:
+            card = await q.create_file(owner=owner, filename="bench", content_type=content_type,
+                                       size=len(data))
+            version = await asyncio.to_thread(store.put, card["original_key"], data,
+                                              content_type=content_type)
+            return card["id"], version
+
+    try:
+        return list(await asyncio.gather(*(one(d, t) for d, t in images)))
+    finally:
+        await pool.close()
+
+
+async def confirm_direct(db_url: str, staged: list[tuple[uuid.UUID, str]], owner: str) -> None:
+    """The backlog is queued behind the API's back: it is the load, not what is measured."""
+    pool = await open_pool(db_url, min_size=1, max_size=1)
+    q = Queue(pool, lease_seconds=60, max_attempts=3, retry_base_seconds=1, retry_cap_seconds=1)
+    try:
+        for file_id, version in staged:
+            assert await q.confirm(file_id, owner, version) is ConfirmOutcome.QUEUED
+    finally:
+        await pool.close()
+
+
+def backlog_counts(db_url: str) -> dict[str, int]:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        rows = conn.execute("SELECT status, count(*) FROM archive_files WHERE owner = %s"
+                            " GROUP BY status", (BACKLOG_OWNER,)).fetchall()
+    return {str(status): int(n) for status, n in rows}
+
+
+# --- observation -------------------------------------------------------------------------
+
+
+def _proc_ticks(pid: int) -> int:
+    try:
+        # Fields after the parenthesised command name; utime and stime are 14 and 15.
+        rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(rest[11]) + int(rest[12])
+    except (OSError, IndexError, ValueError):
+        return 0  # exited in between
+
+
+def _tree(pid: int) -> Iterator[int]:
+    yield pid
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split():
+                    yield from _tree(int(child))
+
+
+def _tree_ticks(pid: int | None) -> int:
+    return 0 if pid is None else sum(_proc_ticks(p) for p in _tree(pid))
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores since boot."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return sum(values) - idle, sum(values)
+
+
+@dataclass
+class CpuWatch:
+    """CPU shares (in cores) over a phase, split by who used them. Processes that exit
+    during the phase take their ticks with them, so "others" is an upper bound."""
+
+    pids: dict[str, int | None]
+    start: dict[str, int] = field(default_factory=dict)
+    wall: float = 0.0
+
+    def _sample(self) -> dict[str, int]:
+        busy, total = _machine_ticks()
+        sample = {name: _tree_ticks(pid) for name, pid in self.pids.items()}
+        sample["generator"] = _proc_ticks(os.getpid())
+        sample["machine"], sample["total"] = busy, total
+        return sample
+
+    def __enter__(self) -> CpuWatch:
+        self.start = self._sample()
+        self.wall = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = self._sample()
+        seconds = time.monotonic() - self.wall
+        used = {k: (end[k] - self.start[k]) / TICK / seconds for k in end if k != "total"}
+        ours = sum(v for k, v in used.items() if k != "machine")
+        used["others"] = max(0.0, used["machine"] - ours)
+        self.cores = {k: round(v, 2) for k, v in used.items()}
+
+
+_BUCKET = re.compile(r'darkroom_http_request_duration_seconds_(bucket|sum|count)\{([^}]*)\} (\S+)')
+
+
+def server_histogram(base_url: str, route: str, method: str) -> dict[str, float]:
+    """Cumulative buckets ("le" -> count), "sum" and "count" of one route, from /metrics."""
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for kind, labels, value in _BUCKET.findall(text):
+        if f'route="{route}"' not in labels or f'method="{method}"' not in labels:
+            continue
+        if kind == "bucket":
+            le = re.search(r'le="([^"]+)"', labels)
+            assert le is not None
+            out[le.group(1)] = float(value)
+        else:
+            out[kind] = float(value)
+    return out
+
+
+def server_side(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """The API's own view of a phase: request count, mean, and share within 25 ms."""
+    count = after.get("count", 0) - before.get("count", 0)
+    if count <= 0:
+        return {"count": 0}
+    within = after.get("0.025", 0) - before.get("0.025", 0)
+    return {"count": int(count),
+            "mean_ms": round((after["sum"] - before.get("sum", 0)) / count * 1000, 2),
+            "within_25ms": round(within / count, 4)}
+
+
+# --- load --------------------------------------------------------------------------------
+
+
+def percentile(sorted_ms: list[float], p: float) -> float:
+    """Nearest rank: the smallest value with at least p of the samples at or below it."""
+    if not sorted_ms:
+        return math.nan
+    return sorted_ms[max(0, math.ceil(p * len(sorted_ms)) - 1)]
+
+
+def summary(latencies_ms: list[float], seconds: float, statuses: collections.Counter[str],
+            bad: int) -> dict[str, Any]:
+    lat = sorted(latencies_ms)
+    return {"requests": len(lat), "seconds": round(seconds, 2),
+            "rps": round(len(lat) / seconds, 1) if seconds else 0.0,
+            "p50_ms": round(percentile(lat, 0.50), 2), "p95_ms": round(percentile(lat, 0.95), 2),
+            "p99_ms": round(percentile(lat, 0.99), 2), "max_ms": round(lat[-1], 2) if lat else None,
+            "statuses": dict(statuses), "unexpected": bad}
+
+
+Send = Callable[[httpx.AsyncClient, Any], Awaitable[bool]]
+
+
+def confirm_sender() -> Send:
+    async def send(client: httpx.AsyncClient, target: tuple[uuid.UUID, str]) -> bool:
+        file_id, version = target
+        r = await client.post(f"/v1/files/{file_id}/confirm", json={"version": version})
+        # A 202 whose card is already past `queued` would mean the answer waited for work.
+        return (r.status_code == 202 and r.json()["status"] == "queued"
+                and r.headers.get("location") == f"/v1/files/{file_id}")
+    return send
+
+
+def get_sender() -> Send:
+    async def send(client: httpx.AsyncClient, file_id: uuid.UUID) -> bool:
+        r = await client.get(f"/v1/files/{file_id}")
+        return r.status_code == 200 and r.json()["id"] == str(file_id)
+    return send
+
+
+async def _timed(client: httpx.AsyncClient, send: Send, target: Any,
+                 statuses: collections.Counter[str]) -> bool:
+    try:
+        ok = await send(client, target)
+    except httpx.HTTPError as exc:
+        statuses[type(exc).__name__] += 1
+        return False
+    statuses["ok" if ok else "unexpected"] += 1
+    return ok
+
+
+async def open_loop(client: httpx.AsyncClient, send: Send, targets: list[Any],
+                    rate: float) -> dict[str, Any]:
+    """One request every 1/rate s by the clock, whatever the answers are doing."""
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
+    lags: list[float] = []
+    statuses: collections.Counter[str] = collections.Counter()
+
+    async def one(target: Any, scheduled: float) -> None:
+        lags.append((loop.time() - scheduled) * 1000)
+        await _timed(client, send, target, statuses)
+        # From the scheduled time: a late send (generator or pool busy) counts as latency.
+        latencies.append((loop.time() - scheduled) * 1000)
+
+    start = loop.time() + 0.05
+    tasks = []
+    for i, target in enumerate(targets):
+        scheduled = start + i / rate
+        delay = scheduled - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(target, scheduled)))
+    await asyncio.gather(*tasks)
+    result = summary(latencies, len(targets) / rate, statuses,
+                     sum(v for k, v in statuses.items() if k != "ok"))
+    lag = sorted(lags)
+    # How late the generator itself dispatched: the share of latency that is not the API's.
+    result["send_lag_p99_ms"] = round(percentile(lag, 0.99), 2)
+    result["send_lag_max_ms"] = round(lag[-1], 2)
+    return result
+
+
+async def closed_loop(make_client: Callable[[], httpx.AsyncClient], send: Send,
+                      targets: Iterator[Any], clients: int, seconds: float) -> dict[str, Any]:
+    """`clients` tasks, each sending its next request when the previous one is answered.
+
+    Each task has its own one-connection client: one shared pool of 64 costs httpcore
+    more CPU per request than the server spends, and the generator shares the cores.
+    """
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
+    statuses: collections.Counter[str] = collections.Counter()
+    start = loop.time()
+    deadline = start + seconds
+    ends: list[float] = []
+
+    async def client_task() -> None:
+        async with make_client() as client:
+            for target in targets:  # shared iterator: every target is used once
+                if loop.time() >= deadline:
+                    break
+                t0 = loop.time()
+                await _timed(client, send, target, statuses)
+                latencies.append((loop.time() - t0) * 1000)
+        ends.append(loop.time())
+
+    await asyncio.gather(*(client_task() for _ in range(clients)))
+    # Ends early if the staged cards run out; the rate is over the time actually spent.
+    return summary(latencies, max(ends) - start, statuses,
+                   sum(v for k, v in statuses.items() if k != "ok"))
+
+
+def http_client(base_url: str, key: str, connections: int) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    # No pool timeout: waiting for a connection is part of the measured latency, not an error.
+    timeout = httpx.Timeout(30.0, pool=None)
+    return httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout,
+                             headers={"Authorization": f"Bearer {key}"})
+
+
+# --- the run -----------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    rate: float
+    seconds: float
+    warmup_seconds: float
+    ceiling_seconds: float
+    clients: list[int]
+    ceiling_cards: int
+    backlog: int
+    connections: int
+
+
+async def measured(name: str, base_url: str, route: str, method: str,
+                   pids: dict[str, int | None],
+                   run: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    before = await asyncio.to_thread(server_histogram, base_url, route, method)
+    load = os.getloadavg()[0]
+    with CpuWatch(pids) as cpu:
+        result = await run()
+    after = await asyncio.to_thread(server_histogram, base_url, route, method)
+    result["server"] = server_side(before, after)
+    result["cpu_cores"] = cpu.cores
+    result["loadavg_1m_before"] = round(load, 2)
+    print(f"  {name}: {result['requests']} req, {result['rps']} req/s, p50 {result['p50_ms']} "
+          f"p99 {result['p99_ms']} max {result['max_ms']} ms, {result['statuses']}, "
+          f"cpu {cpu.cores}", flush=True)
+    return result
+
+
+async def run(system: System, plan: Plan) -> dict[str, Any]:
+    key = await create_key(system.db_url, OWNER)
+    per_phase = int(plan.rate * plan.seconds)
+    warm = int(plan.rate * plan.warmup_seconds)
+    n_confirm = 2 * (warm + per_phase) + len(plan.clients) * plan.ceiling_cards
+    print(f"staging {plan.backlog} corpus photos and {n_confirm} pending cards ...", flush=True)
+    t0 = time.monotonic()
+    backlog = await stage(system.db_url, system.storage_url, BACKLOG_OWNER, corpus(plan.backlog))
+    cards = await stage(system.db_url, system.storage_url, OWNER,
+                        [(tiny_jpeg(), "image/jpeg")] * n_confirm)
+    print(f"  staged in {time.monotonic() - t0:.0f} s", flush=True)
+    pool = iter(cards)
+
+    def take(n: int) -> list[tuple[uuid.UUID, str]]:
+        return list(itertools.islice(pool, n))
+
+    api = system.start_api()
+    results: dict[str, Any] = {}
+    try:
+        async with http_client(system.base_url, key, plan.connections) as client:
+            pg = system.postmaster_pid()
+            confirm = confirm_sender()
+
+            # -- 1a. busy worker ----------------------------------------------------------
+            worker = system.start_worker()
+            try:
+                await confirm_direct(system.db_url, backlog, BACKLOG_OWNER)
+                pids: dict[str, int | None] = {"api": api.pid, "worker": worker.pid,
+                                               "postgres": pg}
+                # Warm-up (not recorded): pool connections opened, statements prepared.
+                await open_loop(client, confirm, take(warm), plan.rate)
+                before = backlog_counts(system.db_url)
+                results["confirm_busy"] = await measured(
+                    f"confirm @{plan.rate:g}/s, worker busy", system.base_url, CONFIRM_ROUTE,
+                    "POST", pids, lambda: open_loop(client, confirm, take(per_phase), plan.rate))
+                after = backlog_counts(system.db_url)
+                # Proof that the worker was deriving throughout: photos finished during the
+                # phase, and photos still waiting at its end.
+                results["confirm_busy"]["worker"] = {
+                    "derived_during_phase": after.get("ready", 0) - before.get("ready", 0),
+                    "rejected_during_phase": after.get("rejected", 0)
+                    - before.get("rejected", 0),
+                    "backlog_queued_at_end": after.get("queued", 0)}
+                print(f"    worker: {results['confirm_busy']['worker']}", flush=True)
+            finally:
+                stop(worker)
+
+            # -- 1b. worker stopped -------------------------------------------------------
+            pids = {"api": api.pid, "worker": None, "postgres": pg}
+            await open_loop(client, confirm, take(warm), plan.rate)
+            results["confirm_idle"] = await measured(
+                f"confirm @{plan.rate:g}/s, worker stopped", system.base_url, CONFIRM_ROUTE,
+                "POST", pids, lambda: open_loop(client, confirm, take(per_phase), plan.rate))
+
+        # -- 2. the ceiling (worker stopped) ----------------------------------------------
+        gets = [file_id for file_id, _ in cards[: 2 * (warm + per_phase)]]
+
+        def one_connection() -> httpx.AsyncClient:
+            return http_client(system.base_url, key, 1)
+
+        for clients in plan.clients:
+            confirm_targets = iter(take(plan.ceiling_cards))
+            results[f"ceiling_confirm_{clients}"] = await measured(
+                f"confirm closed loop, {clients} clients", system.base_url, CONFIRM_ROUTE,
+                "POST", pids, lambda n=clients, t=confirm_targets: closed_loop(  # type: ignore[misc]
+                    one_connection, confirm, t, n, plan.ceiling_seconds))
+            results[f"ceiling_get_{clients}"] = await measured(
+                f"GET closed loop, {clients} clients", system.base_url, GET_ROUTE, "GET",
+                pids, lambda n=clients: closed_loop(  # type: ignore[misc]
+                    one_connection, get_sender(), itertools.cycle(gets), n,
+                    plan.ceiling_seconds))
+    finally:
+        stop(api)
+    return results
+
+
+def machine() -> dict[str, Any]:
+    model = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {"cores": os.cpu_count(), "cpu": model, "python": platform.python_version(),
+            "httpx": httpx.__version__}
+
+
+def table(results: dict[str, Any], plan: Plan) -> str:
+    rows = ["| phase | requests | req/s | p50 ms | p95 ms | p99 ms | max ms | non-2xx/errors |"
+            " API CPU (cores) | worker CPU | generator CPU | others |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    labels = {"confirm_busy": f"confirm, open loop {plan.rate:g}/s, worker busy",
+              "confirm_idle": f"confirm, open loop {plan.rate:g}/s, worker stopped"}
+    for c in plan.clients:
+        labels[f"ceiling_confirm_{c}"] = f"confirm, closed loop, {c} clients"
+        labels[f"ceiling_get_{c}"] = f"GET /v1/files/{{id}}, closed loop, {c} clients"
+    for name, label in labels.items():
+        r = results[name]
+        cpu = r["cpu_cores"]
+        rows.append(f"| {label} | {r['requests']} | {r['rps']:,.0f} | {r['p50_ms']:.1f} | "
+                    f"{r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['max_ms']:.1f} | "
+                    f"{r['unexpected']} | {cpu['api']:.2f} | {cpu['worker']:.2f} | "
+                    f"{cpu['generator']:.2f} | {cpu['others']:.2f} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=float, default=200.0, help="open-loop requests/s")
+    parser.add_argument("--seconds", type=float, default=25.0, help="each open-loop phase")
+    parser.add_argument("--warmup-seconds", type=float, default=3.0)
+    parser.add_argument("--ceiling-seconds", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--ceiling-cards", type=int, default=8000,
+                        help="fresh cards staged per closed-loop confirm phase")
+    parser.add_argument("--connections", type=int, default=32,
+                        help="open-loop client connection pool")
+    parser.add_argument("--backlog", type=int, default=0,
+                        help="corpus photos for the worker (default: enough for the phase)")
+    parser.add_argument("--api-pythonpath", default=None,
+                        help="prepend to the API's PYTHONPATH (to A/B a patched darkroom)")
+    args = parser.parse_args()
+    # ~3 photos/s for one slot (bench/out/worker.json); twice that so it never runs dry.
+    backlog = args.backlog or int(6 * (args.seconds + args.warmup_seconds + 10))
+    plan = Plan(rate=args.rate, seconds=args.seconds, warmup_seconds=args.warmup_seconds,
+                ceiling_seconds=args.ceiling_seconds, clients=args.clients,
+                ceiling_cards=args.ceiling_cards, backlog=backlog,
+                connections=args.connections)
+    info = machine()
+    info["loadavg_start"] = [round(x, 2) for x in os.getloadavg()]
+    with tempfile.TemporaryDirectory(prefix="darkroom-bench-") as tmp:
+        system = System(Path(tmp), args.api_pythonpath)
+        results = asyncio.run(run(system, plan))
+    info["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    busy = results["confirm_busy"]
+    targets = {
+        "confirm_p99_under_25ms_busy": busy["p99_ms"] < TARGET_P99_MS and busy["unexpected"] == 0,
+        # Same distribution with and without image work, and every 202 said `queued`.
+        "never_waits_for_image_work": busy["unexpected"] == 0
+        and results["confirm_idle"]["unexpected"] == 0,
+    }
+    out = ROOT / "bench" / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "api.json").write_text(json.dumps(
+        {"machine": info, "plan": vars(plan), "results": results, "targets": targets},
+        indent=2))
+    print()
+    print(table(results, plan))
+    print(f"\nmachine: {info}")
+    print(f"targets: {targets}")
+
+
+if __name__ == "__main__":
+    main()

@@ -352,22 +352,23 @@ async def _timed(client: httpx.AsyncClient, send: Send, target: Any,
 async def open_loop(client: httpx.AsyncClient, send: Send, targets: list[Any],
                     rate: float) -> dict[str, Any]:
     """One request every 1/rate s by the clock, whatever the answers are doing."""
-    loop = asyncio.get_running_loop()
+    # perf_counter, not loop.time(): uvloop's clock has millisecond resolution.
+    clock = time.perf_counter
     latencies: list[float] = []
     lags: list[float] = []
     statuses: collections.Counter[str] = collections.Counter()
 
     async def one(target: Any, scheduled: float) -> None:
-        lags.append((loop.time() - scheduled) * 1000)
+        lags.append((clock() - scheduled) * 1000)
         await _timed(client, send, target, statuses)
         # From the scheduled time: a late send (generator or pool busy) counts as latency.
-        latencies.append((loop.time() - scheduled) * 1000)
+        latencies.append((clock() - scheduled) * 1000)
 
-    start = loop.time() + 0.05
+    start = clock() + 0.05
     tasks = []
     for i, target in enumerate(targets):
         scheduled = start + i / rate
-        delay = scheduled - loop.time()
+        delay = scheduled - clock()
         if delay > 0:
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(one(target, scheduled)))
@@ -388,22 +389,22 @@ async def closed_loop(make_client: Callable[[], httpx.AsyncClient], send: Send,
     Each task has its own one-connection client: one shared pool of 64 costs httpcore
     more CPU per request than the server spends, and the generator shares the cores.
     """
-    loop = asyncio.get_running_loop()
+    clock = time.perf_counter
     latencies: list[float] = []
     statuses: collections.Counter[str] = collections.Counter()
-    start = loop.time()
+    start = clock()
     deadline = start + seconds
     ends: list[float] = []
 
     async def client_task() -> None:
         async with make_client() as client:
             for target in targets:  # shared iterator: every target is used once
-                if loop.time() >= deadline:
+                if clock() >= deadline:
                     break
-                t0 = loop.time()
+                t0 = clock()
                 await _timed(client, send, target, statuses)
-                latencies.append((loop.time() - t0) * 1000)
-        ends.append(loop.time())
+                latencies.append((clock() - t0) * 1000)
+        ends.append(clock())
 
     await asyncio.gather(*(client_task() for _ in range(clients)))
     # Ends early if the staged cards run out; the rate is over the time actually spent.
@@ -432,6 +433,7 @@ class Plan:
     ceiling_cards: int
     backlog: int
     connections: int
+    worker_nice: int
 
 
 async def measured(name: str, base_url: str, route: str, method: str,
@@ -476,6 +478,10 @@ async def run(system: System, plan: Plan) -> dict[str, Any]:
 
             # -- 1a. busy worker ----------------------------------------------------------
             worker = system.start_worker()
+            if plan.worker_nice:
+                # Children forked later inherit it from the worker process.
+                for pid in _tree(worker.pid):
+                    os.setpriority(os.PRIO_PROCESS, pid, plan.worker_nice)
             try:
                 await confirm_direct(system.db_url, backlog, BACKLOG_OWNER)
                 pids: dict[str, int | None] = {"api": api.pid, "worker": worker.pid,
@@ -571,6 +577,8 @@ def main() -> None:
                         help="open-loop client connection pool")
     parser.add_argument("--backlog", type=int, default=0,
                         help="corpus photos for the worker (default: enough for the phase)")
+    parser.add_argument("--worker-nice", type=int, default=0,
+                        help="renice the worker and its decoders (A/B of a proposed change)")
     parser.add_argument("--api-pythonpath", default=None,
                         help="prepend to the API's PYTHONPATH (to A/B a patched darkroom)")
     args = parser.parse_args()
@@ -579,12 +587,21 @@ def main() -> None:
     plan = Plan(rate=args.rate, seconds=args.seconds, warmup_seconds=args.warmup_seconds,
                 ceiling_seconds=args.ceiling_seconds, clients=args.clients,
                 ceiling_cards=args.ceiling_cards, backlog=backlog,
-                connections=args.connections)
+                connections=args.connections, worker_nice=args.worker_nice)
     info = machine()
+    info["worker_nice"] = args.worker_nice
     info["loadavg_start"] = [round(x, 2) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="darkroom-bench-") as tmp:
         system = System(Path(tmp), args.api_pythonpath)
-        results = asyncio.run(run(system, plan))
+        # uvloop (uvicorn's own loop, already installed) trims the generator's CPU share.
+        try:
+            import uvloop
+
+            factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+        except ImportError:
+            factory = None
+        with asyncio.Runner(loop_factory=factory) as runner:
+            results = runner.run(run(system, plan))
     info["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     busy = results["confirm_busy"]
     targets = {

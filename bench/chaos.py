@@ -246,6 +246,7 @@ class Outcome:
     drain_seconds: float
     total_seconds: float
     lease_lost: int
+    retries: dict[str, int]
     orphans_swept: int
     claims: int
     max_starts: int
@@ -436,6 +437,8 @@ def verify(system: System, db: psycopg.Connection[Any], expected: dict[uuid.UUID
     return Outcome(
         files=len(expected), hostile=figures.pop("n_hostile"), deleted=len(deleted),
         tally=tally, lease_lost=sum(1 for e in events if e["kind"] == "lease_lost"),
+        retries=dict(Counter(str(e["error_code"]) for e in events
+                             if e["kind"] == "retry_scheduled")),
         orphans_swept=swept, claims=sum(claims.values()),
         max_starts=max(claims.values()) if claims else 0,
         statuses=dict(statuses), problems=problems, **figures)
@@ -463,6 +466,7 @@ def report(outcome: Outcome, seed: int, path: Path) -> None:
         f"| S3 server freezes | {t.s3_freezes} |",
         f"| attempts started (claims) | {outcome.claims} (max per file: {outcome.max_starts}) |",
         f"| lease_lost events | {outcome.lease_lost} |",
+        f"| retries scheduled, by cause | {outcome.retries or 'none'} |",
         f"| orphans swept | {outcome.orphans_swept} |",
         f"| final statuses | {outcome.statuses} |",
         f"| time to drain after the last fault | {outcome.drain_seconds:.1f} s |",

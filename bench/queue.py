@@ -51,7 +51,7 @@ OUT = Path(__file__).resolve().parent / "out" / "queue.json"
 WORKER_COUNTS = (1, 4, 16)
 # The top of the 32–100 range: per-batch costs (two round trips, two commits) are paid
 # once per 100 jobs, and the claim's per-row work still dominates (measured: 32 -> ~7k,
-# 100 -> ~10k jobs/s for one worker with the proposed claim fix).
+# 100 -> ~10k jobs/s for one worker).
 DARKROOM_BATCH = 100
 # PgQueuer's batch_size is its main throughput knob (default 10); the best one is
 # whichever wins in this run, so several are tried.
@@ -177,30 +177,6 @@ def noop_result(lease: Lease) -> Derived:
     return Derived(derived_key(lease), "v", "0" * 64, 1, 1, 1)
 
 
-# The claim's UPDATE joins `picked`, whose LIMIT is an expression, so the planner guesses
-# 10% of the queued rows and hash-joins them against a sequential scan of the whole
-# archive_files table (see docs/BENCHMARKS.md). The proposed fix looks the picked ids up
-# through the primary key instead. It is measured here side by side; darkroom's own SQL
-# is not changed by this script.
-_CLAIM_JOIN = """    FROM picked p
-    WHERE f.id = p.id
-    RETURNING f.id, f.owner, f.status"""
-_CLAIM_BY_PKEY = """    WHERE f.id = ANY (ARRAY(SELECT id FROM picked))
-    RETURNING f.id, f.owner, f.status"""
-
-
-def proposed_claim_sql() -> str:
-    if _CLAIM_JOIN not in QUERIES["claim"]:
-        raise RuntimeError("darkroom's claim SQL changed: update the proposed fix")
-    return QUERIES["claim"].replace(_CLAIM_JOIN, _CLAIM_BY_PKEY)
-
-
-def use_proposed_claim() -> None:
-    """In this process only: Queue.claim sends the proposed SQL."""
-    if _CLAIM_BY_PKEY not in QUERIES["claim"]:
-        QUERIES["claim"] = proposed_claim_sql()
-
-
 def _queue(pool: Any, name: str) -> Queue:
     return Queue(pool, lease_seconds=300, max_attempts=3, retry_base_seconds=1,
                  retry_cap_seconds=1, worker=name)
@@ -217,10 +193,7 @@ def darkroom_seed_jobs(url: str, n: int) -> None:
         conn.execute("VACUUM ANALYZE archive_files")
 
 
-async def _darkroom_drain(barrier: Any, url: str, batch: int, name: str,
-                          fixed: bool) -> tuple[int, float]:
-    if fixed:
-        use_proposed_claim()
+async def _darkroom_drain(barrier: Any, url: str, batch: int, name: str) -> tuple[int, float]:
     pool = await open_pool(url, min_size=1, max_size=1, name=name)
     queue = _queue(pool, name)
     done = 0
@@ -236,10 +209,9 @@ async def _darkroom_drain(barrier: Any, url: str, batch: int, name: str,
         await pool.close()
 
 
-def darkroom_drain(barrier: Any, url: str, batch: int, name: str,
-                   fixed: bool = False) -> tuple[int, float]:
+def darkroom_drain(barrier: Any, url: str, batch: int, name: str) -> tuple[int, float]:
     """One darkroom worker: claim a batch, complete it with per-row fencing, until empty."""
-    return asyncio.run(_darkroom_drain(barrier, url, batch, name, fixed))
+    return asyncio.run(_darkroom_drain(barrier, url, batch, name))
 
 
 def darkroom_done(url: str) -> int:
@@ -492,10 +464,7 @@ class Adapter:
 def adapters(quick: bool = False) -> list[Adapter]:
     out = [Adapter("darkroom", f"batch {DARKROOM_BATCH}, complete_many", "bench_darkroom",
                    darkroom_seed_jobs, darkroom_drain,
-                   lambda url, i: (url, DARKROOM_BATCH, f"w{i}", False), darkroom_done),
-           Adapter("darkroom (proposed claim fix)", f"batch {DARKROOM_BATCH}, complete_many",
-                   "bench_darkroom", darkroom_seed_jobs, darkroom_drain,
-                   lambda url, i: (url, DARKROOM_BATCH, f"w{i}", True), darkroom_done)]
+                   lambda url, i: (url, DARKROOM_BATCH, f"w{i}"), darkroom_done)]
     driver = "asyncpg" if _asyncpg_available() else "psycopg"
     out += [Adapter("pgqueuer", f"batch_size {b}, {driver}", "bench_pgqueuer",
                     pgqueuer_seed_jobs, pgqueuer_drain,
@@ -819,8 +788,6 @@ def claim_times(server: Server, plan: Plan) -> list[dict[str, Any]]:
     cases: list[tuple[str, str, Callable[[psycopg.Connection[Any]], Any]]] = [
         ("darkroom", "claim(1)", darkroom_claim_once(1)),
         ("darkroom", "claim(32)", darkroom_claim_once(32)),
-        ("darkroom (proposed claim fix)", "claim(32)",
-         darkroom_claim_once(32, proposed_claim_sql())),
         ("seed", "OR … ORDER BY created_at LIMIT 1", seed_claim_once),
     ]
     fills = {"darkroom": darkroom_fill, "seed": seed_fill}
@@ -925,7 +892,7 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     tp = result.get("throughput") or []
     pq = [r for r in tp if r["system"] == "pgqueuer"]
-    for system in ("darkroom", "darkroom (proposed claim fix)"):
+    for system in ("darkroom",):
         dr = {r["workers"]: r["median"] for r in tp if r["system"] == system}
         if not (dr and pq):
             continue

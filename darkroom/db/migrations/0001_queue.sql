@@ -55,7 +55,9 @@ CREATE TABLE archive_events (
     created_at  timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX archive_events_file ON archive_events (file_id, id);
-CREATE INDEX archive_events_created ON archive_events (created_at, kind);
+-- Events are appended in time order, so a BRIN index answers the health figures' time
+-- windows at a fraction of a B-tree's cost on every insert (two inserts per job).
+CREATE INDEX archive_events_created ON archive_events USING brin (created_at);
 CREATE INDEX archive_events_lease_lost ON archive_events (created_at) WHERE kind = 'lease_lost';
 
 -- Objects written by an attempt that may never be published: registered before the PUT,

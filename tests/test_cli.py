@@ -1,0 +1,97 @@
+"""The command line: embedded and external databases, bad configuration, derive."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CORPUS
+
+STATS_KEYS = {"counts", "oldest_claimable_age_seconds", "expired_leases", "rejected_share_1h",
+              "rejected_share_24h", "completed_last_minute", "lease_lost_total"}
+
+
+def darkroom(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
+    return subprocess.run([sys.executable, "-m", "darkroom.cli", *args],
+                          env={**base, **(env or {})},
+                          capture_output=True, text=True, timeout=180)
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    # Readable by the unprivileged user the embedded server runs as when tests run as root.
+    base = Path(tempfile.mkdtemp(prefix="darkroom-cli-"))
+    base.chmod(0o755)
+    yield base / "data"
+    pgdata = base / "data" / "pg"
+    if (pgdata / "postmaster.pid").exists():
+        from pgserver._commands import POSTGRES_BIN_PATH
+
+        subprocess.run([str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(pgdata), "-w", "stop"],
+                       user="pgserver" if os.geteuid() == 0 else None, check=False,
+                       capture_output=True, timeout=60)
+
+
+def test_migrate_and_stats_share_the_embedded_database(data_dir: Path) -> None:
+    env = {"DARKROOM_DATA_DIR": str(data_dir)}
+    first = darkroom("migrate", env=env)
+    assert first.returncode == 0, first.stderr
+    assert "applied" in first.stdout
+    again = darkroom("migrate", env=env)
+    assert again.returncode == 0 and "up to date" in again.stdout
+    stats = darkroom("stats", "--json", env=env)
+    assert stats.returncode == 0, stats.stderr
+    assert set(json.loads(stats.stdout)) >= STATS_KEYS
+    human = darkroom("--data-dir", str(data_dir), "stats")
+    assert human.returncode == 0 and "expired leases" in human.stdout
+
+
+def test_migrate_and_stats_on_an_external_database(empty_db_url: str) -> None:
+    env = {"DARKROOM_DATABASE_URL": empty_db_url}
+    assert darkroom("migrate", env=env).returncode == 0
+    stats = darkroom("stats", "--json", env=env)
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["counts"]["queued"] == 0
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("DARKROOM_LEASE_SECONDS", "soon"),
+    ("DARKROOM_MAX_ATTEMPTS", "0"),
+    ("DARKROOM_STORAGE_URL", "ftp://example/bucket"),
+    ("DARKROOM_DATABASE_URL", "mysql://nope"),
+    ("DARKROOM_MAX_UPLOAD_BYTES", "-5"),
+])
+def test_bad_configuration_is_one_line_and_exit_2(name: str, value: str) -> None:
+    out = darkroom("stats", env={name: value})
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and name in lines[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_unreachable_database_is_one_line() -> None:
+    out = darkroom("stats", env={"DARKROOM_DATABASE_URL": "postgresql://127.0.0.1:1/x"})
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_derive_prints_one_json_object(tmp_path: Path) -> None:
+    out_path = tmp_path / "out.webp"
+    ok = darkroom("derive", str(CORPUS / "LadyBird.jpg"), "-o", str(out_path))
+    assert ok.returncode == 0, ok.stderr
+    result = json.loads(ok.stdout)
+    assert set(result) == {"width", "height", "bytes", "sha256"}
+    assert max(result["width"], result["height"]) == 2048
+    assert out_path.stat().st_size == result["bytes"]
+    junk = tmp_path / "junk.jpg"
+    junk.write_text("not an image")
+    bad = darkroom("derive", str(junk))
+    assert bad.returncode == 1 and json.loads(bad.stdout) == {"error_code": "unsupported_format"}

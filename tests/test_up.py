@@ -66,7 +66,7 @@ def test_up_serves_a_photo_to_ready_and_stops_cleanly(tmp_path: Path, db_url: st
             row = conn.execute("SELECT count(*) FROM archive_files WHERE status = 'processing'"
                                ).fetchone()
         assert row == (0,)
-        leftovers = subprocess.run(["pgrep", "-f", f"--port {port}"], capture_output=True)
+        leftovers = subprocess.run(["pgrep", "-f", "--", f"--port {port}"], capture_output=True)
         assert leftovers.returncode == 1, "a child of `up` outlived it"
     finally:
         if up.poll() is None:

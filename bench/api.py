@@ -246,6 +246,8 @@ class CpuWatch:
     pids: dict[str, int | None]
     start: dict[str, int] = field(default_factory=dict)
     wall: float = 0.0
+    seconds: float = 0.0
+    cores: dict[str, float] = field(default_factory=dict)
 
     def _sample(self) -> dict[str, int]:
         busy, total = _machine_ticks()
@@ -261,14 +263,16 @@ class CpuWatch:
 
     def __exit__(self, *exc: object) -> None:
         end = self._sample()
-        seconds = time.monotonic() - self.wall
+        seconds = self.seconds = time.monotonic() - self.wall
         used = {k: (end[k] - self.start[k]) / TICK / seconds for k in end if k != "total"}
         ours = sum(v for k, v in used.items() if k != "machine")
         used["others"] = max(0.0, used["machine"] - ours)
         self.cores = {k: round(v, 2) for k, v in used.items()}
 
 
-_BUCKET = re.compile(r'darkroom_http_request_duration_seconds_(bucket|sum|count)\{([^}]*)\} (\S+)')
+# Greedy up to the last "}": route labels are templates and contain braces themselves.
+_BUCKET = re.compile(
+    r"^darkroom_http_request_duration_seconds_(bucket|sum|count)\{(.*)\} (\S+)$", re.MULTILINE)
 
 
 def server_histogram(base_url: str, route: str, method: str) -> dict[str, float]:
@@ -375,6 +379,9 @@ async def open_loop(client: httpx.AsyncClient, send: Send, targets: list[Any],
     await asyncio.gather(*tasks)
     result = summary(latencies, len(targets) / rate, statuses,
                      sum(v for k, v in statuses.items() if k != "ok"))
+    # Offered rate vs what was served: a server that cannot keep up finishes late.
+    result["wall_seconds"] = round(clock() - start, 2)
+    result["rps"] = round(len(targets) / result["wall_seconds"], 1)
     lag = sorted(lags)
     # How late the generator itself dispatched: the share of latency that is not the API's.
     result["send_lag_p99_ms"] = round(percentile(lag, 0.99), 2)
@@ -446,9 +453,15 @@ async def measured(name: str, base_url: str, route: str, method: str,
     after = await asyncio.to_thread(server_histogram, base_url, route, method)
     result["server"] = server_side(before, after)
     result["cpu_cores"] = cpu.cores
+    # CPU per request hardly depends on what the neighbours do, unlike latency: the
+    # figure to compare across runs on a shared machine.
+    if result["requests"]:
+        result["api_cpu_ms_per_request"] = round(
+            cpu.cores["api"] * cpu.seconds / result["requests"] * 1000, 2)
     result["loadavg_1m_before"] = round(load, 2)
     print(f"  {name}: {result['requests']} req, {result['rps']} req/s, p50 {result['p50_ms']} "
           f"p99 {result['p99_ms']} max {result['max_ms']} ms, {result['statuses']}, "
+          f"API CPU {result.get('api_cpu_ms_per_request')} ms/req, server {result['server']}, "
           f"cpu {cpu.cores}", flush=True)
     return result
 
@@ -545,9 +558,10 @@ def machine() -> dict[str, Any]:
 
 
 def table(results: dict[str, Any], plan: Plan) -> str:
-    rows = ["| phase | requests | req/s | p50 ms | p95 ms | p99 ms | max ms | non-2xx/errors |"
-            " API CPU (cores) | worker CPU | generator CPU | others |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| phase | requests | req/s | p50 ms | p95 ms | p99 ms | max ms | not OK |"
+            " server-side mean ms (≤ 25 ms) | API CPU ms/req |"
+            " CPU cores: API / worker / PG / generator / others |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     labels = {"confirm_busy": f"confirm, open loop {plan.rate:g}/s, worker busy",
               "confirm_idle": f"confirm, open loop {plan.rate:g}/s, worker stopped"}
     for c in plan.clients:
@@ -555,11 +569,14 @@ def table(results: dict[str, Any], plan: Plan) -> str:
         labels[f"ceiling_get_{c}"] = f"GET /v1/files/{{id}}, closed loop, {c} clients"
     for name, label in labels.items():
         r = results[name]
-        cpu = r["cpu_cores"]
+        cpu, srv = r["cpu_cores"], r["server"]
+        server = (f"{srv['mean_ms']:.1f} ({srv['within_25ms']:.1%})" if srv.get("count")
+                  else "–")
         rows.append(f"| {label} | {r['requests']} | {r['rps']:,.0f} | {r['p50_ms']:.1f} | "
                     f"{r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['max_ms']:.1f} | "
-                    f"{r['unexpected']} | {cpu['api']:.2f} | {cpu['worker']:.2f} | "
-                    f"{cpu['generator']:.2f} | {cpu['others']:.2f} |")
+                    f"{r['unexpected']} | {server} | {r['api_cpu_ms_per_request']:.2f} | "
+                    f"{cpu['api']:.2f} / {cpu['worker']:.2f} / {cpu['postgres']:.2f} / "
+                    f"{cpu['generator']:.2f} / {cpu['others']:.2f} |")
     return "\n".join(rows)
 
 
@@ -571,7 +588,7 @@ def main() -> None:
     parser.add_argument("--warmup-seconds", type=float, default=3.0)
     parser.add_argument("--ceiling-seconds", type=float, default=10.0)
     parser.add_argument("--clients", type=int, nargs="+", default=[16, 64])
-    parser.add_argument("--ceiling-cards", type=int, default=8000,
+    parser.add_argument("--ceiling-cards", type=int, default=6000,
                         help="fresh cards staged per closed-loop confirm phase")
     parser.add_argument("--connections", type=int, default=32,
                         help="open-loop client connection pool")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.conftest import CORPUS
@@ -19,6 +22,12 @@ def photo(i: int = 0) -> bytes:
     return PHOTOS[i % len(PHOTOS)].read_bytes()
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def sweep_once(h: Harness) -> str:
     out = subprocess.run([sys.executable, "-m", "darkroom.cli", "sweep", "--once"],
                          env=h.env, capture_output=True, text=True, timeout=120)
@@ -28,13 +37,21 @@ def sweep_once(h: Harness) -> str:
 
 def test_thirty_photos_end_ready_each_published_once(harness: Harness) -> None:
     ids = [harness.upload(photo(i), name=PHOTOS[i % len(PHOTOS)].name) for i in range(30)]
-    harness.worker(concurrency=2)
+    port = free_port()
+    w = harness.start("worker", "--concurrency", "2", "--metrics-port", str(port))
     wait_for(lambda: harness.all_finished(ids), timeout=240, what="30 files finished")
     assert harness.statuses(ids) == {"ready": 30}
     for file_id in ids:
         harness.assert_published_once(file_id)
         card = harness.card(file_id)
         assert max(card["width"], card["height"]) <= 2048
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    assert 'darkroom_jobs_total{outcome="ready"} 30.0' in metrics
+    assert "darkroom_stage_duration_seconds_bucket" in metrics
+    logs = [json.loads(line) for line in w.log().splitlines() if line.startswith("{")]
+    ready = [entry for entry in logs if entry["msg"] == "ready"]
+    assert len(ready) == 30
+    assert all({"file_id", "attempt", "token"} <= set(entry) for entry in ready)
 
 
 def test_kill9_mid_job_another_worker_finishes_after_expiry(

@@ -77,8 +77,8 @@ WITH held AS (
     UPDATE archive_files f
     SET lease_until = now() + make_interval(secs => %(lease_seconds)s::float8)
     FROM held h
+    -- The token is the fence (see complete).
     WHERE f.id = ANY (%(ids)s::uuid[]) AND f.id = h.id AND f.lease_token = h.token
-      AND f.status = 'processing'
     RETURNING f.id, f.lease_token
 ), lost AS (
     INSERT INTO archive_events (file_id, kind, token, worker)
@@ -111,9 +111,10 @@ WITH done AS (
         derived_bytes = d.derived_bytes, error_code = NULL,
         lease_token = NULL, lease_until = NULL, finished_at = now(), updated_at = now()
     FROM done d
-    -- The ANY keeps the plan on the primary key; a join alone may scan every lease.
+    -- The token is the fence: CHECK lease_iff_processing makes a matching token imply
+    -- status = 'processing'. Saying so again here would steer the planner to the partial
+    -- index of every live lease instead of the primary key.
     WHERE f.id = ANY (%(ids)s::uuid[]) AND f.id = d.id AND f.lease_token = d.token
-      AND f.status = 'processing'
     RETURNING f.id, f.attempts, d.token, d.derived_key
 ), ready_events AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker)
@@ -171,8 +172,8 @@ WITH held AS (
     SET status = 'queued', available_at = now(), lease_token = NULL, lease_until = NULL,
         updated_at = now()
     FROM held h
+    -- The token is the fence (see complete).
     WHERE f.id = ANY (%(ids)s::uuid[]) AND f.id = h.id AND f.lease_token = h.token
-      AND f.status = 'processing'
     RETURNING f.id, f.attempts, h.token
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker)

@@ -133,15 +133,21 @@ class Queue:
 
     async def confirm(self, file_id: uuid.UUID, owner: str, version: str) -> ConfirmOutcome:
         """pending -> queued for exactly `version`, with NOTIFY; idempotent for the same version."""
+        return (await self.confirm_card(file_id, owner, version))[0]
+
+    async def confirm_card(
+        self, file_id: uuid.UUID, owner: str, version: str
+    ) -> tuple[ConfirmOutcome, dict[str, Any] | None]:
+        """`confirm`, plus the queued card when this call moved it (else None)."""
         rows = await self._rows("confirm", {"id": file_id, "owner": owner, "version": version})
         if not rows:
-            return ConfirmOutcome.NOT_FOUND
+            return ConfirmOutcome.NOT_FOUND, None
         row = rows[0]
         if row["moved"]:
-            return ConfirmOutcome.QUEUED
+            return ConfirmOutcome.QUEUED, row
         if row["previous_version"] == version:
-            return ConfirmOutcome.ALREADY
-        return ConfirmOutcome.CONFLICT
+            return ConfirmOutcome.ALREADY, None
+        return ConfirmOutcome.CONFLICT, None
 
     async def get_file(self, file_id: uuid.UUID, owner: str) -> dict[str, Any] | None:
         rows = await self._rows("get_file", {"id": file_id, "owner": owner})

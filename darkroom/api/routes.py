@@ -242,14 +242,15 @@ async def confirm(file_id: FileId, body: Confirm, who: Caller, request: Request)
         ) from None
     if info.size > limit:
         raise _too_large(limit)
-    outcome = await queue.confirm(row["id"], who.owner, body.version)
+    outcome, fresh = await queue.confirm_card(row["id"], who.owner, body.version)
     if outcome is ConfirmOutcome.NOT_FOUND:
         raise not_found()
     if outcome is ConfirmOutcome.CONFLICT:
         raise Problem(409, "conflict", "The file was already confirmed with another version.")
-    fresh = await queue.get_file(row["id"], who.owner)
-    if fresh is None:  # deleted in between
-        raise not_found()
+    if fresh is None:  # a concurrent identical confirm won the race: read its result
+        fresh = await queue.get_file(row["id"], who.owner)
+        if fresh is None:  # deleted in between
+            raise not_found()
     return _card_json(card_from_row(fresh), 202, location)
 
 

@@ -20,9 +20,10 @@ WITH target AS (
         updated_at = now()
     FROM target t
     WHERE f.id = t.id AND t.status = 'pending'
-    RETURNING f.id
+    RETURNING f.*
 )
-SELECT t.status AS previous_status, t.original_version AS previous_version,
+-- The card as it is now (when it moved), so the API answers without reading it again.
+SELECT m.*, t.status AS previous_status, t.original_version AS previous_version,
        m.id IS NOT NULL AS moved,
        CASE WHEN m.id IS NOT NULL THEN pg_notify('darkroom_jobs', '') END AS notified
 FROM target t LEFT JOIN moved m ON m.id = t.id;

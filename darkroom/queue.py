@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg_pool import AsyncConnectionPool
 
 from darkroom.db.queries import QUERIES
 from darkroom.errors import TRANSIENT_CODES, DarkroomError, ErrorCode
+
+if TYPE_CHECKING:
+    from darkroom.config import Settings
 
 NOTIFY_CHANNEL = "darkroom_jobs"
 STATUSES = ("pending", "queued", "processing", "ready", "rejected", "deleting")
@@ -110,6 +113,18 @@ class Queue:
         self.retry_cap_seconds = retry_cap_seconds
         self.worker = worker
         self._rng = rng or random.Random()
+
+    @classmethod
+    def from_settings(cls, pool: AsyncConnectionPool[Any], settings: Settings,
+                      worker: str = "") -> Queue:
+        return cls(
+            pool,
+            lease_seconds=settings.lease_seconds,
+            max_attempts=settings.max_attempts,
+            retry_base_seconds=settings.retry_base_seconds,
+            retry_cap_seconds=settings.retry_cap_seconds,
+            worker=worker,
+        )
 
     async def _rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         async with self.pool.connection() as conn:
@@ -264,6 +279,25 @@ class Queue:
             "worker": self.worker,
         })
         return {r["id"] for r in rows}
+
+    async def purge_deleted(
+        self, *, guard_seconds: float, limit: int,
+        delete_bytes: Callable[[uuid.UUID, str], Awaitable[None]],
+    ) -> int:
+        """deleting -> gone, for a batch of cards deleted over `guard_seconds` ago.
+
+        Each card's row stays locked (SKIP LOCKED for other sweepers) while
+        `delete_bytes(file_id, original_key)` removes every byte of it; only then is the
+        card itself removed. A pass cut short leaves its rows for the next one.
+        """
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(QUERIES["take_deleted"],
+                                     {"guard_seconds": guard_seconds, "limit": limit})
+            rows = await cur.fetchall()
+            for row in rows:
+                await delete_bytes(row["id"], row["original_key"])
+                await conn.execute(QUERIES["purge_card"], {"id": row["id"]})
+            return len(rows)
 
     # --- health ----------------------------------------------------------------------
 

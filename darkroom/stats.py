@@ -9,21 +9,10 @@ from darkroom.db.connection import database_url, open_pool
 from darkroom.queue import Queue
 
 
-def queue_for(pool: Any, settings: Settings, worker: str = "") -> Queue:
-    return Queue(
-        pool,
-        lease_seconds=settings.lease_seconds,
-        max_attempts=settings.max_attempts,
-        retry_base_seconds=settings.retry_base_seconds,
-        retry_cap_seconds=settings.retry_cap_seconds,
-        worker=worker,
-    )
-
-
 async def fetch(settings: Settings) -> dict[str, Any]:
     pool = await open_pool(database_url(settings), min_size=1, max_size=1, name="stats")
     try:
-        return await queue_for(pool, settings).stats()
+        return await Queue.from_settings(pool, settings).stats()
     finally:
         await pool.close()
 

@@ -15,17 +15,16 @@ import asyncio
 import contextlib
 import logging
 import signal
+import uuid
 from dataclasses import dataclass
-from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
-
-from darkroom.config import ConfigError, Settings
-from darkroom.db.connection import database_url, open_pool
-from darkroom.db.migrations import migrate
+from darkroom.config import Settings
+from darkroom.db.connection import open_pool
 from darkroom.db.queries import QUERIES
-from darkroom.errors import StorageConfigError, StorageUnavailable
-from darkroom.storage import ObjectStore, open_store
+from darkroom.errors import StorageUnavailable
+from darkroom.queue import Queue
+from darkroom.services import prepare
+from darkroom.storage import ObjectStore
 
 log = logging.getLogger("darkroom.sweeper")
 BATCH = 100
@@ -42,9 +41,10 @@ class SweepReport:
 
 
 class Sweeper:
-    def __init__(self, pool: AsyncConnectionPool[Any], store: ObjectStore, *,
+    def __init__(self, queue: Queue, store: ObjectStore, *,
                  guard_seconds: float, retention_seconds: float) -> None:
-        self.pool = pool
+        self.queue = queue
+        self.pool = queue.pool
         self.store = store
         self.guard_seconds = guard_seconds
         self.retention_seconds = retention_seconds
@@ -54,7 +54,9 @@ class Sweeper:
         report = SweepReport()
         while (n := await self._orphan_batch()) > 0:
             report.orphans_deleted += n
-        while (n := await self._deleted_batch()) > 0:
+        while (n := await self.queue.purge_deleted(
+                guard_seconds=self.guard_seconds, limit=BATCH,
+                delete_bytes=self._delete_file_objects)) > 0:
             report.files_purged += n
         report.events_pruned = await self._prune_events()
         return report
@@ -72,22 +74,14 @@ class Sweeper:
                                                   "reason": row["reason"]})
             return len(rows)
 
-    async def _deleted_batch(self) -> int:
-        async with self.pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(QUERIES["sweep_take_deleted"],
-                                     {"guard_seconds": self.guard_seconds, "limit": BATCH})
-            rows = await cur.fetchall()
-            for row in rows:
-                await asyncio.to_thread(self._delete_file_objects, row["id"],
-                                        row["original_key"])
-                await conn.execute(QUERIES["sweep_purge_card"], {"id": row["id"]})
-                log.info("file purged", extra={"file_id": str(row["id"])})
-            return len(rows)
+    async def _delete_file_objects(self, file_id: uuid.UUID, original_key: str) -> None:
+        def delete() -> None:
+            self.store.delete(original_key)
+            for obj in list(self.store.list(f"derived/{file_id}/")):
+                self.store.delete(obj.key, obj.version)
 
-    def _delete_file_objects(self, file_id: Any, original_key: str) -> None:
-        self.store.delete(original_key)
-        for obj in list(self.store.list(f"derived/{file_id}/")):
-            self.store.delete(obj.key, obj.version)
+        await asyncio.to_thread(delete)
+        log.info("file purged", extra={"file_id": str(file_id)})
 
     async def _prune_events(self) -> int:
         total = 0
@@ -103,15 +97,10 @@ class Sweeper:
 
 async def run_sweeper(settings: Settings, *, once: bool,
                       stop: asyncio.Event | None = None) -> SweepReport:
-    conninfo = database_url(settings)
-    await asyncio.to_thread(migrate, conninfo)
-    store = open_store(settings.resolved_storage_url)
-    try:
-        await asyncio.to_thread(store.check)
-    except StorageConfigError as exc:
-        raise ConfigError(str(exc)) from None
+    conninfo, store = await prepare(settings)
     pool = await open_pool(conninfo, min_size=1, max_size=2, name="sweeper")
-    sweeper = Sweeper(pool, store, guard_seconds=settings.sweep_guard_seconds,
+    sweeper = Sweeper(Queue.from_settings(pool, settings, worker="sweeper"), store,
+                      guard_seconds=settings.sweep_guard_seconds,
                       retention_seconds=settings.event_retention_days * 86_400)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -36,20 +36,18 @@ from prometheus_client import start_http_server
 
 from darkroom import metrics
 from darkroom.config import ConfigError, Settings
-from darkroom.db.connection import database_url, open_pool
-from darkroom.db.migrations import migrate
+from darkroom.db.connection import open_pool
 from darkroom.derive import Limits
 from darkroom.errors import (
     DeriveError,
     ErrorCode,
     ObjectMissing,
-    StorageConfigError,
     StorageUnavailable,
 )
 from darkroom.queue import NOTIFY_CHANNEL, Derived, Lease, LeaseLost, Queue, derived_key
 from darkroom.sandbox import DecoderProcess
-from darkroom.stats import queue_for
-from darkroom.storage import ObjectStore, open_store
+from darkroom.services import prepare
+from darkroom.storage import ObjectStore
 
 log = logging.getLogger("darkroom.worker")
 T = TypeVar("T")
@@ -332,15 +330,9 @@ class _stage:
 async def run_worker(settings: Settings, *, concurrency: int, name: str,
                      stop: asyncio.Event | None = None) -> None:
     """Run one worker until `stop` is set (or SIGTERM/SIGINT, when on the main thread)."""
-    conninfo = database_url(settings)
-    await asyncio.to_thread(migrate, conninfo)
-    store = open_store(settings.resolved_storage_url)
-    try:
-        await asyncio.to_thread(store.check)
-    except StorageConfigError as exc:
-        raise ConfigError(str(exc)) from None
+    conninfo, store = await prepare(settings)
     pool = await open_pool(conninfo, min_size=1, max_size=4, name=f"worker-{name}")
-    queue = queue_for(pool, settings, worker=name)
+    queue = Queue.from_settings(pool, settings, worker=name)
     worker = Worker(settings, queue, store, listen_conninfo=conninfo, concurrency=concurrency)
     loop = asyncio.get_running_loop()
     with contextlib.suppress(ValueError, NotImplementedError):  # not the main thread

@@ -22,28 +22,16 @@ from darkroom.api import problems
 from darkroom.api.metrics import MetricsMiddleware, RequestMetrics
 from darkroom.api.routes import router
 from darkroom.api.schemas import ProblemDoc
-from darkroom.config import ConfigError, Settings
+from darkroom.config import Settings
 from darkroom.db.connection import database_url, open_pool
 from darkroom.db.migrations import migrate
-from darkroom.errors import StorageConfigError, StorageError
-from darkroom.stats import queue_for
-from darkroom.storage import ObjectStore, open_store
+from darkroom.queue import Queue
+from darkroom.services import open_checked_store
+from darkroom.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 
 STATIC_DIR = resources.files("darkroom.api").joinpath("static")
-
-
-def _open_checked_store(settings: Settings) -> ObjectStore:
-    """The configured store, checked; an unusable one is a one-line ConfigError."""
-    try:
-        store = open_store(settings.resolved_storage_url)
-        store.check()
-    except StorageConfigError as exc:
-        raise ConfigError(f"DARKROOM_STORAGE_URL: {exc}") from None
-    except StorageError as exc:
-        raise ConfigError(f"DARKROOM_STORAGE_URL: {exc}") from None
-    return store
 
 
 class _Server(uvicorn.Server):
@@ -64,11 +52,11 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         url = database_url(settings)
-        app.state.store = store or await to_thread.run_sync(_open_checked_store, settings)
+        app.state.store = store or await to_thread.run_sync(open_checked_store, settings)
         await to_thread.run_sync(migrate, url)  # under an advisory lock: safe in parallel
         pool = await open_pool(url, min_size=2, max_size=16, name="api", fail_fast=fail_fast)
         app.state.pool = pool
-        app.state.queue = queue_for(pool, settings)
+        app.state.queue = Queue.from_settings(pool, settings)
         try:
             yield
         finally:
@@ -121,7 +109,7 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
     try:
-        store = _open_checked_store(settings)
+        store = open_checked_store(settings)
     finally:
         quiet.setLevel(level)
     migrate(database_url(settings))  # an unreachable database raises here, one line

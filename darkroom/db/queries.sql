@@ -196,6 +196,23 @@ WITH revoked AS (
 )
 SELECT id FROM revoked;
 
+-- name: take_deleted
+SELECT id, original_key
+FROM archive_files
+WHERE status = 'deleting'
+  AND deleted_at < now() - make_interval(secs => %(guard_seconds)s::float8)
+ORDER BY deleted_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: purge_card
+-- The last step of a delete, after every byte is gone. Its events stay (until retention
+-- prunes them): they are the history of what happened to the file.
+WITH card AS (
+    DELETE FROM archive_files WHERE id = %(id)s AND status = 'deleting' RETURNING id
+)
+DELETE FROM orphan_objects WHERE file_id IN (SELECT id FROM card);
+
 -- name: get_file
 SELECT * FROM archive_files WHERE id = %(id)s AND owner = %(owner)s AND status <> 'deleting';
 

@@ -1,6 +1,7 @@
--- The sweeper's statements. Each pass takes a batch under FOR UPDATE SKIP LOCKED, so
--- several sweepers share the work, and a pass interrupted half-way leaves its rows for
--- the next one (deleting an object twice is harmless).
+-- The sweeper's statements: orphaned objects and event retention. (The purge of deleted
+-- cards is a status transition, so it lives with the protocol in queries.sql.) Each
+-- pass takes a batch under FOR UPDATE SKIP LOCKED, so several sweepers share the work,
+-- and a pass interrupted half-way leaves its rows for the next one.
 
 -- name: sweep_take_orphans
 -- Objects no live attempt accounts for: the attempt that wrote them is over (its token
@@ -16,23 +17,6 @@ FOR UPDATE OF o SKIP LOCKED;
 
 -- name: sweep_drop_orphan
 DELETE FROM orphan_objects WHERE object_key = %(key)s;
-
--- name: sweep_take_deleted
-SELECT id, original_key
-FROM archive_files
-WHERE status = 'deleting'
-  AND deleted_at < now() - make_interval(secs => %(guard_seconds)s::float8)
-ORDER BY deleted_at
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED;
-
--- name: sweep_purge_card
--- The last step of a delete, after every byte is gone. Its events stay (until retention
--- prunes them): they are the history of what happened to the file.
-WITH card AS (
-    DELETE FROM archive_files WHERE id = %(id)s AND status = 'deleting' RETURNING id
-)
-DELETE FROM orphan_objects WHERE file_id IN (SELECT id FROM card);
 
 -- name: sweep_prune_events
 -- Retention: events of the past are kept for a while, then pruned in batches.

@@ -13,8 +13,7 @@ import httpx
 
 from darkroom.config import Settings
 from darkroom.db.connection import open_pool
-from darkroom.queue import Derived, derived_key
-from darkroom.stats import queue_for
+from darkroom.queue import Derived, Queue, derived_key
 from darkroom.storage import ObjectStore
 
 JPEG = b"\xff\xd8\xff\xe0" + b"\0" * 200
@@ -66,7 +65,7 @@ def make_ready(
     async def run() -> None:
         pool = await open_pool(db_url, min_size=1, max_size=2)
         try:
-            queue = queue_for(pool, settings, worker="test")
+            queue = Queue.from_settings(pool, settings, worker="test")
             leases = await queue.claim(10)
             lease = next(le for le in leases if le.file_id == uuid.UUID(file_id))
             key = derived_key(lease)

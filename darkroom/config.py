@@ -6,7 +6,6 @@ errors are turned into `ConfigError` whose message names the variable, never a t
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +97,3 @@ def load_settings(**overrides: Any) -> Settings:
         message = str(error["msg"]).removeprefix("Value error, ")
         raise ConfigError(f"{name}: {message}{shown}") from None
 
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}

@@ -98,6 +98,12 @@ def not_found() -> Problem:
     return Problem(404, "not_found", "No such file.")
 
 
+def invalid_field(field: str, message: str, *, slug: str = "validation_error",
+                  detail: str = "The request is not valid.") -> Problem:
+    """A 422 that names the one field at fault, in the shape of every validation error."""
+    return Problem(422, slug, detail, errors=[{"field": field, "message": message}])
+
+
 _STATUS_SLUGS = {
     401: "unauthorized",
     403: "forbidden",
@@ -158,35 +164,20 @@ def install(app: FastAPI) -> None:
         ]
         return problem_response(422, "validation_error", "The request is not valid.", errors=errors)
 
-    async def on_storage(request: Request, exc: Exception) -> JSONResponse:
-        log.warning(
-            "storage error on %s %s: %s: %s",
-            request.method,
-            _route(request),
-            type(exc).__name__,
-            exc,
-        )
-        return problem_response(
-            503,
-            "storage_unavailable",
-            "The object store is unavailable; try again later.",
-            headers={"Retry-After": "5"},
-        )
+    def unavailable(what: str, name: str) -> Any:
+        """A 503 for an outage of `what`; the exception's text goes to the log only."""
 
-    async def on_database(request: Request, exc: Exception) -> JSONResponse:
-        log.warning(
-            "database error on %s %s: %s: %s",
-            request.method,
-            _route(request),
-            type(exc).__name__,
-            exc,
-        )
-        return problem_response(
-            503,
-            "database_unavailable",
-            "The database is unavailable; try again later.",
-            headers={"Retry-After": "5"},
-        )
+        async def handler(request: Request, exc: Exception) -> JSONResponse:
+            log.warning("%s error on %s %s: %s: %s", what, request.method, _route(request),
+                        type(exc).__name__, exc)
+            return problem_response(503, f"{what}_unavailable",
+                                    f"The {name} is unavailable; try again later.",
+                                    headers={"Retry-After": "5"})
+
+        return handler
+
+    on_storage = unavailable("storage", "object store")
+    on_database = unavailable("database", "database")
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error("unexpected error on %s %s", request.method, _route(request), exc_info=exc)

@@ -19,7 +19,13 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from darkroom.api.auth import Admin, Caller
 from darkroom.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from darkroom.api.metrics import render
-from darkroom.api.problems import PROBLEM_MEDIA_TYPE, Problem, not_found, problem_response
+from darkroom.api.problems import (
+    PROBLEM_MEDIA_TYPE,
+    Problem,
+    invalid_field,
+    not_found,
+    problem_response,
+)
 from darkroom.api.schemas import (
     ACCEPTED_TYPES,
     Card,
@@ -194,12 +200,7 @@ async def put_content(file_id: FileId, who: Caller, request: Request) -> Stored:
                 raise _too_large(limit)
             spool.write(chunk)
         if received == 0:
-            raise Problem(
-                422,
-                "validation_error",
-                "The request is not valid.",
-                errors=[{"field": "body", "message": "the upload is empty"}],
-            )
+            raise invalid_field("body", "the upload is empty")
         spool.seek(0)
         version = await to_thread.run_sync(
             lambda: _store(request).put(
@@ -234,12 +235,8 @@ async def confirm(file_id: FileId, body: Confirm, who: Caller, request: Request)
             lambda: _store(request).head(row["original_key"], body.version)
         )
     except ObjectMissing:
-        raise Problem(
-            422,
-            "version_not_found",
-            "No upload with this version exists.",
-            errors=[{"field": "version", "message": "no such version"}],
-        ) from None
+        raise invalid_field("version", "no such version", slug="version_not_found",
+                            detail="No upload with this version exists.") from None
     if info.size > limit:
         raise _too_large(limit)
     outcome, fresh = await queue.confirm_card(row["id"], who.owner, body.version)
@@ -286,12 +283,7 @@ async def list_files(
         try:
             after = decode_cursor(cursor)
         except ValueError:
-            raise Problem(
-                422,
-                "validation_error",
-                "The request is not valid.",
-                errors=[{"field": "cursor", "message": "not a cursor of this API"}],
-            ) from None
+            raise invalid_field("cursor", "not a cursor of this API") from None
     rows = await _queue(request).list_files(who.owner, status=status, limit=limit + 1, after=after)
     page = rows[:limit]
     next_cursor = (

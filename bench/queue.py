@@ -692,6 +692,18 @@ def seed_latency(server: Server, plan: Plan) -> dict[str, Any]:
 # --- claim time versus table size ----------------------------------------------------------------
 
 
+def _fill_queued(conn: psycopg.Connection[Any], queued: int) -> None:
+    """The same queued backlog on both table shapes (their queued columns are alike)."""
+    conn.execute(
+        "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
+        " original_key, original_version, status, created_at, available_at)"
+        " SELECT 'u' || (i %% 1000), 'q' || i, 'image/jpeg', 1, 'originals/q' || i, 'v1',"
+        " 'queued', now() - interval '1 day' + i * interval '1 millisecond',"
+        " now() - interval '1 day' + i * interval '1 millisecond'"
+        " FROM generate_series(1, %s) AS i", (queued,))
+    conn.execute("VACUUM ANALYZE archive_files")
+
+
 def darkroom_fill(url: str, finished: int, queued: int) -> None:
     """`finished` ready cards (older) and `queued` due ones, loaded in bulk."""
     with psycopg.connect(url, autocommit=True) as conn:
@@ -705,14 +717,7 @@ def darkroom_fill(url: str, finished: int, queued: int) -> None:
             " now() - interval '30 days' + i * interval '1 millisecond',"
             " now() - interval '30 days' + i * interval '1 millisecond', now()"
             " FROM generate_series(1, %s) AS i", (finished,))
-        conn.execute(
-            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
-            " original_key, original_version, status, created_at, available_at)"
-            " SELECT 'u' || (i %% 1000), 'q' || i, 'image/jpeg', 1, 'originals/q' || i, 'v1',"
-            " 'queued', now() - interval '1 day' + i * interval '1 millisecond',"
-            " now() - interval '1 day' + i * interval '1 millisecond'"
-            " FROM generate_series(1, %s) AS i", (queued,))
-        conn.execute("VACUUM ANALYZE archive_files")
+        _fill_queued(conn, queued)
 
 
 def seed_fill(url: str, finished: int, queued: int) -> None:
@@ -727,14 +732,7 @@ def seed_fill(url: str, finished: int, queued: int) -> None:
             " now() - interval '30 days' + i * interval '1 millisecond',"
             " now() - interval '30 days' + i * interval '1 millisecond'"
             " FROM generate_series(1, %s) AS i", (finished,))
-        conn.execute(
-            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
-            " original_key, original_version, status, created_at, available_at)"
-            " SELECT 'u' || (i %% 1000), 'q' || i, 'image/jpeg', 1, 'originals/q' || i, 'v1',"
-            " 'queued', now() - interval '1 day' + i * interval '1 millisecond',"
-            " now() - interval '1 day' + i * interval '1 millisecond'"
-            " FROM generate_series(1, %s) AS i", (queued,))
-        conn.execute("VACUUM ANALYZE archive_files")
+        _fill_queued(conn, queued)
 
 
 def _timed_claims(url: str, claims: int, once: Callable[[psycopg.Connection[Any]], Any],

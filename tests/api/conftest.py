@@ -77,15 +77,6 @@ class Api:
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)
 
 
-@pytest.fixture(scope="session")
-def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
-    server = SeaweedServer.start(tmp_path_factory.mktemp("seaweed"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def _storage_url(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> str:

@@ -82,7 +82,3 @@ class TestPostgres:
             with self._admin() as conn:
                 conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
-    def server_pid(self) -> int | None:
-        with self._admin() as conn:
-            row = conn.execute("SELECT pg_backend_pid()").fetchone()
-        return int(row[0]) if row else None

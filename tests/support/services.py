@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -122,35 +122,35 @@ class Harness:
 
     # --- cards ------------------------------------------------------------------------
 
+    def _with_queue(self, call: Callable[[Queue], Awaitable[T]]) -> T:
+        """Run one protocol call, as the API would make it, on a short-lived pool."""
+        async def go() -> T:
+            pool = await open_pool(self.db_url, min_size=1, max_size=1)
+            try:
+                return await call(Queue(pool, lease_seconds=2, max_attempts=3,
+                                        retry_base_seconds=0, retry_cap_seconds=0))
+            finally:
+                await pool.close()
+
+        return asyncio.run(go())
+
     def upload(self, data: bytes, owner: str = "tester", name: str = "photo.jpg") -> uuid.UUID:
         """What the API does on upload + confirm, through the protocol module itself."""
-        return asyncio.run(self._upload(data, owner, name))
-
-    async def _upload(self, data: bytes, owner: str, name: str) -> uuid.UUID:
-        pool = await open_pool(self.db_url, min_size=1, max_size=1)
-        try:
-            q = Queue(pool, lease_seconds=2, max_attempts=3, retry_base_seconds=0,
-                      retry_cap_seconds=0)
+        async def go(q: Queue) -> uuid.UUID:
             card = await q.create_file(owner=owner, filename=name, content_type="image/jpeg",
                                        size=len(data))
             version = await asyncio.to_thread(self.store.put, card["original_key"], data,
                                               content_type="image/jpeg")
             assert await q.confirm(card["id"], owner, version) is ConfirmOutcome.QUEUED
             return uuid.UUID(str(card["id"]))
-        finally:
-            await pool.close()
+
+        return self._with_queue(go)
 
     def revoke(self, file_id: uuid.UUID, owner: str = "tester") -> None:
-        async def go() -> None:
-            pool = await open_pool(self.db_url, min_size=1, max_size=1)
-            try:
-                q = Queue(pool, lease_seconds=2, max_attempts=3, retry_base_seconds=0,
-                          retry_cap_seconds=0)
-                assert await q.revoke(file_id, owner)
-            finally:
-                await pool.close()
+        async def go(q: Queue) -> bool:
+            return await q.revoke(file_id, owner)
 
-        asyncio.run(go())
+        assert self._with_queue(go)
 
     def reconnect(self) -> bool:
         """After a server restart: a new connection for the test's own queries."""

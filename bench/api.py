@@ -8,7 +8,8 @@ shadow the standard library's `queue`.)
 Everything runs in one go on one machine: a private PostgreSQL (the pgserver wheel), the
 local object store in a temp dir, a real `darkroom api` process (uvicorn) and a real
 `darkroom worker --concurrency 1` process, both started as `python -m darkroom.cli ...`.
-The load generator is this process (asyncio + httpx), so it shares the cores with them.
+The load generator is this process (asyncio, uvloop and the small keep-alive client in
+bench/loadgen.py), so it shares the cores with them.
 
 1. Confirm latency, open loop: `POST /v1/files/{id}/confirm` at a fixed rate, each on a
    fresh pending card whose original is already stored (staged before the clock starts,
@@ -54,6 +55,8 @@ import httpx
 import psycopg
 import pyvips
 
+from bench.loadgen import ERRORS as LOAD_ERRORS
+from bench.loadgen import LoadClient
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
 from darkroom.db.migrations import migrate
@@ -330,11 +333,11 @@ def summary(latencies_ms: list[float], seconds: float, statuses: collections.Cou
             "statuses": dict(statuses), "unexpected": bad}
 
 
-Send = Callable[[httpx.AsyncClient, Any], Awaitable[bool]]
+Send = Callable[[LoadClient, Any], Awaitable[bool]]
 
 
 def confirm_sender() -> Send:
-    async def send(client: httpx.AsyncClient, target: tuple[uuid.UUID, str]) -> bool:
+    async def send(client: LoadClient, target: tuple[uuid.UUID, str]) -> bool:
         file_id, version = target
         r = await client.post(f"/v1/files/{file_id}/confirm", json={"version": version})
         # A 202 whose card is already past `queued` would mean the answer waited for work.
@@ -344,24 +347,24 @@ def confirm_sender() -> Send:
 
 
 def get_sender() -> Send:
-    async def send(client: httpx.AsyncClient, file_id: uuid.UUID) -> bool:
+    async def send(client: LoadClient, file_id: uuid.UUID) -> bool:
         r = await client.get(f"/v1/files/{file_id}")
         return r.status_code == 200 and r.json()["id"] == str(file_id)
     return send
 
 
-async def _timed(client: httpx.AsyncClient, send: Send, target: Any,
+async def _timed(client: LoadClient, send: Send, target: Any,
                  statuses: collections.Counter[str]) -> bool:
     try:
         ok = await send(client, target)
-    except httpx.HTTPError as exc:
+    except LOAD_ERRORS as exc:
         statuses[type(exc).__name__] += 1
         return False
     statuses["ok" if ok else "unexpected"] += 1
     return ok
 
 
-async def open_loop(client: httpx.AsyncClient, send: Send, targets: list[Any],
+async def open_loop(client: LoadClient, send: Send, targets: list[Any],
                     rate: float) -> dict[str, Any]:
     """One request every 1/rate s by the clock, whatever the answers are doing."""
     # perf_counter, not loop.time(): uvloop's clock has millisecond resolution.
@@ -397,25 +400,22 @@ async def open_loop(client: httpx.AsyncClient, send: Send, targets: list[Any],
     return result
 
 
-async def closed_loop(make_client: Callable[[], httpx.AsyncClient], send: Send,
+async def closed_loop(make_client: Callable[[], LoadClient], send: Send,
                       targets: Iterator[Any], clients: int, seconds: float) -> dict[str, Any]:
     """`clients` tasks, each sending its next request when the previous one is answered.
 
-    Each task has its own one-connection client: with one shared pool of 64 connections
-    the generator itself was the bottleneck in a trial (1 core of httpcore, 141 req/s),
-    and the generator shares the cores with the API.
+    Each task has its own one-connection client, so no task waits for another's
+    connection: the figure is the API's, not the generator's pool's.
     """
     clock = time.perf_counter
     latencies: list[float] = []
     statuses: collections.Counter[str] = collections.Counter()
     ends: list[float] = []
-    # Made before the clock starts: each one builds an SSL context (~20 ms of CPU, even
-    # for http://), which would otherwise stall every request already in flight.
     pool = [make_client() for _ in range(clients)]
     start = clock()
     deadline = start + seconds
 
-    async def client_task(client: httpx.AsyncClient) -> None:
+    async def client_task(client: LoadClient) -> None:
         async with client:
             for target in targets:  # shared iterator: every target is used once
                 if clock() >= deadline:
@@ -431,12 +431,9 @@ async def closed_loop(make_client: Callable[[], httpx.AsyncClient], send: Send,
                    sum(v for k, v in statuses.items() if k != "ok"))
 
 
-def http_client(base_url: str, key: str, connections: int) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    # No pool timeout: waiting for a connection is part of the measured latency, not an error.
-    timeout = httpx.Timeout(30.0, pool=None)
-    return httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout,
-                             headers={"Authorization": f"Bearer {key}"})
+def http_client(base_url: str, key: str, connections: int) -> LoadClient:
+    # Waiting for a free connection is part of the measured latency, not an error.
+    return LoadClient(base_url, {"Authorization": f"Bearer {key}"}, connections)
 
 
 # --- the run -----------------------------------------------------------------------------
@@ -539,7 +536,7 @@ async def run(system: System, plan: Plan) -> dict[str, Any]:
         # -- 2. the ceiling (worker stopped) ----------------------------------------------
         gets = [file_id for file_id, _ in cards[: 2 * (warm + per_phase)]]
 
-        def one_connection() -> httpx.AsyncClient:
+        def one_connection() -> LoadClient:
             return http_client(system.base_url, key, 1)
 
         for clients in plan.clients:
@@ -566,7 +563,7 @@ def machine() -> dict[str, Any]:
                 model = line.split(":", 1)[1].strip()
                 break
     return {"cores": os.cpu_count(), "cpu": model, "python": platform.python_version(),
-            "httpx": httpx.__version__}
+            "generator": "bench/loadgen.py (keep-alive HTTP/1.1 on uvloop)"}
 
 
 def table(results: dict[str, Any], plan: Plan) -> str:

@@ -10,7 +10,8 @@ prints Markdown and writes bench/out/queue.json.
 
 Each system lives in its own small adapter (`*_seed_jobs`, `*_drain`, `*_done`, gathered
 in `adapters()`), so one can be rerun alone: `--only pgqueuer`, or from Python
-`run_throughput(Server(url), adapters()[2], workers=4, jobs=20_000)`.
+`run_throughput(Server(url), adapters()[2], workers=4, jobs=20_000)` (jobs/s and the CPU
+the machine spent meanwhile).
 """
 
 # The file is called queue.py, so when run as a script its folder is sys.path[0] and it
@@ -141,12 +142,34 @@ def _worker_entry(target: Callable[..., Any], barrier: Any, results: Any,
         raise
 
 
-def run_processes(target: Callable[..., Any], args: list[tuple[Any, ...]],
-                  timeout: float = 600.0) -> tuple[float, list[Any]]:
-    """Start one spawned process per args, release them together; answers (t0, results).
+@dataclass(frozen=True)
+class CpuWindow:
+    """Machine-wide CPU between two instants, from /proc/stat (zero where it is missing)."""
 
-    Each target calls `barrier.wait()` once its connections are open, so process start-up
-    and imports are not timed; t0 is taken the moment the barrier opens.
+    busy_s: float  # user + nice + system: every process here, PostgreSQL included
+    steal_s: float  # time the hypervisor gave this machine's CPUs to someone else
+
+    @staticmethod
+    def sample() -> "CpuWindow":
+        try:
+            with open("/proc/stat", encoding="ascii") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return CpuWindow(0.0, 0.0)
+        tick = os.sysconf("SC_CLK_TCK")
+        return CpuWindow(sum(fields[:3]) / tick, (fields[7] if len(fields) > 7 else 0) / tick)
+
+    def __sub__(self, other: "CpuWindow") -> "CpuWindow":
+        return CpuWindow(self.busy_s - other.busy_s, self.steal_s - other.steal_s)
+
+
+def run_processes(target: Callable[..., Any], args: list[tuple[Any, ...]],
+                  timeout: float = 600.0) -> tuple[float, list[Any], CpuWindow]:
+    """Start one spawned process per args, release them together.
+
+    Answers (t0, results, CPU used while they ran). Each target calls `barrier.wait()`
+    once its connections are open, so process start-up and imports are not timed; t0 is
+    taken the moment the barrier opens.
     """
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(len(args) + 1)
@@ -157,8 +180,9 @@ def run_processes(target: Callable[..., Any], args: list[tuple[Any, ...]],
         p.start()
     try:
         barrier.wait(timeout=180)
-        t0 = time.time()
+        t0, cpu0 = time.time(), CpuWindow.sample()
         out = [results.get(timeout=timeout) for _ in procs]
+        cpu = CpuWindow.sample() - cpu0
     finally:
         for p in procs:
             p.join(timeout=60)
@@ -167,7 +191,7 @@ def run_processes(target: Callable[..., Any], args: list[tuple[Any, ...]],
     for r in out:
         if isinstance(r, BaseException):
             raise RuntimeError(f"worker failed: {r!r}") from r
-    return t0, out
+    return t0, out, cpu
 
 
 # --- darkroom ------------------------------------------------------------------------------
@@ -488,23 +512,34 @@ class ThroughputRun:
     workers: int
     jobs: int
     runs_jobs_per_s: list[float] = field(default_factory=list)
+    # Machine CPU (all processes, PostgreSQL included) per job while the workers ran, and
+    # the share of wall time stolen by the hypervisor: on a shared machine the CPU cost
+    # of a job moves far less from run to run than the jobs/s do.
+    runs_cpu_us_per_job: list[float] = field(default_factory=list)
+    runs_steal_share: list[float] = field(default_factory=list)
 
     @property
     def median(self) -> float:
         return statistics.median(self.runs_jobs_per_s)
 
+    @property
+    def median_cpu_us_per_job(self) -> float | None:
+        cpu = [c for c in self.runs_cpu_us_per_job if c > 0]
+        return statistics.median(cpu) if cpu else None
 
-def run_throughput(server: Server, adapter: Adapter, workers: int, jobs: int) -> float:
-    """One drain of `jobs` no-op jobs by `workers` processes; answers jobs/s."""
+
+def run_throughput(server: Server, adapter: Adapter, workers: int,
+                   jobs: int) -> tuple[float, CpuWindow]:
+    """One drain of `jobs` no-op jobs by `workers` processes; answers jobs/s and its CPU."""
     url = server.db_url(adapter.db)
     adapter.seed_jobs(url, jobs)
-    t0, results = run_processes(adapter.drain,
-                                [adapter.drain_args(url, i) for i in range(workers)])
+    t0, results, cpu = run_processes(adapter.drain,
+                                     [adapter.drain_args(url, i) for i in range(workers)])
     t_end = max(end for _, end in results)
     finished = adapter.done(url)
     if finished != jobs:
         raise RuntimeError(f"{adapter.system}: {finished} of {jobs} jobs finished")
-    return jobs / (t_end - t0)
+    return jobs / (t_end - t0), cpu
 
 
 def throughput(server: Server, plan: Plan, only: set[str] | None) -> list[ThroughputRun]:
@@ -528,9 +563,14 @@ def throughput(server: Server, plan: Plan, only: set[str] | None) -> list[Throug
                     continue
                 run = runs[(a.system, a.config, workers)]
                 url = server.db_url(a.db)
-                run.runs_jobs_per_s.append(run_throughput(server, a, workers, run.jobs))
+                rate, cpu = run_throughput(server, a, workers, run.jobs)
+                wall = run.jobs / rate
+                run.runs_jobs_per_s.append(rate)
+                run.runs_cpu_us_per_job.append(cpu.busy_s / run.jobs * 1e6)
+                run.runs_steal_share.append(cpu.steal_s / wall)
                 log(f"  [{rep + 1}/{plan.repeats}] {a.system:30} {a.config:34} {workers:>2}"
-                    f" workers: {run.runs_jobs_per_s[-1]:8,.0f} jobs/s")
+                    f" workers: {rate:8,.0f} jobs/s, {run.runs_cpu_us_per_job[-1]:4.0f} µs"
+                    f" CPU/job, steal {run.runs_steal_share[-1]:.2f}")
     return list(runs.values())
 
 
@@ -856,6 +896,14 @@ def markdown(result: dict[str, Any]) -> str:
             spread = (f" ({min(runs):,.0f}–{max(runs):,.0f})" if len(runs) > 1 else "")
             cells.append(f"{r['median']:,.0f}{spread}")
         lines.append(f"| {system} | {config} | " + " | ".join(cells) + " |")
+    if any(r.get("cpu_us_per_job") for r in result.get("throughput") or []):
+        lines += ["", "### CPU per job while the workers ran (machine-wide), µs", "",
+                  "| system | configuration | " + " | ".join(f"{w} w" for w in counts) + " |",
+                  "|---|---|" + "---:|" * len(counts)]
+        for (system, config), per in by_key.items():
+            cells = [f"{per[w]['cpu_us_per_job']:.0f}"
+                     if w in per and per[w].get("cpu_us_per_job") else "–" for w in counts]
+            lines.append(f"| {system} | {config} | " + " | ".join(cells) + " |")
     if result.get("latency"):
         lines += ["", f"### Idle enqueue → claim latency at {plan['latency_rate']:.0f} jobs/s "
                   f"for {plan['latency_seconds']:.0f} s", "",
@@ -959,7 +1007,8 @@ def main() -> None:
         seed_prepare(url)
         if "throughput" not in skip:
             log("throughput:")
-            result["throughput"] = [asdict(r) | {"median": r.median}
+            result["throughput"] = [asdict(r) | {"median": r.median,
+                                                   "cpu_us_per_job": r.median_cpu_us_per_job}
                                     for r in throughput(server, plan, only)]
         if "latency" not in skip:
             log("latency:")

@@ -426,6 +426,24 @@ def queue_section(src: Source) -> tuple[list[str], list[Target]]:
                   "/ × the seed's protocol:", ""]
         lines += table(["system", "configuration", *(f"{w} worker{'s' * (w > 1)}"
                                                      for w in counts)], rows, right_from=2)
+        if any(r.get("cpu_us_per_job") for r in tp):
+            rows = []
+            for (system, config), per in series.items():
+                cells = []
+                for w in counts:
+                    r = per.get(w) or {}
+                    steal = r.get("runs_steal_share") or []
+                    cells.append("–" if not r.get("cpu_us_per_job") else
+                                 f"{r['cpu_us_per_job']:.0f}"
+                                 + (f" (steal {max(steal):.0%})" if steal else ""))
+                rows.append([QUEUE_LABELS.get(system, system), config, *cells])
+            lines += ["", "CPU per job while the workers ran, µs: every process on the machine "
+                      "(workers and PostgreSQL), median of the same runs, with the largest "
+                      "share of wall time the hypervisor stole in any of them. It moves far "
+                      "less between runs than jobs/s on this shared machine, and bounds "
+                      "throughput once the cores are saturated:", ""]
+            lines += table(["system", "configuration", *(f"{w} worker{'s' * (w > 1)}"
+                                                         for w in counts)], rows, right_from=2)
         best = _pgq_best(tp)
         for system in ("darkroom", "darkroom (proposed claim fix)"):
             mine = [r for r in tp if r["system"] == system]

@@ -44,9 +44,9 @@ from darkroom.api.schemas import (
 )
 from darkroom.config import Settings
 from darkroom.db.queries import QUERIES
-from darkroom.errors import ObjectMissing
-from darkroom.queue import ConfirmOutcome, Queue
-from darkroom.storage import ObjectStore
+from darkroom.errors import ObjectMissing, StorageUnavailable
+from darkroom.queue import ConfirmOutcome, Queue, original_key
+from darkroom.storage import ObjectInfo, ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,15 @@ async def _card_row(request: Request, raw_id: str, owner: str) -> dict[str, Any]
     if row is None:
         raise not_found()
     return row
+
+
+async def _head_or_none(request: Request, file_id: uuid.UUID, version: str) -> ObjectInfo | None:
+    """The original's named version, or None when the store cannot say so right now."""
+    store = _store(request)
+    try:
+        return await to_thread.run_sync(lambda: store.head(original_key(file_id), version))
+    except (ObjectMissing, StorageUnavailable):
+        return None
 
 
 def _too_large(limit: int) -> Problem:
@@ -220,16 +229,30 @@ async def put_content(file_id: FileId, who: Caller, request: Request) -> Stored:
     summary="Queue the card for exactly this version of the original",
 )
 async def confirm(file_id: FileId, body: Confirm, who: Caller, request: Request) -> JSONResponse:
-    row = await _card_row(request, file_id, who.owner)
+    fid = _file_id(file_id)
     queue = _queue(request)
+    limit = _settings(request).max_upload_bytes
+    # The common case in two steps, without reading the card first: the named version
+    # exists and fits, then one statement moves the card (checking owner and status) and
+    # answers it. Anything else is decided below from the card, as before.
+    info = await _head_or_none(request, fid, body.version)
+    if info is not None and info.size <= limit:
+        outcome, fresh = await queue.confirm_card(fid, who.owner, body.version)
+        if outcome is ConfirmOutcome.QUEUED and fresh is not None:
+            return _card_json(card_from_row(fresh), 202, {"Location": f"/v1/files/{fid}"})
+        if outcome is ConfirmOutcome.NOT_FOUND:
+            raise not_found()
+        if outcome is ConfirmOutcome.CONFLICT:
+            raise Problem(409, "conflict",
+                          "The file was already confirmed with another version.")
+    row = await _card_row(request, file_id, who.owner)
     location = {"Location": f"/v1/files/{row['id']}"}
     if row["status"] != "pending":
-        # Decided without the store: a repeat must stay cheap and idempotent even if the
-        # original has since gone (the worker will report that as original_missing).
+        # Decided from the card: a repeat stays idempotent even if the original has since
+        # gone (the worker will report that as original_missing) or the store is down.
         if row["original_version"] == body.version:
             return _card_json(card_from_row(row), 202, location)
         raise Problem(409, "conflict", "The file was already confirmed with another version.")
-    limit = _settings(request).max_upload_bytes
     try:
         info = await to_thread.run_sync(
             lambda: _store(request).head(row["original_key"], body.version)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import select
+from typing import Any
+
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
@@ -34,7 +37,25 @@ async def open_pool(conninfo: str, *, min_size: int = 1, max_size: int = 8,
         name=name,
         open=False,
         kwargs={"autocommit": True, "row_factory": dict_row},
-        check=AsyncConnectionPool.check_connection,
+        check=check_if_suspect,
     )
     await pool.open(wait=True, timeout=30)
     return pool
+
+
+async def check_if_suspect(conn: psycopg.AsyncConnection[Any]) -> None:
+    """The pool's check on checkout: a round trip only for a connection that looks dead.
+
+    An idle pooled connection is sent nothing unless the server is closing it (restart,
+    shutdown, terminated backend: an error message, then end of file), so a readable
+    socket is the sign worth a round trip. A quiet one is handed out as is: checking
+    every checkout would add a round trip to every request, and a connection that still
+    fails is then an ordinary database error to its caller.
+    """
+    if not conn.closed and conn.pgconn.socket >= 0:
+        # poll, not select: select() cannot watch descriptors numbered 1024 and above.
+        poller = select.poll()
+        poller.register(conn.pgconn.socket, select.POLLIN)
+        if not poller.poll(0):
+            return
+    await AsyncConnectionPool.check_connection(conn)

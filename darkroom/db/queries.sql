@@ -73,13 +73,13 @@ FROM claimed;
 -- name: heartbeat
 -- Extends every lease still held by its token; answers the ids whose lease is lost.
 WITH held AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS h(id, token)
+    SELECT * FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[]) AS h(id, token)
 ), extended AS (
     UPDATE archive_files f
     SET lease_until = now() + make_interval(secs => %(lease_seconds)s::float8)
     FROM held h
     -- The token is the fence (see complete).
-    WHERE f.id = ANY (%(ids)s::uuid[]) AND f.id = h.id AND f.lease_token = h.token
+    WHERE f.id = ANY (%(ids)b::uuid[]) AND f.id = h.id AND f.lease_token = h.token
     RETURNING f.id, f.lease_token
 ), lost AS (
     INSERT INTO archive_events (file_id, kind, token, worker)
@@ -101,9 +101,9 @@ ON CONFLICT (object_key) DO NOTHING;
 -- The fenced commit, batched: each row publishes only if its own token still holds the
 -- lease. The others record lease_lost and leave their object to the sweeper.
 WITH done AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(keys)s::text[],
-                         %(versions)s::text[], %(sha256s)s::text[], %(widths)s::int[],
-                         %(heights)s::int[], %(sizes)s::bigint[])
+    SELECT * FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[], %(keys)b::text[],
+                         %(versions)b::text[], %(sha256s)b::text[], %(widths)b::int[],
+                         %(heights)b::int[], %(sizes)b::bigint[])
         AS d(id, token, derived_key, derived_version, sha256, width, height, derived_bytes)
 ), published AS (
     UPDATE archive_files f
@@ -115,7 +115,7 @@ WITH done AS (
     -- The token is the fence: CHECK lease_iff_processing makes a matching token imply
     -- status = 'processing'. Saying so again here would steer the planner to the partial
     -- index of every live lease instead of the primary key.
-    WHERE f.id = ANY (%(ids)s::uuid[]) AND f.id = d.id AND f.lease_token = d.token
+    WHERE f.id = ANY (%(ids)b::uuid[]) AND f.id = d.id AND f.lease_token = d.token
     RETURNING f.id, f.attempts, d.token, d.derived_key
 ), ready_events AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker)
@@ -167,14 +167,14 @@ SELECT status FROM failed;
 -- Graceful hand-back: queued and due now, so no one waits for the lease to run out.
 -- The attempt still counts: a file is never started more than max_attempts times.
 WITH held AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS h(id, token)
+    SELECT * FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[]) AS h(id, token)
 ), released AS (
     UPDATE archive_files f
     SET status = 'queued', available_at = now(), lease_token = NULL, lease_until = NULL,
         updated_at = now()
     FROM held h
     -- The token is the fence (see complete).
-    WHERE f.id = ANY (%(ids)s::uuid[]) AND f.id = h.id AND f.lease_token = h.token
+    WHERE f.id = ANY (%(ids)b::uuid[]) AND f.id = h.id AND f.lease_token = h.token
     RETURNING f.id, f.attempts, h.token
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker)

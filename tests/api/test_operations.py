@@ -79,6 +79,19 @@ def test_store_outage_is_503_and_readyz_says_so(faulty: tuple[Api, FaultyStore])
         assert httpx.get(f"{api.url}/readyz").status_code == 200
 
 
+def test_a_repeat_confirm_needs_no_store(faulty: tuple[Api, FaultyStore]) -> None:
+    api, store = faulty
+    with api.client(api.make_key()) as c:
+        card, version = upload(c)
+        url = f"/v1/files/{card['id']}/confirm"
+        first = c.post(url, json={"version": version})
+        assert first.status_code == 202
+        store.failing = {"head": StorageUnavailable("s3 at http://secret:9000 timed out")}
+        again = c.post(url, json={"version": version})
+        assert again.status_code == 202 and again.json() == first.json()
+        assert_problem(c.post(url, json={"version": "another"}), 409, "conflict")
+
+
 def test_unexpected_error_is_a_bare_500(faulty: tuple[Api, FaultyStore]) -> None:
     api, store = faulty
     with api.client(api.make_key()) as c:

@@ -1,0 +1,42 @@
+"""The pool's checkout check: quiet connections go out as they are, dead ones are replaced."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+
+from darkroom.db.connection import check_if_suspect, open_pool
+from tests.support.services import wait_for
+
+
+async def test_a_terminated_connection_is_replaced_on_checkout(db_url: str) -> None:
+    pool = await open_pool(db_url, min_size=1, max_size=1)
+    try:
+        async with pool.connection() as conn:
+            first = (await (await conn.execute("SELECT pg_backend_pid() AS pid")).fetchone())
+        assert first is not None
+        # The server ends the backend: the idle pooled socket gets an error, then EOF.
+        with psycopg.connect(db_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (first["pid"],))
+            wait_for(lambda: admin.execute("SELECT count(*) FROM pg_stat_activity"
+                                           " WHERE pid = %s", (first["pid"],)).fetchone()
+                     == (0,), timeout=10, what="the backend to exit")
+        async with pool.connection() as conn:
+            row = await (await conn.execute("SELECT pg_backend_pid() AS pid")).fetchone()
+        assert row is not None and row["pid"] != first["pid"]
+    finally:
+        await pool.close()
+
+
+async def test_a_quiet_connection_is_handed_out_without_a_round_trip(
+    db_url: str, tmp_path: Path
+) -> None:
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        # libpq's protocol trace records every message the connection sends or receives.
+        with open(tmp_path / "trace", "w") as trace:
+            conn.pgconn.trace(trace.fileno())
+            await check_if_suspect(conn)
+            conn.pgconn.untrace()
+        assert (tmp_path / "trace").read_text() == ""
+        await conn.execute("SELECT 1")  # and it is still a working connection

@@ -242,11 +242,14 @@ def _tree_ticks(pid: int | None) -> int:
     return 0 if pid is None else sum(_proc_ticks(p) for p in _tree(pid))
 
 
-def _machine_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies of all cores since boot."""
+def _machine_ticks() -> tuple[int, int, int]:
+    """(busy, stolen, total) jiffies of all cores since boot."""
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = values[3] + values[4]  # idle + iowait
-    return sum(values) - idle, sum(values)
+    # Steal: time the hypervisor ran someone else on these vCPUs. It is not ours to spend,
+    # so it is counted apart, not as "others".
+    steal = values[7] if len(values) > 7 else 0
+    return sum(values) - idle - steal, steal, sum(values)
 
 
 @dataclass
@@ -261,10 +264,10 @@ class CpuWatch:
     cores: dict[str, float] = field(default_factory=dict)
 
     def _sample(self) -> dict[str, int]:
-        busy, total = _machine_ticks()
+        busy, steal, total = _machine_ticks()
         sample = {name: _tree_ticks(pid) for name, pid in self.pids.items()}
         sample["generator"] = _proc_ticks(os.getpid())
-        sample["machine"], sample["total"] = busy, total
+        sample["machine"], sample["steal"], sample["total"] = busy, steal, total
         return sample
 
     def __enter__(self) -> CpuWatch:
@@ -276,7 +279,7 @@ class CpuWatch:
         end = self._sample()
         seconds = self.seconds = time.monotonic() - self.wall
         used = {k: (end[k] - self.start[k]) / TICK / seconds for k in end if k != "total"}
-        ours = sum(v for k, v in used.items() if k != "machine")
+        ours = sum(v for k, v in used.items() if k not in ("machine", "steal"))
         used["others"] = max(0.0, used["machine"] - ours)
         self.cores = {k: round(v, 2) for k, v in used.items()}
 
@@ -569,7 +572,7 @@ def machine() -> dict[str, Any]:
 def table(results: dict[str, Any], plan: Plan) -> str:
     rows = ["| phase | requests | req/s | p50 ms | p95 ms | p99 ms | max ms | not OK |"
             " server-side mean ms (≤ 25 ms) | API CPU ms/req |"
-            " CPU cores: API / worker / PG / generator / others |",
+            " CPU cores: API / worker / PG / generator / others / stolen |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     labels = {"confirm_busy": f"confirm, open loop {plan.rate:g}/s, worker busy",
               "confirm_idle": f"confirm, open loop {plan.rate:g}/s, worker stopped"}
@@ -585,7 +588,8 @@ def table(results: dict[str, Any], plan: Plan) -> str:
                     f"{r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['max_ms']:.1f} | "
                     f"{r['unexpected']} | {server} | {r['api_cpu_ms_per_request']:.2f} | "
                     f"{cpu['api']:.2f} / {cpu['worker']:.2f} / {cpu['postgres']:.2f} / "
-                    f"{cpu['generator']:.2f} / {cpu['others']:.2f} |")
+                    f"{cpu['generator']:.2f} / {cpu['others']:.2f} / "
+                    f"{cpu.get('steal', 0):.2f} |")
     return "\n".join(rows)
 
 

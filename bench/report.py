@@ -809,9 +809,11 @@ def api_section(src: Source) -> tuple[list[str], list[Target]]:
         rows.append([what, num(r.get("requests")), num(r.get("rps"), ",.1f"),
                      num(r.get("p50_ms"), ".1f"), num(r.get("p95_ms"), ".1f"),
                      num(r.get("p99_ms"), ".1f"), num(r.get("max_ms"), ".1f"),
-                     num(r.get("unexpected")), num(cpu.get("api"), ".2f")])
+                     num(r.get("unexpected")), num(cpu.get("api"), ".2f"),
+                     num(r.get("api_cpu_ms_per_request"), ".2f"), num(cpu.get("steal"), ".2f")])
     lines += table(["phase", "requests", "req/s", "p50 ms", "p95 ms", "p99 ms", "max ms",
-                    "unexpected", "API CPU cores"], rows)
+                    "unexpected", "API CPU cores", "API CPU ms/request",
+                    "cores stolen by the hypervisor"], rows)
     targets = []
     busy, idle = res.get("confirm_busy") or {}, res.get("confirm_idle") or {}
     if busy.get("p99_ms") is not None:

@@ -122,8 +122,11 @@ async def _card_row(request: Request, raw_id: str, owner: str) -> dict[str, Any]
 async def _head_or_none(request: Request, file_id: uuid.UUID, version: str) -> ObjectInfo | None:
     """The original's named version, or None when the store cannot say so right now."""
     store = _store(request)
+    key = original_key(file_id)
     try:
-        return await to_thread.run_sync(lambda: store.head(original_key(file_id), version))
+        if store.inline_head:
+            return store.head(key, version)
+        return await to_thread.run_sync(lambda: store.head(key, version))
     except (ObjectMissing, StorageUnavailable):
         return None
 

@@ -62,6 +62,10 @@ class ObjectStore(Protocol):
     configured, `ValueError` for a malformed key or content type (a programming error).
     """
 
+    # True when `head` answers from local metadata (a stat and a tiny read) in
+    # microseconds, so an event loop may call it directly instead of via a thread.
+    inline_head: bool
+
     def put(self, key: str, body: Body, *, content_type: str = "application/octet-stream") -> str:
         """Store a new immutable version of `key` and return its version id."""
         ...

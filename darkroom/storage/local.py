@@ -97,6 +97,8 @@ def _write_body(body: Body, out: BinaryIO) -> int:
 class LocalStore:
     """A directory of versioned objects (`file:///abs/dir`)."""
 
+    inline_head = True
+
     def __init__(self, root: Path) -> None:
         root = Path(root)
         if not root.is_absolute():

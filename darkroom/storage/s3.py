@@ -152,6 +152,8 @@ def _normalise_prefix(prefix: str) -> str:
 class S3Store:
     """Versioned objects in an S3 bucket, every key under `prefix`."""
 
+    inline_head = False  # a HEAD request over the network
+
     def __init__(
         self,
         bucket: str,

@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import threading
 import time
 import uuid
@@ -257,9 +258,10 @@ class LocalStore:
             raise ObjectMissing("object version not found")
         data, sidecar = paths
         try:
-            size = data.stat().st_size
-            if not data.is_file():
+            st = data.stat()
+            if not stat.S_ISREG(st.st_mode):
                 raise ObjectMissing("object version not found")
+            size = st.st_size
         except (FileNotFoundError, NotADirectoryError) as exc:
             raise ObjectMissing("object version not found") from exc
         except OSError as exc:

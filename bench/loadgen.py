@@ -64,13 +64,19 @@ class LoadClient:
 
     async def request(self, method: str, path: str, body: bytes | None = None) -> Response:
         async with self._slots:
-            if self._idle:
-                reader, writer = self._idle.pop()
-            else:
-                reader, writer = await asyncio.open_connection(self.host, self.port)
+            reader, writer, reused = await self._connection()
             try:
                 async with asyncio.timeout(TIMEOUT_S):
-                    response = await self._exchange(reader, writer, method, path, body)
+                    try:
+                        response = await self._exchange(reader, writer, method, path, body)
+                    except asyncio.IncompleteReadError as exc:
+                        # The server closed a kept-alive connection as we reused it (its
+                        # idle timeout): nothing was answered, so send again on a new one.
+                        if not reused or exc.partial:
+                            raise
+                        writer.close()
+                        reader, writer = await asyncio.open_connection(self.host, self.port)
+                        response = await self._exchange(reader, writer, method, path, body)
             except BaseException:
                 writer.close()
                 raise
@@ -79,6 +85,15 @@ class LoadClient:
             else:
                 self._idle.append((reader, writer))
             return response
+
+    async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
+        while self._idle:
+            reader, writer = self._idle.pop()
+            if not reader.at_eof() and not writer.is_closing():
+                return reader, writer, True
+            writer.close()  # closed by the server while idle
+        reader, writer = await asyncio.open_connection(self.host, self.port)
+        return reader, writer, False
 
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                         method: str, path: str, body: bytes | None) -> Response:

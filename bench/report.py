@@ -14,7 +14,8 @@
    `<!-- report:NAME:start -->` and `<!-- report:NAME:end -->` is rewritten; everything else
    (the hand-written analysis under each section) is kept as it is. A `## ... (bench/NAME.py)`
    section without markers gets its block inserted under its heading; a benchmark with no
-   section gets one appended.
+   section gets one appended. A benchmark whose JSON this checkout does not have (bench/out/
+   is not in git) keeps its block, its plots and its intro row exactly as published.
 
 Run records (command, start, duration, exit code) go to bench/out/report.json so that a
 later `--from-json` still names the exact command and date of each figure.
@@ -1052,12 +1053,22 @@ def splice(doc: str, name: str, heading: str, body: str) -> str:
     return doc.rstrip("\n") + f"\n\n## {heading}\n\n{body}\n"
 
 
-def intro(sources: dict[str, Source], targets: dict[str, list[Target]], mode: str) -> list[str]:
+def intro(sources: dict[str, Source], targets: dict[str, list[Target]], mode: str,
+          kept: set[str]) -> list[str]:
+    doc = DOC.read_text(encoding="utf-8") if DOC.exists() else ""
     rows = []
     for b in BENCHES:
         s = sources[b.name]
         ts = targets.get(b.name) or []
         met = f"{sum(t.met for t in ts)} of {len(ts)}" if ts else "–"
+        old = re.search(rf"^\| `bench/{b.name}\.py` \| (.*) \| (.*) \|$", doc, re.M)
+        if b.name in kept and old:
+            # Its block was kept as it was: so are its date and count of targets met.
+            status = old.group(1)
+            if not status.startswith("kept"):
+                status = f"kept as published ({status})"
+            rows.append([f"`bench/{b.name}.py`", status, old.group(2)])
+            continue
         rows.append([f"`bench/{b.name}.py`", s.status, met])
     return ["", "Regenerate everything (reruns each benchmark in turn, then redraws the plots "
             "and the marked blocks of this file; `--from-json` only redraws, `--skip NAME` "
@@ -1131,6 +1142,7 @@ def main() -> int:
                                   b.name in args.skip, pg_now) for b in BENCHES}
     blocks: dict[str, str] = {}
     all_targets: dict[str, list[Target]] = {}
+    kept: set[str] = set()
     failed = False
     for b in BENCHES:
         src = sources[b.name]
@@ -1146,16 +1158,26 @@ def main() -> int:
                             f"(shape changed?): {traceback.format_exc().splitlines()[-1]}")
                 src.status += "; NOT RENDERED"
         all_targets[b.name] = targets
+        doc = DOC.read_text(encoding="utf-8") if DOC.exists() else ""
+        if src.data is None and b.name not in this_run and START.format(b.name) in doc:
+            # bench/out/ is not in git: a checkout that did not run this benchmark keeps
+            # the figures the document already has instead of erasing them.
+            kept.add(b.name)
+            continue
         # A benchmark with no JSON and no section of its own gets only its intro row.
-        has_section = re.search(rf"\(bench/{b.name}\.py\)", DOC.read_text(encoding="utf-8")
-                                if DOC.exists() else "")
+        has_section = re.search(rf"\(bench/{b.name}\.py\)", doc)
         if src.data is not None or has_section:
             blocks[b.name] = block(b.name, section_body(src, lines, targets))
     # The figures that combine several benchmarks' JSON, each on its own: one that fails
     # must not cost the others.
-    for draw in (lambda: images_plot(sources["derive"], sources["worker"]),
-                 lambda: latency_plot(sources["api"], sources["worker"], sources["queue"]),
-                 lambda: soak_plot(sources["soak"])):
+    for needs, draw in ((("derive", "worker"),
+                         lambda: images_plot(sources["derive"], sources["worker"])),
+                        (("api", "worker", "queue"),
+                         lambda: latency_plot(sources["api"], sources["worker"],
+                                              sources["queue"])),
+                        (("soak",), lambda: soak_plot(sources["soak"]))):
+        if kept.intersection(needs):
+            continue  # drawn from figures this checkout does not have: keep the old plot
         try:
             draw()
         except Exception:
@@ -1163,7 +1185,7 @@ def main() -> int:
             failed = True
     mode = ("from existing JSON (`--from-json`)" if args.from_json else
             "quick sizes (`--quick`)" if args.quick else "full run")
-    blocks = {"intro": block("intro", intro(sources, all_targets, mode)), **blocks}
+    blocks = {"intro": block("intro", intro(sources, all_targets, mode, kept)), **blocks}
     write_doc(blocks)
     print(f"\nwrote {DOC.relative_to(ROOT)} and {IMG.relative_to(ROOT)}/*.png")
     for b in BENCHES:

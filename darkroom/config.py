@@ -39,12 +39,20 @@ class Settings(BaseSettings):
     # Time limit and address-space limit of one decode in its child process.
     derive_timeout_seconds: float = Field(60.0, gt=0, le=3_600)
     derive_memory_mb: int = Field(1_024, ge=64)
+    # Added to the decoder children's niceness. Derivation is throughput work; on a host
+    # it shares with the API, requests should not queue behind it. Alone on a machine a
+    # nice process runs as fast as any other, so the default costs nothing there.
+    derive_nice: int = Field(10, ge=0, le=19)
     # The sweeper leaves orphans and deleted files alone this long, so that a slow
     # reader of a presigned URL or an attempt finishing its PUT is not cut off.
     sweep_guard_seconds: float = Field(300.0, ge=0)
     sweep_interval_seconds: float = Field(30.0, gt=0)
     # Finished rows' events are kept this long (the card itself stays).
     event_retention_days: float = Field(7.0, gt=0)
+
+    # How long the API trusts a key it has looked up before looking it up again: a key
+    # revoked in the database stops working within this time. 0 looks up every request.
+    key_cache_seconds: float = Field(5.0, ge=0, le=3_600)
 
     api_url: str = "http://127.0.0.1:8000"
     api_key: str | None = None

@@ -95,6 +95,7 @@ class DecoderProcess:
         timeout: float,
         memory_mb: int,
         concurrency: int = 1,
+        nice: int = 0,
     ) -> None:
         if timeout <= 0:
             raise ValueError("timeout must be positive")
@@ -102,6 +103,7 @@ class DecoderProcess:
         self.timeout = timeout
         self.memory_mb = memory_mb
         self.concurrency = concurrency
+        self.nice = nice
         self._limits_json = json.dumps(dataclasses.asdict(limits)).encode()
         self._job_lock = threading.Lock()  # one request on the pipe at a time
         self._lock = threading.Lock()  # guards every field below
@@ -176,7 +178,7 @@ class DecoderProcess:
             p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p
         )
         return subprocess.Popen(
-            [sys.executable, "-m", "darkroom.sandbox", str(self.memory_mb)],
+            [sys.executable, "-m", "darkroom.sandbox", str(self.memory_mb), str(self.nice)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=None,  # inherited: a pipe nobody drains would eventually block it
@@ -327,9 +329,19 @@ class DecoderProcess:
 # -- the child -------------------------------------------------------------------------
 
 
-def _harden(memory_mb: int) -> None:
+def _harden(memory_mb: int, nice: int) -> None:
     import resource
 
+    # Decoding is throughput work: on a shared host the API's requests and the worker's
+    # own heartbeats (in the parent, at normal priority) get the CPU first.
+    if nice > 0:
+        level = min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+        os.setpriority(os.PRIO_PROCESS, 0, level)
+        # This child leads its own session, and with the kernel's autogroup scheduling a
+        # session shares the CPU with the others as a whole, whatever its processes'
+        # niceness: the group's own nice is what counts against the API's.
+        with contextlib.suppress(OSError):
+            Path("/proc/self/autogroup").write_text(str(level), encoding="ascii")
     limit = memory_mb * 1024 * 1024
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard != resource.RLIM_INFINITY:
@@ -366,8 +378,8 @@ def _respond(out: BinaryIO, meta: dict[str, Any], payload: bytes = b"") -> None:
     out.flush()
 
 
-def _child_main(memory_mb: int) -> int:
-    _harden(memory_mb)
+def _child_main(memory_mb: int, nice: int = 0) -> int:
+    _harden(memory_mb, nice)
     # The protocol owns fd 1. Anything else that writes to stdout (a stray print, a
     # library message) is sent to stderr instead of corrupting a frame.
     out = os.fdopen(os.dup(1), "wb")
@@ -423,4 +435,4 @@ def _child_main(memory_mb: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_child_main(int(sys.argv[1])))
+    sys.exit(_child_main(int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 0))

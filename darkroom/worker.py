@@ -88,7 +88,7 @@ class Worker:
         limits = Limits.from_settings(settings)
         self.idle_decoders = [
             DecoderProcess(limits, timeout=settings.derive_timeout_seconds,
-                           memory_mb=settings.derive_memory_mb)
+                           memory_mb=settings.derive_memory_mb, nice=settings.derive_nice)
             for _ in range(concurrency)
         ]
         self.jobs: dict[uuid.UUID, Job] = {}

@@ -19,6 +19,7 @@ from fastapi.staticfiles import StaticFiles
 
 from darkroom import logs
 from darkroom.api import problems
+from darkroom.api.auth import KeyCache
 from darkroom.api.metrics import MetricsMiddleware, RequestMetrics
 from darkroom.api.routes import router
 from darkroom.api.schemas import ProblemDoc
@@ -70,6 +71,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.metrics = RequestMetrics()
+    app.state.key_cache = KeyCache(settings.key_cache_seconds)
     problems.install(app)
     app.include_router(router)
 

@@ -320,3 +320,17 @@ def test_child_exits_when_the_worker_dies_mid_job(hang_fifo: Path) -> None:
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_the_child_runs_at_the_niceness_it_was_given() -> None:
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024, nice=5) as proc:
+        proc.start()
+        pid = proc.pid
+        assert pid is not None
+        # The child renices itself first thing; it cannot answer a job before that.
+        proc.derive(DUNE)
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, base + 5)
+        autogroup = Path(f"/proc/{pid}/autogroup")
+        if autogroup.exists():  # kernels with autogroup scheduling: the session's share
+            assert autogroup.read_text().split()[-1] == str(min(19, base + 5))

@@ -25,7 +25,7 @@ test: install
 
 # The tests that talk to PostgreSQL; .ci/run repeats them against a second server.
 test-db: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/queue tests/worker tests/api
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/db tests/queue tests/worker tests/api
 
 lint: install
 	$(BIN)/ruff check darkroom tests bench

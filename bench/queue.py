@@ -997,7 +997,8 @@ def main() -> None:
         started = time.time()
         result: dict[str, Any] = {"machine": machine(), "postgres": server.describe(),
                                   "server": where, "plan": asdict(plan),
-                                  "command": " ".join([".venv/bin/python", *sys.argv])}
+                                  "command": " ".join([".venv/bin/python", "-m", "bench.queue",
+                                                       *sys.argv[1:]])}
         log(f"PostgreSQL {result['postgres']['server_version']} ({where}); "
             f"{result['machine']['nproc']} CPUs: {result['machine']['cpu']}")
         # Every part below needs darkroom's and the seed's databases to exist.

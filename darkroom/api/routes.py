@@ -119,16 +119,17 @@ async def _card_row(request: Request, raw_id: str, owner: str) -> dict[str, Any]
     return row
 
 
-async def _head_or_none(request: Request, file_id: uuid.UUID, version: str) -> ObjectInfo | None:
-    """The original's named version, or None when the store cannot say so right now."""
+async def _head(request: Request, file_id: uuid.UUID, version: str) -> ObjectInfo:
+    """The named version of a card's original (its key is derived from the card's id)."""
     store = _store(request)
     key = original_key(file_id)
-    try:
-        if store.inline_head:
-            return store.head(key, version)
-        return await to_thread.run_sync(lambda: store.head(key, version))
-    except (ObjectMissing, StorageUnavailable):
-        return None
+    if store.inline_head:
+        return store.head(key, version)
+    return await to_thread.run_sync(lambda: store.head(key, version))
+
+
+def _conflict() -> Problem:
+    return Problem(409, "conflict", "The file was already confirmed with another version.")
 
 
 def _too_large(limit: int) -> Problem:
@@ -238,43 +239,37 @@ async def confirm(file_id: FileId, body: Confirm, who: Caller, request: Request)
     fid = _file_id(file_id)
     queue = _queue(request)
     limit = _settings(request).max_upload_bytes
-    # The common case in two steps, without reading the card first: the named version
-    # exists and fits, then one statement moves the card (checking owner and status) and
-    # answers it. Anything else is decided below from the card, as before.
-    info = await _head_or_none(request, fid, body.version)
-    if info is not None and info.size <= limit:
-        outcome, fresh = await queue.confirm_card(fid, who.owner, body.version)
-        if outcome is ConfirmOutcome.QUEUED and fresh is not None:
-            return _card_json(card_from_row(fresh), 202, {"Location": f"/v1/files/{fid}"})
-        if outcome is ConfirmOutcome.NOT_FOUND:
-            raise not_found()
-        if outcome is ConfirmOutcome.CONFLICT:
-            raise Problem(409, "conflict",
-                          "The file was already confirmed with another version.")
-    row = await _card_row(request, file_id, who.owner)
-    location = {"Location": f"/v1/files/{row['id']}"}
-    if row["status"] != "pending":
+    location = {"Location": f"/v1/files/{fid}"}
+    # The common case takes two steps and never reads the card first: the named version
+    # exists and fits, then one statement checks owner and status, moves the card and
+    # answers it.
+    try:
+        info: ObjectInfo | None = await _head(request, fid, body.version)
+    except (ObjectMissing, StorageUnavailable):
+        info = None
+    if info is None or info.size > limit:
         # Decided from the card: a repeat stays idempotent even if the original has since
         # gone (the worker will report that as original_missing) or the store is down.
-        if row["original_version"] == body.version:
-            return _card_json(card_from_row(row), 202, location)
-        raise Problem(409, "conflict", "The file was already confirmed with another version.")
-    try:
-        info = await to_thread.run_sync(
-            lambda: _store(request).head(row["original_key"], body.version)
-        )
-    except ObjectMissing:
-        raise invalid_field("version", "no such version", slug="version_not_found",
-                            detail="No upload with this version exists.") from None
-    if info.size > limit:
-        raise _too_large(limit)
-    outcome, fresh = await queue.confirm_card(row["id"], who.owner, body.version)
+        row = await _card_row(request, file_id, who.owner)
+        if row["status"] != "pending":
+            if row["original_version"] == body.version:
+                return _card_json(card_from_row(row), 202, location)
+            raise _conflict()
+        if info is None:
+            try:  # again, for the precise answer: 422 for a missing version, 503 for an outage
+                info = await _head(request, fid, body.version)
+            except ObjectMissing:
+                raise invalid_field("version", "no such version", slug="version_not_found",
+                                    detail="No upload with this version exists.") from None
+        if info.size > limit:
+            raise _too_large(limit)
+    outcome, fresh = await queue.confirm_card(fid, who.owner, body.version)
     if outcome is ConfirmOutcome.NOT_FOUND:
         raise not_found()
     if outcome is ConfirmOutcome.CONFLICT:
-        raise Problem(409, "conflict", "The file was already confirmed with another version.")
-    if fresh is None:  # a concurrent identical confirm won the race: read its result
-        fresh = await queue.get_file(row["id"], who.owner)
+        raise _conflict()
+    if fresh is None:  # confirmed before with this version (maybe concurrently): as it is now
+        fresh = await queue.get_file(fid, who.owner)
         if fresh is None:  # deleted in between
             raise not_found()
     return _card_json(card_from_row(fresh), 202, location)

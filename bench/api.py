@@ -55,6 +55,7 @@ import httpx
 import psycopg
 import pyvips
 
+from bench.cpu import TICK, machine_ticks
 from bench.loadgen import ERRORS as LOAD_ERRORS
 from bench.loadgen import LoadClient
 from darkroom.db import embedded
@@ -71,7 +72,6 @@ BACKLOG_OWNER = "backlog"  # the photos that keep the worker busy; never touched
 CONFIRM_ROUTE = "/v1/files/{file_id}/confirm"
 GET_ROUTE = "/v1/files/{file_id}"
 TARGET_P99_MS = 25.0
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 # --- the system under test --------------------------------------------------------------
@@ -242,16 +242,6 @@ def _tree_ticks(pid: int | None) -> int:
     return 0 if pid is None else sum(_proc_ticks(p) for p in _tree(pid))
 
 
-def _machine_ticks() -> tuple[int, int, int]:
-    """(busy, stolen, total) jiffies of all cores since boot."""
-    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = values[3] + values[4]  # idle + iowait
-    # Steal: time the hypervisor ran someone else on these vCPUs. It is not ours to spend,
-    # so it is counted apart, not as "others".
-    steal = values[7] if len(values) > 7 else 0
-    return sum(values) - idle - steal, steal, sum(values)
-
-
 @dataclass
 class CpuWatch:
     """CPU shares (in cores) over a phase, split by who used them. Processes that exit
@@ -264,7 +254,7 @@ class CpuWatch:
     cores: dict[str, float] = field(default_factory=dict)
 
     def _sample(self) -> dict[str, int]:
-        busy, steal, total = _machine_ticks()
+        busy, steal, total = machine_ticks()
         sample = {name: _tree_ticks(pid) for name, pid in self.pids.items()}
         sample["generator"] = _proc_ticks(os.getpid())
         sample["machine"], sample["steal"], sample["total"] = busy, steal, total

@@ -43,6 +43,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg.rows import dict_row
 
+from bench.cpu import TICK, machine_ticks
 from darkroom.db.connection import open_pool
 from darkroom.db.migrations import migrate
 from darkroom.db.queries import QUERIES
@@ -144,20 +145,15 @@ def _worker_entry(target: Callable[..., Any], barrier: Any, results: Any,
 
 @dataclass(frozen=True)
 class CpuWindow:
-    """Machine-wide CPU between two instants, from /proc/stat (zero where it is missing)."""
+    """Machine-wide CPU between two instants (bench/cpu.py; zero where /proc is missing)."""
 
-    busy_s: float  # user + nice + system: every process here, PostgreSQL included
+    busy_s: float  # every process here, PostgreSQL included
     steal_s: float  # time the hypervisor gave this machine's CPUs to someone else
 
     @staticmethod
     def sample() -> "CpuWindow":
-        try:
-            with open("/proc/stat", encoding="ascii") as f:
-                fields = [int(x) for x in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return CpuWindow(0.0, 0.0)
-        tick = os.sysconf("SC_CLK_TCK")
-        return CpuWindow(sum(fields[:3]) / tick, (fields[7] if len(fields) > 7 else 0) / tick)
+        busy, steal, _ = machine_ticks()
+        return CpuWindow(busy / TICK, steal / TICK)
 
     def __sub__(self, other: "CpuWindow") -> "CpuWindow":
         return CpuWindow(self.busy_s - other.busy_s, self.steal_s - other.steal_s)

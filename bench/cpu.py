@@ -1,0 +1,26 @@
+"""Machine-wide CPU time from /proc/stat, for benchmarks on a shared machine."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def machine_ticks() -> tuple[int, int, int]:
+    """(busy, stolen, total) jiffies of all cores since boot; zeros without /proc.
+
+    Busy is every state but idle, iowait and steal. Steal is time the hypervisor ran
+    another guest on these vCPUs: not ours to spend, so it is counted apart.
+    """
+    try:
+        line = Path("/proc/stat").read_text(encoding="ascii").split("\n", 1)[0]
+        # user nice system idle iowait irq softirq steal (guest time is inside user)
+        values = [int(v) for v in line.split()[1:9]]
+    except (OSError, ValueError):
+        return 0, 0, 0
+    idle = values[3] + values[4]
+    steal = values[7] if len(values) > 7 else 0
+    total = sum(values)
+    return total - idle - steal, steal, total

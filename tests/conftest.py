@@ -15,8 +15,12 @@ CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
 
 
 @pytest.fixture(scope="session")
-def postgres(tmp_path_factory: pytest.TempPathFactory) -> TestPostgres:
-    return TestPostgres.start(tmp_path_factory.mktemp("pg"))
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestPostgres]:
+    server = TestPostgres.start(tmp_path_factory.mktemp("pg"))
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

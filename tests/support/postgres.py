@@ -7,6 +7,7 @@ another's rows or depend on another's order.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tempfile
 import uuid
@@ -44,11 +45,25 @@ class TestPostgres:
     def restart(self) -> None:
         """Restart the server under its clients (fast shutdown: every session is cut)."""
         assert self.pgdata is not None, "only the embedded server can be restarted"
+        self._pg_ctl("restart")
+
+    def stop(self) -> None:
+        """Stop our own server and delete its files; an external server is left alone.
+
+        Explicitly, at the end of the session: pgserver's own clean-up at exit misses a
+        server that `restart` has given a new postmaster, and it would outlive the tests.
+        """
+        if self.pgdata is None:
+            return
+        self._pg_ctl("stop", check=False)
+        shutil.rmtree(self.pgdata.parent, ignore_errors=True)
+
+    def _pg_ctl(self, action: str, *, check: bool = True) -> None:
         from pgserver._commands import POSTGRES_BIN_PATH
 
         user = "pgserver" if os.geteuid() == 0 else None
         subprocess.run([str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.pgdata), "-w",
-                        "-m", "fast", "restart"], check=True, user=user, timeout=60,
+                        "-m", "fast", action], check=check, user=user, timeout=60,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def url_for(self, dbname: str) -> str:

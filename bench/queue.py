@@ -81,7 +81,7 @@ class Plan:
     quick: bool = False
 
 
-FULL = Plan(jobs=20_000, slow_jobs=4_000, repeats=3, finished_rows=1_000_000,
+FULL = Plan(jobs=20_000, slow_jobs=4_000, repeats=5, finished_rows=1_000_000,
             queued_rows=20_000, claims=300, latency_seconds=10.0, backlog_rows=200_000)
 # Spawning 16 workers costs seconds on 2 cores; the smoke test stops at 4.
 QUICK = Plan(jobs=2_000, slow_jobs=300, repeats=1, finished_rows=100_000,

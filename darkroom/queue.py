@@ -23,6 +23,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from darkroom.db.queries import QUERIES
@@ -131,6 +132,14 @@ class Queue:
             cur = await conn.execute(QUERIES[name], params, prepare=True)
             return list(await cur.fetchall()) if cur.description else []
 
+    async def _tuples(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """`_rows` as plain tuples, for the hot path: no dict per row."""
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=tuple_row)
+            await cur.execute(QUERIES[name], params, prepare=True)
+            rows: list[tuple[Any, ...]] = await cur.fetchall()
+            return rows
+
     # --- cards -----------------------------------------------------------------------
 
     async def create_file(
@@ -178,6 +187,10 @@ class Queue:
             "after_id": after[1] if after else None,
         })
 
+    async def events(self, file_id: uuid.UUID) -> list[dict[str, Any]]:
+        """The file's history, oldest first (while its card exists; see file_events)."""
+        return await self._rows("file_events", {"id": file_id})
+
     async def revoke(self, file_id: uuid.UUID, owner: str) -> bool:
         """Any state -> deleting; the lease (if any) is revoked so nothing can publish."""
         return bool(await self._rows("revoke", {"id": file_id, "owner": owner}))
@@ -192,19 +205,12 @@ class Queue:
         """
         if n <= 0:
             return []
-        rows = await self._rows("claim", {
+        rows = await self._tuples("claim", {
             "n": n, "max_attempts": self.max_attempts,
             "lease_seconds": self.lease_seconds, "worker": self.worker,
         })
-        return [
-            Lease(
-                file_id=r["id"], token=r["lease_token"], attempt=r["attempts"],
-                lease_until=r["lease_until"], owner=r["owner"],
-                original_key=r["original_key"], original_version=r["original_version"],
-            )
-            for r in rows
-            if r["status"] == "processing"
-        ]
+        # Each row is a Lease's fields in order, then the status (see the claim's SELECT).
+        return [Lease(*r[:-1]) for r in rows if r[-1] == "processing"]
 
     async def heartbeat(self, leases: Sequence[Lease]) -> set[uuid.UUID]:
         """Extend every lease by `lease_seconds`; answers the file ids whose lease is lost."""

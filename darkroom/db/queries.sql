@@ -50,7 +50,11 @@ WITH expired AS (
     SET status       = CASE WHEN f.attempts >= %(max_attempts)s THEN 'rejected' ELSE 'processing' END,
         error_code   = CASE WHEN f.attempts >= %(max_attempts)s THEN 'attempts_exhausted' END,
         attempts     = CASE WHEN f.attempts >= %(max_attempts)s THEN f.attempts ELSE f.attempts + 1 END,
-        lease_token  = CASE WHEN f.attempts >= %(max_attempts)s THEN NULL ELSE gen_random_uuid() END,
+        -- One strong random draw per claim, not per row: a token is the draw hashed with
+        -- the card's id, so it is as unguessable and as unique (per row and per claim).
+        -- The embedded server reads /dev/urandom for every gen_random_uuid().
+        lease_token  = CASE WHEN f.attempts >= %(max_attempts)s THEN NULL
+                            ELSE md5((SELECT gen_random_uuid()::text) || f.id::text)::uuid END,
         lease_until  = CASE WHEN f.attempts >= %(max_attempts)s THEN NULL
                             ELSE now() + make_interval(secs => %(lease_seconds)s::float8) END,
         lease_owner  = %(worker)s,
@@ -67,7 +71,8 @@ WITH expired AS (
            attempts, lease_token, %(worker)s, error_code
     FROM claimed
 )
-SELECT id, owner, status, attempts, lease_token, lease_until, original_key, original_version
+-- The columns of a Lease, in its order, then the status.
+SELECT id, lease_token, attempts, lease_until, owner, original_key, original_version, status
 FROM claimed;
 
 -- name: heartbeat
@@ -218,13 +223,42 @@ SELECT * FROM archive_files WHERE id = %(id)s AND owner = %(owner)s AND status <
 
 -- name: list_files
 -- Newest first; the cursor is the (created_at, id) of the last card of the previous page.
-SELECT * FROM archive_files
-WHERE owner = %(owner)s AND status <> 'deleting'
-  AND (%(status)s::text IS NULL OR status = %(status)s::text)
-  AND (%(after_created)s::timestamptz IS NULL
-       OR (created_at, id) < (%(after_created)s::timestamptz, %(after_id)s::uuid))
+-- Processing cards are not in the owner index (see migration 0004): they come from the
+-- index of live leases, which holds no more rows than there are worker slots.
+WITH page AS (
+    (SELECT * FROM archive_files
+     WHERE owner = %(owner)s AND status NOT IN ('deleting', 'processing')
+       AND %(status)s::text IS DISTINCT FROM 'processing'
+       AND (%(status)s::text IS NULL OR status = %(status)s::text)
+       AND (%(after_created)s::timestamptz IS NULL
+            OR (created_at, id) < (%(after_created)s::timestamptz, %(after_id)s::uuid))
+     ORDER BY created_at DESC, id DESC
+     LIMIT %(limit)s)
+    UNION ALL
+    (SELECT * FROM archive_files
+     WHERE status = 'processing' AND owner = %(owner)s
+       AND (%(status)s::text IS NULL OR %(status)s::text = 'processing')
+       AND (%(after_created)s::timestamptz IS NULL
+            OR (created_at, id) < (%(after_created)s::timestamptz, %(after_id)s::uuid)))
+)
+SELECT * FROM page
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
+
+-- name: file_events
+-- A file's history, oldest first. The routine events (claimed, ready) have no index by
+-- file: they are read through the BRIN time index within the card's lifetime, since each
+-- is written with the card's updated_at. After a purge only the indexed kinds remain
+-- findable this way (the rest until retention only by a scan).
+SELECT * FROM archive_events
+WHERE file_id = %(id)s AND kind NOT IN ('claimed', 'ready')
+UNION ALL
+SELECT e.* FROM archive_files f
+JOIN archive_events e
+  ON e.file_id = f.id AND e.kind IN ('claimed', 'ready')
+ AND e.created_at >= f.created_at AND e.created_at <= f.updated_at
+WHERE f.id = %(id)s
+ORDER BY id;
 
 -- name: stats
 SELECT

@@ -224,3 +224,53 @@ async def test_stats_of_an_empty_queue(pool: Any) -> None:
     assert stats["rejected_share_24h"] is None
     assert set(stats["counts"]) == {"pending", "queued", "processing", "ready", "rejected",
                                     "deleting"}
+
+
+async def test_tokens_are_unique_per_row_and_per_claim(pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    await new_queued(q, 40)
+    leases = await q.claim(40)
+    assert len({lease.token for lease in leases}) == 40
+    expire(db_url, leases[0].file_id)
+    [again] = await q.claim(1)
+    assert again.file_id == leases[0].file_id
+    assert again.token not in {lease.token for lease in leases}
+
+
+async def test_file_events_reads_the_whole_history(pool: Any, db_url: str) -> None:
+    # Routine events are found by time, the rare ones by their index: together, every
+    # event of the file and none of another's, in order.
+    q = make_queue(pool, retry_base_seconds=0.0)
+    [fid, other] = await new_queued(q, 2)
+    first = {lease.file_id: lease for lease in await q.claim(2)}
+    assert await q.fail(first[fid], ErrorCode.STORAGE_UNAVAILABLE) == "queued"
+    await q.complete(first[other], derived_for(first[other]))
+    [second] = await q.claim(1)
+    await q.complete(second, derived_for(second))
+    with pytest.raises(LeaseLost):
+        await q.complete(first[fid], derived_for(first[fid]))
+    history = await q.events(fid)
+    assert [e["kind"] for e in history] == events(db_url, fid) == [
+        "claimed", "retry_scheduled", "claimed", "ready", "lease_lost"]
+    assert {e["file_id"] for e in history} == {fid}
+
+
+async def test_listing_includes_processing_cards_in_order(pool: Any) -> None:
+    # Processing cards are listed from the index of live leases, the rest from the owner's.
+    q = make_queue(pool)
+    ids = await new_queued(q, 6)
+    await new_queued(q, 2, owner="bob")
+    leases = await q.claim(3)  # alice's first three, confirmed before bob's
+    assert {lease.owner for lease in leases} == {"alice"}
+    await q.complete(leases[0], derived_for(leases[0]))
+    newest_first = list(reversed(ids))
+    assert [r["id"] for r in await q.list_files("alice")] == newest_first
+    pages: list[uuid.UUID] = []
+    after = None
+    while rows := await q.list_files("alice", limit=2, after=after):
+        pages += [r["id"] for r in rows]
+        after = (rows[-1]["created_at"], rows[-1]["id"])
+    assert pages == newest_first
+    processing = {lease.file_id for lease in leases[1:]}
+    assert {r["id"] for r in await q.list_files("alice", status="processing")} == processing
+    assert [r["id"] for r in await q.list_files("alice", status="ready")] == [leases[0].file_id]

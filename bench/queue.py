@@ -55,6 +55,9 @@ WORKER_COUNTS = (1, 4, 16)
 # once per 100 jobs, and the claim's per-row work still dominates (measured: 32 -> ~7k,
 # 100 -> ~10k jobs/s for one worker).
 DARKROOM_BATCH = 100
+# Batches one worker process has in flight: 1 waits on each round trip; 2 overlaps one
+# batch's round trips with the other's, as a worker's slots do.
+DARKROOM_INFLIGHT = (1, 2)
 # PgQueuer's batch_size is its main throughput knob (default 10); the best one is
 # whichever wins in this run, so several are tried.
 PGQUEUER_BATCHES = (10, 100)
@@ -213,25 +216,33 @@ def darkroom_seed_jobs(url: str, n: int) -> None:
         conn.execute("VACUUM ANALYZE archive_files")
 
 
-async def _darkroom_drain(barrier: Any, url: str, batch: int, name: str) -> tuple[int, float]:
-    pool = await open_pool(url, min_size=1, max_size=1, name=name)
+async def _darkroom_drain(barrier: Any, url: str, batch: int, name: str,
+                          inflight: int) -> tuple[int, float]:
+    pool = await open_pool(url, min_size=inflight, max_size=inflight, name=name)
     queue = _queue(pool, name)
     done = 0
-    try:
-        barrier.wait()
+
+    async def loop() -> None:
+        nonlocal done
         while leases := await queue.claim(batch):
             lost = await queue.complete_many([(lease, noop_result(lease)) for lease in leases])
             if lost:
                 raise RuntimeError(f"{len(lost)} leases lost in a no-op run")
             done += len(leases)
+
+    try:
+        barrier.wait()
+        await asyncio.gather(*(loop() for _ in range(inflight)))
         return done, time.time()
     finally:
         await pool.close()
 
 
-def darkroom_drain(barrier: Any, url: str, batch: int, name: str) -> tuple[int, float]:
-    """One darkroom worker: claim a batch, complete it with per-row fencing, until empty."""
-    return asyncio.run(_darkroom_drain(barrier, url, batch, name))
+def darkroom_drain(barrier: Any, url: str, batch: int, name: str,
+                   inflight: int = 1) -> tuple[int, float]:
+    """One darkroom worker process: `inflight` batches at a time (as a worker's slots
+    claim side by side), each claimed, then completed with per-row fencing, until empty."""
+    return asyncio.run(_darkroom_drain(barrier, url, batch, name, inflight))
 
 
 def darkroom_done(url: str) -> int:
@@ -482,9 +493,11 @@ class Adapter:
 
 
 def adapters(quick: bool = False) -> list[Adapter]:
-    out = [Adapter("darkroom", f"batch {DARKROOM_BATCH}, complete_many", "bench_darkroom",
-                   darkroom_seed_jobs, darkroom_drain,
-                   lambda url, i: (url, DARKROOM_BATCH, f"w{i}"), darkroom_done)]
+    out = [Adapter("darkroom", f"batch {DARKROOM_BATCH}, {k} in flight, complete_many",
+                   "bench_darkroom", darkroom_seed_jobs, darkroom_drain,
+                   lambda url, i, k=k: (url, DARKROOM_BATCH, f"w{i}", k),  # type: ignore[misc]
+                   darkroom_done)
+           for k in DARKROOM_INFLIGHT]
     driver = "asyncpg" if _asyncpg_available() else "psycopg"
     out += [Adapter("pgqueuer", f"batch_size {b}, {driver}", "bench_pgqueuer",
                     pgqueuer_seed_jobs, pgqueuer_drain,
@@ -935,7 +948,10 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     tp = result.get("throughput") or []
     pq = [r for r in tp if r["system"] == "pgqueuer"]
     for system in ("darkroom",):
-        dr = {r["workers"]: r["median"] for r in tp if r["system"] == system}
+        dr: dict[int, float] = {}
+        for r in tp:  # the best of darkroom's configurations at each worker count
+            if r["system"] == system:
+                dr[r["workers"]] = max(dr.get(r["workers"], 0.0), r["median"])
         if not (dr and pq):
             continue
         best = max(pq, key=lambda r: r["median"])

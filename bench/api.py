@@ -77,6 +77,35 @@ TARGET_P99_MS = 25.0
 # --- the system under test --------------------------------------------------------------
 
 
+# A fresh interpreter with the API's modules loaded and its app built, as `darkroom api`
+# has them before its first request: the pause of one full collection (every request of
+# the process waits for it), before and after the start-up heap is frozen.
+_GC_PROBE = """
+import gc, json, time
+from darkroom.api.app import create_app
+from darkroom.config import load_settings
+app = create_app(load_settings(database_url="postgresql://unused/none"))
+def full_pass_ms():
+    times = []
+    for _ in range(5):
+        t = time.perf_counter(); gc.collect(); times.append((time.perf_counter() - t) * 1000)
+    return min(times)
+before, objects = full_pass_ms(), len(gc.get_objects())
+gc.freeze()
+print(json.dumps({"objects": objects, "unfrozen": before, "frozen": full_pass_ms()}))
+"""
+
+
+def gc_full_pass_ms() -> dict[str, float]:
+    """One full collection's pause in an API process, unfrozen and frozen (see create_app)."""
+    out = subprocess.run([sys.executable, "-c", _GC_PROBE], check=True, capture_output=True,
+                         text=True, cwd=ROOT, timeout=120)
+    figures: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"  a full collection in the API process: {figures['unfrozen']:.1f} ms over "
+        f"{figures['objects']:,.0f} objects, {figures['frozen']:.2f} ms once frozen", flush=True)
+    return figures
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -218,6 +247,20 @@ def backlog_counts(db_url: str) -> dict[str, int]:
 
 
 # --- observation -------------------------------------------------------------------------
+
+
+def postgres_activity(db_url: str) -> dict[str, int]:
+    """Counters of PostgreSQL's own background work, to tell its stalls from the API's:
+    a checkpoint's final fsyncs or a vacuum's writes can hold up every commit for a while."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        ckpt = conn.execute("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+                            if conn.info.server_version < 170000 else
+                            "SELECT num_timed + num_requested FROM pg_stat_checkpointer"
+                            ).fetchone()
+        vac = conn.execute("SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0)"
+                           " FROM pg_stat_all_tables").fetchone()
+    return {"checkpoints": int(ckpt[0]) if ckpt else 0,  # type: ignore[index]
+            "autovacuums": int(vac[0]) if vac else 0}  # type: ignore[index]
 
 
 def _proc_ticks(pid: int) -> int:
@@ -447,12 +490,17 @@ class Plan:
 
 async def measured(name: str, base_url: str, route: str, method: str,
                    pids: dict[str, int | None],
-                   run: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+                   run: Callable[[], Awaitable[dict[str, Any]]],
+                   db_url: str | None = None) -> dict[str, Any]:
     before = await asyncio.to_thread(server_histogram, base_url, route, method)
+    pg_before = await asyncio.to_thread(postgres_activity, db_url) if db_url else {}
     load = os.getloadavg()[0]
     with CpuWatch(pids) as cpu:
         result = await run()
     after = await asyncio.to_thread(server_histogram, base_url, route, method)
+    if db_url:
+        pg_after = await asyncio.to_thread(postgres_activity, db_url)
+        result["postgres_during_phase"] = {k: pg_after[k] - pg_before[k] for k in pg_after}
     result["server"] = server_side(before, after)
     result["cpu_cores"] = cpu.cores
     # CPU per request hardly depends on what the neighbours do, unlike latency: the
@@ -464,7 +512,7 @@ async def measured(name: str, base_url: str, route: str, method: str,
     print(f"  {name}: {result['requests']} req, {result['rps']} req/s, p50 {result['p50_ms']} "
           f"p99 {result['p99_ms']} max {result['max_ms']} ms, {result['statuses']}, "
           f"API CPU {result.get('api_cpu_ms_per_request')} ms/req, server {result['server']}, "
-          f"cpu {cpu.cores}", flush=True)
+          f"cpu {cpu.cores}, postgres {result.get('postgres_during_phase')}", flush=True)
     return result
 
 
@@ -506,7 +554,8 @@ async def run(system: System, plan: Plan) -> dict[str, Any]:
                 before = backlog_counts(system.db_url)
                 results["confirm_busy"] = await measured(
                     f"confirm @{plan.rate:g}/s, worker busy", system.base_url, CONFIRM_ROUTE,
-                    "POST", pids, lambda: open_loop(client, confirm, take(per_phase), plan.rate))
+                    "POST", pids, lambda: open_loop(client, confirm, take(per_phase), plan.rate),
+                    system.db_url)
                 after = backlog_counts(system.db_url)
                 # Proof that the worker was deriving throughout: photos finished during the
                 # phase, and photos still waiting at its end.
@@ -524,7 +573,8 @@ async def run(system: System, plan: Plan) -> dict[str, Any]:
             await open_loop(client, confirm, take(warm), plan.rate)
             results["confirm_idle"] = await measured(
                 f"confirm @{plan.rate:g}/s, worker stopped", system.base_url, CONFIRM_ROUTE,
-                "POST", pids, lambda: open_loop(client, confirm, take(per_phase), plan.rate))
+                "POST", pids, lambda: open_loop(client, confirm, take(per_phase), plan.rate),
+                system.db_url)
 
         # -- 2. the ceiling (worker stopped) ----------------------------------------------
         gets = [file_id for file_id, _ in cards[: 2 * (warm + per_phase)]]
@@ -625,6 +675,7 @@ def main() -> None:
         with asyncio.Runner(loop_factory=factory) as runner:
             results = runner.run(run(system, plan))
     info["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    gc_pause = gc_full_pass_ms()
     busy = results["confirm_busy"]
     targets = {
         "confirm_p99_under_25ms_busy": busy["p99_ms"] < TARGET_P99_MS and busy["unexpected"] == 0,
@@ -636,7 +687,8 @@ def main() -> None:
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
     (out / "api.json").write_text(json.dumps(
-        {"machine": info, "plan": vars(plan), "results": results, "targets": targets},
+        {"machine": info, "plan": vars(plan), "results": results,
+         "gc_full_pass_ms": gc_pause, "targets": targets},
         indent=2))
     print()
     print(table(results, plan))

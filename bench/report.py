@@ -823,6 +823,12 @@ def api_section(src: Source) -> tuple[list[str], list[Target]]:
     lines += table(["phase", "requests", "req/s", "p50 ms", "p95 ms", "p99 ms", "max ms",
                     "unexpected", "API CPU cores", "API CPU ms/request",
                     "cores stolen by the hypervisor"], rows)
+    gc_pause = d.get("gc_full_pass_ms")
+    if gc_pause:
+        lines += ["", f"One full garbage collection in the API process (every request waits "
+                  f"for it): {gc_pause['unfrozen']:.1f} ms over {gc_pause['objects']:,.0f} "
+                  f"start-up objects, {gc_pause['frozen']:.2f} ms once they are frozen, as "
+                  "`create_app` does."]
     targets = []
     busy, idle = res.get("confirm_busy") or {}, res.get("confirm_idle") or {}
     if busy.get("p99_ms") is not None:

@@ -192,3 +192,19 @@ def test_versions_cannot_reach_outside_the_key(tmp_path: Path) -> None:
             store.get("originals/k", version)
         store.delete("originals/k", version)
     assert (tmp_path / "secret").read_bytes() == b"secret"
+
+
+def test_head_writes_nothing_not_even_an_access_time(tmp_path: Path) -> None:
+    # The API HEADs on its event loop: a read that dirtied an inode could wait on the
+    # journal behind someone else's fsync.
+    store = LocalStore(tmp_path / "objects")
+    version = store.put("originals/x", b"bytes", content_type="image/png")
+    paths = store._version_paths("originals/x", version)
+    assert paths is not None
+    before = {p: os.stat(p) for p in paths}
+    for p, st in before.items():  # relatime would update an atime older than the mtime
+        os.utime(p, ns=(st.st_mtime_ns - 10**11, st.st_mtime_ns))
+    info = store.head("originals/x", version)
+    assert (info.size, info.content_type) == (5, "image/png")
+    for p, st in before.items():
+        assert os.stat(p).st_atime_ns == st.st_mtime_ns - 10**11

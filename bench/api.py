@@ -55,7 +55,7 @@ import httpx
 import psycopg
 import pyvips
 
-from bench.cpu import TICK, machine_ticks
+from bench.cpu import TICK, machine_ticks, process_ticks
 from bench.loadgen import ERRORS as LOAD_ERRORS
 from bench.loadgen import LoadClient
 from darkroom.db import embedded
@@ -259,17 +259,8 @@ def postgres_activity(db_url: str) -> dict[str, int]:
                             ).fetchone()
         vac = conn.execute("SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0)"
                            " FROM pg_stat_all_tables").fetchone()
-    return {"checkpoints": int(ckpt[0]) if ckpt else 0,  # type: ignore[index]
-            "autovacuums": int(vac[0]) if vac else 0}  # type: ignore[index]
-
-
-def _proc_ticks(pid: int) -> int:
-    try:
-        # Fields after the parenthesised command name; utime and stime are 14 and 15.
-        rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(rest[11]) + int(rest[12])
-    except (OSError, IndexError, ValueError):
-        return 0  # exited in between
+    return {"checkpoints": int(ckpt[0]) if ckpt else 0,
+            "autovacuums": int(vac[0]) if vac else 0}
 
 
 def _tree(pid: int) -> Iterator[int]:
@@ -282,7 +273,7 @@ def _tree(pid: int) -> Iterator[int]:
 
 
 def _tree_ticks(pid: int | None) -> int:
-    return 0 if pid is None else sum(_proc_ticks(p) for p in _tree(pid))
+    return 0 if pid is None else sum(process_ticks(p) for p in _tree(pid))
 
 
 @dataclass
@@ -299,7 +290,7 @@ class CpuWatch:
     def _sample(self) -> dict[str, int]:
         busy, steal, total = machine_ticks()
         sample = {name: _tree_ticks(pid) for name, pid in self.pids.items()}
-        sample["generator"] = _proc_ticks(os.getpid())
+        sample["generator"] = process_ticks(os.getpid())
         sample["machine"], sample["steal"], sample["total"] = busy, steal, total
         return sample
 

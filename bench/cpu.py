@@ -24,3 +24,13 @@ def machine_ticks() -> tuple[int, int, int]:
     steal = values[7] if len(values) > 7 else 0
     total = sum(values)
     return total - idle - steal, steal, total
+
+
+def process_ticks(pid: int) -> int:
+    """User + system jiffies of one process (not its children); 0 once it has exited."""
+    try:
+        # Fields after the parenthesised command name; utime and stime are 14 and 15.
+        rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(rest[11]) + int(rest[12])
+    except (OSError, IndexError, ValueError):
+        return 0  # exited in between

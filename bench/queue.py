@@ -216,24 +216,26 @@ def darkroom_seed_jobs(url: str, n: int) -> None:
         conn.execute("VACUUM ANALYZE archive_files")
 
 
+async def drain_batches(queue: Queue, batch: int) -> int:
+    """claim(batch) -> complete_many, each row fenced by its token, until the queue is
+    empty; answers the jobs done."""
+    done = 0
+    while leases := await queue.claim(batch):
+        lost = await queue.complete_many([(lease, noop_result(lease)) for lease in leases])
+        if lost:
+            raise RuntimeError(f"{len(lost)} leases lost in a no-op run")
+        done += len(leases)
+    return done
+
+
 async def _darkroom_drain(barrier: Any, url: str, batch: int, name: str,
                           inflight: int) -> tuple[int, float]:
     pool = await open_pool(url, min_size=inflight, max_size=inflight, name=name)
     queue = _queue(pool, name)
-    done = 0
-
-    async def loop() -> None:
-        nonlocal done
-        while leases := await queue.claim(batch):
-            lost = await queue.complete_many([(lease, noop_result(lease)) for lease in leases])
-            if lost:
-                raise RuntimeError(f"{len(lost)} leases lost in a no-op run")
-            done += len(leases)
-
     try:
         barrier.wait()
-        await asyncio.gather(*(loop() for _ in range(inflight)))
-        return done, time.time()
+        done = await asyncio.gather(*(drain_batches(queue, batch) for _ in range(inflight)))
+        return sum(done), time.time()
     finally:
         await pool.close()
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import tempfile
 import time
@@ -24,25 +23,23 @@ from typing import Any
 
 import psycopg
 
+from bench.cpu import TICK, process_ticks
 from bench.queue import (
     DARKROOM_BATCH,
     Server,
     _queue,
     darkroom_seed_jobs,
-    noop_result,
+    drain_batches,
     run_processes,
 )
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
 from darkroom.db.migrations import migrate
 
-TICK = os.sysconf("SC_CLK_TCK")
-
 
 def process_cpu(pid: int) -> float:
     """User + system CPU seconds of a process on this machine (the backend's, here)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    return process_ticks(pid) / TICK
 
 
 async def _drain(barrier: Any, url: str, name: str) -> tuple[int, float, float, float]:
@@ -51,13 +48,10 @@ async def _drain(barrier: Any, url: str, name: str) -> tuple[int, float, float, 
     async with pool.connection() as conn:
         cur = await conn.execute("SELECT pg_backend_pid() AS pid")
         backend = int((await cur.fetchone())["pid"])  # type: ignore[index]
-    done = 0
     try:
         barrier.wait()
         pg0, py0 = process_cpu(backend), time.process_time()
-        while leases := await queue.claim(DARKROOM_BATCH):
-            await queue.complete_many([(lease, noop_result(lease)) for lease in leases])
-            done += len(leases)
+        done = await drain_batches(queue, DARKROOM_BATCH)
         return done, time.time(), process_cpu(backend) - pg0, time.process_time() - py0
     finally:
         await pool.close()

@@ -378,10 +378,14 @@ def _series(tp: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, dict[st
     return by
 
 
-def _pgq_best(tp: list[dict[str, Any]], w: int | None = None) -> dict[str, Any] | None:
-    """PgQueuer's best configuration (at w workers, or anywhere): the issue's baseline."""
-    pq = [r for r in tp if r["system"] == "pgqueuer" and (w is None or r["workers"] == w)]
-    return max(pq, key=lambda r: r["median"]) if pq else None
+def _best(tp: list[dict[str, Any]], w: int | None = None,
+          system: str = "pgqueuer") -> dict[str, Any] | None:
+    """A system's best configuration (at w workers, or anywhere); PgQueuer's is the
+    issue's baseline."""
+    rs = [r for r in tp if r["system"] == system and (w is None or r["workers"] == w)]
+    return max(rs, key=lambda r: r["median"]) if rs else None
+
+
 
 
 def queue_section(src: Source) -> tuple[list[str], list[Target]]:
@@ -416,7 +420,7 @@ def queue_section(src: Source) -> tuple[list[str], list[Target]]:
         for (system, config), per in series.items():
             cells = []
             for w in counts:
-                r, pq, s = per.get(w), _pgq_best(tp, w), seed.get(w)
+                r, pq, s = per.get(w), _best(tp, w), seed.get(w)
                 if r is None or pq is None or s is None:
                     cells.append("–")
                     continue
@@ -445,21 +449,17 @@ def queue_section(src: Source) -> tuple[list[str], list[Target]]:
                       "throughput once the cores are saturated:", ""]
             lines += table(["system", "configuration", *(f"{w} worker{'s' * (w > 1)}"
                                                          for w in counts)], rows, right_from=2)
-        best = _pgq_best(tp)
+        best = _best(tp)
         for system in ("darkroom", "darkroom (proposed claim fix)"):
             mine = [r for r in tp if r["system"] == system]
             if mine and best:
                 top = max(mine, key=lambda r: r["median"])
                 ratio = top["median"] / best["median"]
                 # darkroom's best configuration at each worker count, like PgQueuer's
-                at_w: dict[int, dict[str, Any]] = {}
-                for r in mine:
-                    if r["median"] > at_w.get(r["workers"], {}).get("median", 0.0):
-                        at_w[r["workers"]] = r
                 per_w = ", ".join(
                     f"{r['median'] / pw['median']:.2f}× at {w}"
-                    for w, r in sorted(at_w.items())
-                    if (pw := _pgq_best(tp, w)))
+                    for w in counts
+                    if (r := _best(tp, w, system)) and (pw := _best(tp, w)))
                 targets.append(Target(
                     f"{QUEUE_LABELS[system]}: no-op throughput ≥ {QUEUE_VS_PGQUEUER}× "
                     "PgQueuer's best configuration, every completion fenced",
@@ -539,7 +539,7 @@ def queue_throughput_plot(src: Source, series: dict[tuple[str, str], dict[int, d
         ax.errorbar(ws, med, yerr=[lo, hi], color=color, marker=marker, ls=ls, capsize=3,
                     label=label)
         ratios = [(w, per[w]["median"] / b["median"]) for w in ws
-                  if (b := _pgq_best(tp, w))]
+                  if (b := _best(tp, w))]
         if ratios:
             ax_r.plot(*zip(*ratios, strict=True), color=color, marker=marker, ls=ls,
                       label=label)

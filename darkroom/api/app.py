@@ -59,9 +59,9 @@ def create_app(
         pool = await open_pool(url, min_size=2, max_size=16, name="api", fail_fast=fail_fast)
         app.state.pool = pool
         app.state.queue = Queue.from_settings(pool, settings)
-        # What start-up allocated (FastAPI, pydantic, boto3: ~90k objects) lives as long
+        # What start-up allocated (FastAPI, pydantic, boto3: ~84k objects) lives as long
         # as the process. Left to the collector, each full pass walks all of it while every
-        # request waits (27 ms here on a quiet core); frozen, a full pass walks only what
+        # request waits (38-47 ms here, bench/api.py); frozen, a full pass walks only what
         # requests have allocated since.
         gc.collect()
         gc.freeze()

@@ -3,22 +3,32 @@
 `derive()` is pure and in-process; production runs it inside `darkroom.sandbox`'s child
 process so that a decoder crash, a runaway allocation or a hang only ever kills the child.
 
-Order of defence, cheapest first: byte limit, magic-byte sniff (JPEG, PNG, WebP, GIF
-only), the format's own loader reading the header alone, dimension and pixel limits, and
-only then the full decode with errors treated as errors.
+Order of defence, cheapest first: byte limit, magic-byte sniff (JPEG, PNG, WebP, GIF,
+HEIC/HEIF, AVIF, TIFF), the format's own loader reading the header alone, dimension and
+pixel limits, and only then the full decode with errors treated as errors.
 
-pyvips is imported lazily (`_vips()`): the API and the worker parent import `Limits` and
-`Derivative` from here and should not map libvips into their address space at all.
+Decoders: libvips for everything but HEIC. The pyvips-binary wheel's libheif has no HEVC
+decoder (no libde265), so HEIC/HEIF is decoded by the pillow-heif wheel, which bundles
+libheif with libde265; AVIF stays with libvips (libheif with its AV1 decoder). Either way
+the decode runs only in the decoder child (`darkroom.sandbox`), never in the worker.
+
+One decode makes both derivatives: the preview (≤ `max_edge`) is encoded from the decoded
+image, the thumb (≤ `thumb_edge`) is resized from the preview, and the thumbhash
+placeholder from the thumb, so the extra work is a few small resizes and one small encode.
+
+pyvips and pillow-heif are imported lazily: the API and the worker parent import `Limits`
+and `Derivative` from here and should not map any decoder into their address space.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +51,17 @@ _ALLOWED_LOADER_CLASSES = (
     "VipsForeignLoadPng",
     "VipsForeignLoadWebp",
     "VipsForeignLoadNsgif",
+    # AVIF only: HEIC never reaches libvips (see the module docstring), and every loader
+    # call names its format, so the sniff decides which of these a file can reach.
+    "VipsForeignLoadHeif",
+    "VipsForeignLoadTiff",
 )
+
+# ISOBMFF brands (the `ftyp` box) that name a HEVC-coded HEIF image or an AV1 one.
+_HEIC_BRANDS = frozenset({b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx"})
+_AVIF_BRANDS = frozenset({b"avif", b"avis"})
+# A container that names only the generic mif1/msf1 brands is refused: which codec it
+# needs is then unknown until the file is parsed.
 
 
 @dataclass(frozen=True)
@@ -50,6 +70,7 @@ class Limits:
     max_pixels: int = 50_000_000
     max_dimension: int = 16_384
     max_edge: int = 2048
+    thumb_edge: int = 400
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
@@ -63,22 +84,36 @@ class Limits:
 
 @dataclass(frozen=True)
 class Derivative:
+    """The preview; `thumb` and `thumbhash` come with it from the same decode."""
+
     data: bytes
     width: int
     height: int
     sha256: str
+    thumb: Derivative | None = None
+    # ThumbHash (github.com/evanw/thumbhash) in standard base64: at most 25 bytes, so at
+    # most 36 characters.
+    thumbhash: str | None = None
 
     @property
     def size(self) -> int:
         return len(self.data)
 
 
-def sniff(data: bytes) -> str | None:
-    """The allowed format these bytes claim by their magic number, else None.
+def _ftyp_brands(data: bytes) -> set[bytes]:
+    """Major and compatible brands of an ISOBMFF `ftyp` box at the start, else empty."""
+    if len(data) < 16 or data[4:8] != b"ftyp":
+        return set()
+    size = int.from_bytes(data[:4], "big")
+    if size < 16 or size > min(len(data), 4096):
+        return set()
+    brands = {data[8:12]}
+    brands.update(data[i : i + 4] for i in range(16, size - 3, 4))
+    return brands
 
-    HEIC/AVIF are deliberately absent: the wheel's libheif is a large, CVE-prone
-    parser, and the brief allows them only if clearly safe.
-    """
+
+def sniff(data: bytes) -> str | None:
+    """The allowed format these bytes claim by their magic number, else None."""
     if data[:3] == b"\xff\xd8\xff":
         return "jpeg"
     if data[:8] == b"\x89PNG\r\n\x1a\n":
@@ -87,6 +122,14 @@ def sniff(data: bytes) -> str | None:
         return "webp"
     if data[:6] in (b"GIF87a", b"GIF89a"):
         return "gif"
+    # Little- and big-endian TIFF, classic and BigTIFF.
+    if data[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
+        return "tiff"
+    brands = _ftyp_brands(data)
+    if brands & _HEIC_BRANDS:
+        return "heic"
+    if brands & _AVIF_BRANDS:
+        return "avif"
     return None
 
 
@@ -112,6 +155,72 @@ def _vips() -> Any:
         return _vips_module
 
 
+_heif_module: Any = None
+
+
+def _heif() -> Any:
+    """pillow-heif, configured to read the primary image and nothing else."""
+    global _heif_module
+    with _vips_lock:
+        if _heif_module is None:
+            import pillow_heif
+
+            # Thumbnails, depth maps and auxiliary images are never used: not parsing
+            # them leaves less of the file's structure in reach of the parser.
+            pillow_heif.options.THUMBNAILS = False
+            pillow_heif.options.DEPTH_IMAGES = False
+            pillow_heif.options.AUX_IMAGES = False
+            # One child per worker slot already uses every core.
+            pillow_heif.options.DECODE_THREADS = 1
+            _heif_module = pillow_heif
+        return _heif_module
+
+
+def _open_heic(vips: Any, data: bytes, limits: Limits) -> Any:
+    """HEIC/HEIF through libheif + libde265: limits from the header, then one decode.
+
+    libheif reports the primary image's size after its transformations (rotation,
+    mirror, crop), and for a grid of tiles the grid's full output size, so the limits
+    see what a decode would produce. The decode applies those transformations; the EXIF
+    orientation of a HEIF is informative only (the HEIF spec), and no EXIF is carried to
+    the pixels below, so nothing rotates twice.
+    """
+    heif = _heif()
+    try:
+        container = heif.open_heif(data, convert_hdr_to_8bit=True)
+        width, height = (int(v) for v in container.size)
+        mode = str(container.mode)
+    except (ValueError, RuntimeError, SyntaxError, OSError, EOFError) as exc:
+        log.info("header rejected (heic): %s", exc)
+        raise DeriveError(ErrorCode.INVALID_IMAGE, "heic header") from None
+    check_dimensions(width, height, limits)
+    bands = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}.get(mode)
+    if bands is None:
+        raise DeriveError(ErrorCode.INVALID_IMAGE, f"heic mode {mode}")
+    try:
+        pixels = container.data  # the one full decode
+        stride = int(container.stride)
+        icc = container.info.get("icc_profile")
+    except MemoryError:
+        raise
+    except (ValueError, RuntimeError, SyntaxError, OSError, EOFError) as exc:
+        if _is_out_of_memory(exc):
+            log.warning("decode ran out of memory (heic): %s", exc)
+            raise DeriveError(ErrorCode.PROCESSING_FAILED, "out of memory") from None
+        log.info("decode failed (heic): %s", exc)
+        raise DeriveError(ErrorCode.INVALID_IMAGE, "heic decode") from None
+    if stride % bands or stride < width * bands or len(pixels) < stride * height:
+        raise DeriveError(ErrorCode.INVALID_IMAGE, "heic buffer")
+    image = vips.Image.new_from_memory(pixels, stride // bands, height, bands, "uchar")
+    if stride // bands != width:
+        image = image.crop(0, 0, width, height)
+    image = image.copy(interpretation="srgb" if bands >= 3 else "b-w")
+    if icc:
+        image.set_type(vips.GValue.blob_type, "icc-profile-data", bytes(icc))
+    # pyvips keeps `pixels` referenced from every image made from this one.
+    return image
+
+
 def _load_header(vips: Any, kind: str, data: bytes, jpeg_shrink: int = 1) -> Any:
     """Open with the sniffed format's own loader; libvips reads only the header here."""
     common: dict[str, Any] = {"access": "sequential", "fail_on": "error"}
@@ -123,6 +232,11 @@ def _load_header(vips: Any, kind: str, data: bytes, jpeg_shrink: int = 1) -> Any
         return vips.Image.webpload_buffer(data, n=1, **common)
     if kind == "gif":
         return vips.Image.gifload_buffer(data, n=1, **common)
+    if kind == "avif":
+        # The primary image only; libheif reports a grid's full (output) size here.
+        return vips.Image.heifload_buffer(data, n=1, **common)
+    if kind == "tiff":
+        return vips.Image.tiffload_buffer(data, page=0, n=1, **common)
     raise DeriveError(ErrorCode.UNSUPPORTED_FORMAT, kind)
 
 
@@ -173,10 +287,13 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 def open_checked(data: bytes, limits: Limits) -> tuple[Any, str]:
     """Sniff, read the header, enforce the limits, and reopen with shrink-on-load.
 
-    Returns a lazy, sequential image: nothing has been decoded yet.
+    Returns a lazy, sequential image: nothing has been decoded yet, except for HEIC,
+    which libheif decodes whole (after the same limits).
     """
     vips = _vips()
     kind = check_size(data, limits)
+    if kind == "heic":
+        return _open_heic(vips, data, limits), kind
     try:
         header = _load_header(vips, kind, data)
     except vips.Error as exc:
@@ -258,22 +375,57 @@ def encode(image: Any) -> bytes:
     return data
 
 
+# ThumbHash encodes at most 100×100 pixels; more only costs time.
+_THUMBHASH_EDGE = 100
+
+
+def thumbhash(image: Any) -> str:
+    """The ThumbHash of an sRGB 8-bit image, standard base64 (≤ 36 characters)."""
+    from fast_thumbhash import rgba_to_thumb_hash
+
+    if max(image.width, image.height) > _THUMBHASH_EDGE:
+        image = image.thumbnail_image(
+            _THUMBHASH_EDGE, height=_THUMBHASH_EDGE, size="down", no_rotate=True
+        )
+    if image.bands == 3:
+        image = image.bandjoin_const([255])
+    elif image.bands != 4:  # _to_srgb leaves 3 or 4 bands; anything else is a bug here
+        raise DeriveError(ErrorCode.PROCESSING_FAILED, f"thumbhash of {image.bands} bands")
+    rgba = bytes(image.write_to_memory())
+    digest = bytes(rgba_to_thumb_hash(int(image.width), int(image.height), rgba))
+    return base64.b64encode(digest).decode("ascii")
+
+
+def _webp(image: Any) -> Derivative:
+    data = encode(image)
+    return Derivative(
+        data=data,
+        width=int(image.width),
+        height=int(image.height),
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
+
+
 def derive(data: bytes, limits: Limits) -> Derivative:
-    """Turn untrusted image bytes into a WebP derivative or raise `DeriveError`."""
+    """Untrusted image bytes to the preview, its thumb and thumbhash; or `DeriveError`."""
     vips = _vips()
     try:
         image = decode_resized(data, limits)
         try:
-            webp = encode(image)
+            preview = _webp(image)
+            if max(image.width, image.height) > limits.thumb_edge:
+                # From the decoded preview, never the original: no second decode.
+                small = image.thumbnail_image(
+                    limits.thumb_edge, height=limits.thumb_edge, size="down", no_rotate=True
+                ).copy_memory()
+            else:
+                small = image
+            thumb = _webp(small)
+            placeholder = thumbhash(small)
         except vips.Error as exc:
             log.warning("webp encode failed: %s", exc)
             raise DeriveError(ErrorCode.PROCESSING_FAILED, "encode") from None
-        return Derivative(
-            data=webp,
-            width=int(image.width),
-            height=int(image.height),
-            sha256=hashlib.sha256(webp).hexdigest(),
-        )
+        return replace(preview, thumb=thumb, thumbhash=placeholder)
     except DeriveError:
         raise
     except MemoryError:

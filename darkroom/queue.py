@@ -72,6 +72,21 @@ class Derived:
     width: int
     height: int
     size: int
+    # The thumb (≤ 400 px) and the placeholder, published by the same commit.
+    thumb: DerivedObject | None = None
+    thumbhash: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DerivedObject:
+    """One more stored object of a result (the thumb)."""
+
+    key: str
+    version: str
+    sha256: str
+    width: int
+    height: int
+    size: int
 
 
 class ConfirmOutcome(StrEnum):
@@ -228,6 +243,11 @@ class Queue:
         await self._rows("register_attempt_object",
                          {"key": key, "id": lease.file_id, "token": lease.token})
 
+    async def register_attempt_objects(self, lease: Lease, keys: Sequence[str]) -> None:
+        """Record every key an attempt is about to write, before it writes any."""
+        await self._rows("register_attempt_objects",
+                         {"keys": list(keys), "id": lease.file_id, "token": lease.token})
+
     async def complete_many(self, results: Sequence[tuple[Lease, Derived]]) -> set[uuid.UUID]:
         """Fenced commit of several attempts in one statement; answers the ids not published.
 
@@ -245,6 +265,13 @@ class Queue:
             "widths": [d.width for _, d in results],
             "heights": [d.height for _, d in results],
             "sizes": [d.size for _, d in results],
+            "thumb_keys": [d.thumb.key if d.thumb else None for _, d in results],
+            "thumb_versions": [d.thumb.version if d.thumb else None for _, d in results],
+            "thumb_sha256s": [d.thumb.sha256 if d.thumb else None for _, d in results],
+            "thumb_widths": [d.thumb.width if d.thumb else None for _, d in results],
+            "thumb_heights": [d.thumb.height if d.thumb else None for _, d in results],
+            "thumb_sizes": [d.thumb.size if d.thumb else None for _, d in results],
+            "thumbhashes": [d.thumbhash for _, d in results],
             "worker": self.worker,
         })
         return {r["id"] for r in rows}
@@ -330,3 +357,8 @@ def original_key(file_id: uuid.UUID) -> str:
 def derived_key(lease: Lease) -> str:
     """Unique to the attempt: two attempts never write the same bytes' key."""
     return f"derived/{lease.file_id}/{lease.token}.webp"
+
+
+def thumb_key(lease: Lease) -> str:
+    """The attempt's thumb, under the same per-file prefix (the purge lists it)."""
+    return f"derived/{lease.file_id}/{lease.token}.thumb.webp"

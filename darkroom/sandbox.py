@@ -11,7 +11,9 @@ Wire protocol over the child's stdin/stdout, one request and one response at a t
     request:  !II (json length, image length) + JSON limits + image bytes
     response: !II (json length, webp length)  + JSON meta   + webp bytes
 
-The JSON meta is `{"width", "height", "sha256"}` or `{"error_code", "detail"}`.
+The JSON meta is `{"width", "height", "sha256", "thumb", "thumbhash"}` or
+`{"error_code", "detail"}`; `thumb` is `{"width", "height", "sha256", "bytes"}`, and the
+payload is the preview's WebP followed by the thumb's (its last `thumb.bytes` bytes).
 
 Failure mapping in the parent (`DecoderProcess.derive`):
 
@@ -316,10 +318,24 @@ class DecoderProcess:
             except ValueError:
                 code = ErrorCode.PROCESSING_FAILED
             raise DeriveError(code, str(meta.get("detail", ""))[:500])
+        thumb: Derivative | None = None
+        thumbhash: str | None = None
         try:
-            width, height = int(meta["width"]), int(meta["height"])
+            if "thumb" in meta:
+                size = int(meta["thumb"]["bytes"])
+                if not 0 < size < len(payload):
+                    raise ValueError("thumb size")
+                payload, thumb_data = payload[:-size], payload[-size:]
+                thumb = self._checked(meta["thumb"], thumb_data)
+                thumbhash = str(meta["thumbhash"])[:64]
+            preview = self._checked(meta, payload)
         except (KeyError, TypeError, ValueError):
             raise DeriveError(ErrorCode.PROCESSING_FAILED, "bad child meta") from None
+        return dataclasses.replace(preview, thumb=thumb, thumbhash=thumbhash)
+
+    @staticmethod
+    def _checked(meta: dict[str, Any], payload: bytes) -> Derivative:
+        width, height = int(meta["width"]), int(meta["height"])
         digest = hashlib.sha256(payload).hexdigest()
         if digest != meta.get("sha256") or not payload:
             raise DeriveError(ErrorCode.PROCESSING_FAILED, "child output corrupt")
@@ -427,6 +443,11 @@ def _child_main(memory_mb: int, nice: int = 0) -> int:
         else:
             reply = {"width": result.width, "height": result.height, "sha256": result.sha256}
             payload = result.data
+            if result.thumb is not None:
+                reply["thumb"] = {"width": result.thumb.width, "height": result.thumb.height,
+                                  "sha256": result.thumb.sha256, "bytes": result.thumb.size}
+                reply["thumbhash"] = result.thumbhash
+                payload += result.thumb.data
         del data
         try:
             _respond(out, reply, payload)

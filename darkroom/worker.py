@@ -44,7 +44,16 @@ from darkroom.errors import (
     ObjectMissing,
     StorageUnavailable,
 )
-from darkroom.queue import NOTIFY_CHANNEL, Derived, Lease, LeaseLost, Queue, derived_key
+from darkroom.queue import (
+    NOTIFY_CHANNEL,
+    Derived,
+    DerivedObject,
+    Lease,
+    LeaseLost,
+    Queue,
+    derived_key,
+    thumb_key,
+)
 from darkroom.sandbox import DecoderProcess
 from darkroom.services import prepare
 from darkroom.storage import ObjectStore
@@ -184,13 +193,23 @@ class Worker:
                 result = await asyncio.to_thread(job.decoder.derive, original)
             if job.abandoned:
                 return "lease_lost"
-            key = derived_key(lease)
-            await self._db(lambda: self.queue.register_attempt_object(lease, key))
+            key, small_key = derived_key(lease), thumb_key(lease)
+            thumb = result.thumb
+            keys = [key] if thumb is None else [key, small_key]
+            await self._db(lambda: self.queue.register_attempt_objects(lease, keys))
             with _stage("put"):
                 version = await asyncio.to_thread(
                     self.store.put, key, result.data, content_type="image/webp")
+                stored = None
+                if thumb is not None:
+                    thumb_version = await asyncio.to_thread(
+                        self.store.put, small_key, thumb.data, content_type="image/webp")
+                    stored = DerivedObject(key=small_key, version=thumb_version,
+                                           sha256=thumb.sha256, width=thumb.width,
+                                           height=thumb.height, size=thumb.size)
             derived = Derived(key=key, version=version, sha256=result.sha256,
-                              width=result.width, height=result.height, size=result.size)
+                              width=result.width, height=result.height, size=result.size,
+                              thumb=stored, thumbhash=result.thumbhash)
             with _stage("commit"):
                 await self._db(lambda: self.queue.complete(lease, derived))
             log.info("ready", extra={**job.log_extra(), "bytes": result.size})

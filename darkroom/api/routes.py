@@ -31,6 +31,7 @@ from darkroom.api.schemas import (
     Card,
     CardList,
     Confirm,
+    DerivativeSize,
     Health,
     NewCard,
     NewFile,
@@ -329,20 +330,31 @@ async def list_files(
         **problems(401, 404, 409),
     },
     response_class=Response,
-    summary="The WebP derivative",
+    summary="A WebP derivative: the preview (default) or the thumb",
 )
-async def derivative(file_id: FileId, who: Caller, request: Request) -> Response:
+async def derivative(
+    file_id: FileId,
+    who: Caller,
+    request: Request,
+    size: Annotated[
+        DerivativeSize,
+        Query(description="`preview` (≤ 2048 px) or `thumb` (≤ 400 px)."),
+    ] = "preview",
+) -> Response:
     row = await _card_row(request, file_id, who.owner)
     if row["status"] != "ready":
         raise Problem(409, "not_ready", f"The file is {row['status']}, not ready.")
     store = _store(request)
-    key, version = row["derived_key"], row["derived_version"]
+    key, version, sha = row["derived_key"], row["derived_version"], row["sha256"]
+    if size == "thumb" and row.get("thumb_key") is not None:
+        # A card derived before thumbs existed falls through to its preview.
+        key, version, sha = row["thumb_key"], row["thumb_version"], row["thumb_sha256"]
     url = await to_thread.run_sync(
         lambda: store.presign_get(key, version, expires=_PRESIGN_GET_SECONDS)
     )
     if url is not None:
         return RedirectResponse(url, status_code=307, headers={"Cache-Control": "no-store"})
-    etag = f'"{row["sha256"]}"'
+    etag = f'"{sha}"'
     # Private: only the key's owner may see it. Immutable: a card's derivative never
     # changes once ready (a new upload is a new card).
     headers = {"ETag": etag, "Cache-Control": "private, max-age=86400, immutable"}

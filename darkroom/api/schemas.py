@@ -13,9 +13,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # What the API accepts to store. The worker sniffs the real format from the bytes; this
 # is only a first, cheap filter on what the client says it is sending.
-ACCEPTED_TYPES = ("image/jpeg", "image/png", "image/webp", "image/gif")
+ACCEPTED_TYPES = (
+    "image/jpeg", "image/png", "image/webp", "image/gif",
+    "image/heic", "image/heif", "image/avif", "image/tiff",
+)
 VISIBLE_STATUSES = ("pending", "queued", "processing", "ready", "rejected")
-ImageType = Literal["image/jpeg", "image/png", "image/webp", "image/gif"]
+ImageType = Literal[
+    "image/jpeg", "image/png", "image/webp", "image/gif",
+    "image/heic", "image/heif", "image/avif", "image/tiff",
+]
+DerivativeSize = Literal["preview", "thumb"]
 Status = Literal["pending", "queued", "processing", "ready", "rejected"]
 
 MAX_FILENAME = 255
@@ -77,6 +84,14 @@ class Derivative(BaseModel):
     sha256: str
 
 
+class Derivatives(BaseModel):
+    preview: Derivative = Field(description="At most 2048 px on the long edge.")
+    thumb: Derivative = Field(
+        description="At most 400 px on the long edge. Cards derived before thumbnails "
+        "existed answer their preview here until they are derived again."
+    )
+
+
 class Card(BaseModel):
     id: uuid.UUID
     status: Status
@@ -87,7 +102,12 @@ class Card(BaseModel):
     filename: str
     content_type: str
     size: int
-    derivative: Derivative | None
+    derivative: Derivative | None = Field(description="The preview (kept for older clients).")
+    derivatives: Derivatives | None
+    thumbhash: str | None = Field(
+        description="A ThumbHash placeholder (base64, at most 36 characters) to paint "
+        "before the thumb loads."
+    )
 
 
 class NewCard(Card):
@@ -136,7 +156,7 @@ class ProblemDoc(BaseModel):
 
 
 def card_from_row(row: dict[str, Any]) -> Card:
-    derivative = None
+    derivative = derivatives = None
     if row["status"] == "ready":
         derivative = Derivative(
             url=f"/v1/files/{row['id']}/derivative",
@@ -145,6 +165,16 @@ def card_from_row(row: dict[str, Any]) -> Card:
             bytes=row["derived_bytes"],
             sha256=row["sha256"],
         )
+        thumb = derivative
+        if row.get("thumb_key") is not None:
+            thumb = Derivative(
+                url=f"/v1/files/{row['id']}/derivative?size=thumb",
+                width=row["thumb_width"],
+                height=row["thumb_height"],
+                bytes=row["thumb_bytes"],
+                sha256=row["thumb_sha256"],
+            )
+        derivatives = Derivatives(preview=derivative, thumb=thumb)
     return Card(
         id=row["id"],
         status=row["status"],
@@ -156,6 +186,8 @@ def card_from_row(row: dict[str, Any]) -> Card:
         content_type=row["content_type"],
         size=row["size_bytes"],
         derivative=derivative,
+        derivatives=derivatives,
+        thumbhash=row.get("thumbhash") if row["status"] == "ready" else None,
     )
 
 

@@ -102,31 +102,49 @@ INSERT INTO orphan_objects (object_key, file_id, token, reason)
 VALUES (%(key)s, %(id)s, %(token)s, 'attempt')
 ON CONFLICT (object_key) DO NOTHING;
 
+-- name: register_attempt_objects
+-- The same, for every object of one attempt (the preview and its thumb) in one statement.
+INSERT INTO orphan_objects (object_key, file_id, token, reason)
+SELECT k, %(id)s, %(token)s, 'attempt' FROM unnest(%(keys)b::text[]) AS k
+ON CONFLICT (object_key) DO NOTHING;
+
 -- name: complete
 -- The fenced commit, batched: each row publishes only if its own token still holds the
 -- lease. The others record lease_lost and leave their object to the sweeper.
 WITH done AS (
     SELECT * FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[], %(keys)b::text[],
                          %(versions)b::text[], %(sha256s)b::text[], %(widths)b::int[],
-                         %(heights)b::int[], %(sizes)b::bigint[])
-        AS d(id, token, derived_key, derived_version, sha256, width, height, derived_bytes)
+                         %(heights)b::int[], %(sizes)b::bigint[],
+                         -- The thumb and the thumbhash: published with the preview.
+                         %(thumb_keys)b::text[], %(thumb_versions)b::text[],
+                         %(thumb_sha256s)b::text[], %(thumb_widths)b::int[],
+                         %(thumb_heights)b::int[], %(thumb_sizes)b::bigint[],
+                         %(thumbhashes)b::text[])
+        AS d(id, token, derived_key, derived_version, sha256, width, height, derived_bytes,
+             thumb_key, thumb_version, thumb_sha256, thumb_width, thumb_height, thumb_bytes,
+             thumbhash)
 ), published AS (
     UPDATE archive_files f
     SET status = 'ready', derived_key = d.derived_key, derived_version = d.derived_version,
         sha256 = d.sha256, width = d.width, height = d.height,
         derived_bytes = d.derived_bytes, error_code = NULL,
+        thumb_key = d.thumb_key, thumb_version = d.thumb_version,
+        thumb_sha256 = d.thumb_sha256, thumb_width = d.thumb_width,
+        thumb_height = d.thumb_height, thumb_bytes = d.thumb_bytes, thumbhash = d.thumbhash,
         lease_token = NULL, lease_until = NULL, finished_at = now(), updated_at = now()
     FROM done d
     -- The token is the fence: CHECK lease_iff_processing makes a matching token imply
     -- status = 'processing'. Saying so again here would steer the planner to the partial
     -- index of every live lease instead of the primary key.
     WHERE f.id = ANY (%(ids)b::uuid[]) AND f.id = d.id AND f.lease_token = d.token
-    RETURNING f.id, f.attempts, d.token, d.derived_key
+    RETURNING f.id, f.attempts, d.token, d.derived_key, d.thumb_key
 ), ready_events AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker)
     SELECT id, 'ready', attempts, token, %(worker)s FROM published
 ), accounted AS (
     DELETE FROM orphan_objects o USING published p WHERE o.object_key = p.derived_key
+), accounted_thumbs AS (
+    DELETE FROM orphan_objects o USING published p WHERE o.object_key = p.thumb_key
 ), lost AS (
     SELECT d.* FROM done d
     WHERE NOT EXISTS (SELECT 1 FROM published p WHERE p.id = d.id AND p.token = d.token)
@@ -136,6 +154,8 @@ WITH done AS (
 ), orphaned AS (
     INSERT INTO orphan_objects (object_key, file_id, token, reason)
     SELECT derived_key, id, token, 'lease_lost' FROM lost
+    UNION ALL
+    SELECT thumb_key, id, token, 'lease_lost' FROM lost WHERE thumb_key IS NOT NULL
     ON CONFLICT (object_key) DO UPDATE SET reason = 'lease_lost', created_at = now()
 )
 SELECT id, token FROM lost;

@@ -85,6 +85,22 @@ def jpeg_with_orientation(upright: Image.Image, orientation: int) -> bytes:
     return save(stored, "JPEG", quality=95, exif=exif.tobytes())
 
 
+def heic(image: Image.Image, *, grid_tile: int | None = None, **options: object) -> bytes:
+    """A HEIC made by pillow-heif's encoder (x265), not by the decoder under test."""
+    import pillow_heif
+
+    saved = pillow_heif.options.GRID_TILE_SIZE if grid_tile is not None else None
+    if grid_tile is not None:
+        pillow_heif.options.GRID_TILE_SIZE = grid_tile
+    try:
+        buf = io.BytesIO()
+        pillow_heif.from_pillow(image).save(buf, quality=90, **options)
+        return buf.getvalue()
+    finally:
+        if grid_tile is not None:
+            pillow_heif.options.GRID_TILE_SIZE = saved
+
+
 def riff_chunks(webp: bytes) -> list[tuple[bytes, bytes]]:
     """The top-level chunks of a WebP file, parsed by hand."""
     assert webp[:4] == b"RIFF" and webp[8:12] == b"WEBP", "not a WebP"

@@ -86,6 +86,19 @@ def test_same_result_as_in_process(proc: DecoderProcess) -> None:
         assert proc.derive(data) == derive(data, LIMITS)
 
 
+def test_new_formats_decode_in_the_child_with_thumb_and_thumbhash(proc: DecoderProcess) -> None:
+    picture = im.quadrants(900, 600)
+    for data in (im.heic(picture), im.save(picture, "AVIF"), im.save(picture, "TIFF")):
+        result = proc.derive(data)
+        assert result == derive(data, LIMITS)
+        assert result.thumb is not None and result.thumbhash is not None
+        assert (result.width, result.height) == (900, 600)
+        assert (result.thumb.width, result.thumb.height) == (400, 267)
+        with pytest.raises(DeriveError) as info:
+            proc.derive(data[: len(data) // 2])
+        assert info.value.code == ErrorCode.INVALID_IMAGE
+
+
 def test_child_is_reused_across_jobs_and_errors(proc: DecoderProcess) -> None:
     first = proc.derive(DUNE)
     pid = proc.pid

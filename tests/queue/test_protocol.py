@@ -10,7 +10,15 @@ import psycopg
 import pytest
 
 from darkroom.errors import ErrorCode
-from darkroom.queue import ConfirmOutcome, Derived, LeaseLost, backoff_delay, derived_key
+from darkroom.queue import (
+    ConfirmOutcome,
+    Derived,
+    DerivedObject,
+    LeaseLost,
+    backoff_delay,
+    derived_key,
+    thumb_key,
+)
 from tests.conftest import make_queue
 
 
@@ -274,3 +282,36 @@ async def test_listing_includes_processing_cards_in_order(pool: Any) -> None:
     processing = {lease.file_id for lease in leases[1:]}
     assert {r["id"] for r in await q.list_files("alice", status="processing")} == processing
     assert [r["id"] for r in await q.list_files("alice", status="ready")] == [leases[0].file_id]
+
+
+def derived_with_thumb(lease: Any) -> Derived:
+    thumb = DerivedObject(key=thumb_key(lease), version="tv", sha256="cd" * 32,
+                          width=4, height=3, size=45)
+    return Derived(key=derived_key(lease), version="dv", sha256="ab" * 32,
+                   width=10, height=8, size=123, thumb=thumb, thumbhash="1XgDfZQL9gh8")
+
+
+async def test_preview_and_thumb_are_published_by_one_fenced_commit(
+    pool: Any, db_url: str
+) -> None:
+    q = make_queue(pool)
+    [fid] = await new_queued(q)
+    [a] = await q.claim(1)
+    await q.register_attempt_objects(a, [derived_key(a), thumb_key(a)])
+    expire(db_url, fid)
+    [b] = await q.claim(1)
+    await q.register_attempt_objects(b, [derived_key(b), thumb_key(b)])
+    await q.complete(b, derived_with_thumb(b))
+    row = card(db_url, fid)
+    assert row["status"] == "ready"
+    assert (row["derived_key"], row["thumb_key"]) == (derived_key(b), thumb_key(b))
+    assert (row["thumb_version"], row["thumb_width"], row["thumb_height"]) == ("tv", 4, 3)
+    assert (row["thumb_bytes"], row["thumbhash"]) == (45, "1XgDfZQL9gh8")
+    # The stale attempt publishes neither object; both are left to the sweeper.
+    with pytest.raises(LeaseLost):
+        await q.complete(a, derived_with_thumb(a))
+    assert card(db_url, fid)["thumb_key"] == thumb_key(b)
+    with psycopg.connect(db_url) as conn:
+        orphans = conn.execute(
+            "SELECT object_key, reason FROM orphan_objects ORDER BY object_key").fetchall()
+    assert orphans == sorted([(derived_key(a), "lease_lost"), (thumb_key(a), "lease_lost")])

@@ -194,6 +194,12 @@ class Harness:
         assert hashlib.sha256(data).hexdigest() == card["sha256"]
         assert len(data) == card["derived_bytes"]
         assert data[:4] == b"RIFF" and data[8:12] == b"WEBP"
+        # The thumb was published by the same commit, from the same attempt.
+        assert card["thumb_key"] == f"derived/{file_id}/{ready[0]['token']}.thumb.webp"
+        thumb = self.store.get(card["thumb_key"], card["thumb_version"])
+        assert hashlib.sha256(thumb).hexdigest() == card["thumb_sha256"]
+        assert max(card["thumb_width"], card["thumb_height"]) <= 400
+        assert card["thumbhash"] and len(card["thumbhash"]) <= 40
 
     def object_keys(self, file_id: uuid.UUID) -> list[str]:
         return sorted(f"{o.key}@{o.version}" for prefix in

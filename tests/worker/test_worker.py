@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import CORPUS
+from tests.derive import images as im
 from tests.support.services import Harness, wait_for
 
 PHOTOS = sorted(p for p in CORPUS.iterdir() if p.suffix in {".jpg", ".png"})
@@ -52,6 +53,21 @@ def test_thirty_photos_end_ready_each_published_once(harness: Harness) -> None:
     ready = [entry for entry in logs if entry["msg"] == "ready"]
     assert len(ready) == 30
     assert all({"file_id", "attempt", "token"} <= set(entry) for entry in ready)
+
+
+def test_phone_formats_end_ready_and_a_broken_heic_is_invalid(harness: Harness) -> None:
+    picture = im.quadrants(1200, 900)
+    good = [im.heic(picture), im.save(picture, "AVIF"), im.save(picture, "TIFF")]
+    heic = good[0]
+    ids = [harness.upload(data, name=f"p{i}") for i, data in enumerate(good)]
+    broken = harness.upload(heic[: len(heic) // 2], name="cut.heic")
+    harness.start("worker", "--concurrency", "2")
+    wait_for(lambda: harness.all_finished([*ids, broken]), timeout=120, what="finished")
+    for file_id in ids:
+        harness.assert_published_once(file_id)
+    card = harness.card(broken)
+    assert (card["status"], card["error_code"]) == ("rejected", "invalid_image")
+    assert card["attempts"] == 1
 
 
 def test_kill9_mid_job_another_worker_finishes_after_expiry(

@@ -13,7 +13,7 @@ import httpx
 
 from darkroom.config import Settings
 from darkroom.db.connection import open_pool
-from darkroom.queue import Derived, Queue, derived_key
+from darkroom.queue import Derived, DerivedObject, Queue, derived_key, thumb_key
 from darkroom.storage import ObjectStore
 
 JPEG = b"\xff\xd8\xff\xe0" + b"\0" * 200
@@ -58,7 +58,8 @@ def confirmed(client: httpx.Client, body: bytes = JPEG, **kwargs: Any) -> dict[s
 
 
 def make_ready(
-    db_url: str, settings: Settings, store: ObjectStore, file_id: str, webp: bytes
+    db_url: str, settings: Settings, store: ObjectStore, file_id: str, webp: bytes,
+    thumb: bytes | None = None,
 ) -> None:
     """Play the worker through the lease protocol itself (there is no worker here)."""
 
@@ -71,6 +72,13 @@ def make_ready(
             key = derived_key(lease)
             await queue.register_attempt_object(lease, key)
             version = store.put(key, webp, content_type="image/webp")
+            small = None
+            if thumb is not None:
+                small_key = thumb_key(lease)
+                small = DerivedObject(
+                    key=small_key, version=store.put(small_key, thumb, content_type="image/webp"),
+                    sha256=hashlib.sha256(thumb).hexdigest(), width=1, height=1,
+                    size=len(thumb))
             await queue.complete(
                 lease,
                 Derived(
@@ -80,6 +88,8 @@ def make_ready(
                     width=3,
                     height=2,
                     size=len(webp),
+                    thumb=small,
+                    thumbhash="AAAA" if small else None,
                 ),
             )
             rest = [le for le in leases if le.file_id != lease.file_id]

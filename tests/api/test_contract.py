@@ -184,6 +184,34 @@ def test_derivative(api: Api) -> None:
             assert again.status_code == 304 and again.content == b""
 
 
+def test_thumb_derivative(api: Api) -> None:
+    thumb = WEBP + b"thumb"
+    with api.client(api.make_key()) as c:
+        card = confirmed(c)
+        old = confirmed(c)
+        make_ready(api.db_url, api.settings, api.store, card["id"], WEBP, thumb=thumb)
+        got = c.get(f"/v1/files/{card['id']}").json()
+        assert got["derivatives"]["preview"] == got["derivative"]
+        assert got["derivatives"]["thumb"] == {
+            "url": f"/v1/files/{card['id']}/derivative?size=thumb",
+            "width": 1,
+            "height": 1,
+            "bytes": len(thumb),
+            "sha256": hashlib.sha256(thumb).hexdigest(),
+        }
+        assert got["thumbhash"] == "AAAA"
+        r = c.get(got["derivatives"]["thumb"]["url"])
+        body = httpx.get(r.headers["location"]).content if r.status_code == 307 else r.content
+        assert body == thumb
+        assert_problem(c.get(f"/v1/files/{card['id']}/derivative?size=huge"), 422,
+                       "validation_error")
+        # A card derived before thumbs existed: its thumb is its preview.
+        make_ready(api.db_url, api.settings, api.store, old["id"], WEBP)
+        legacy = c.get(f"/v1/files/{old['id']}").json()
+        assert legacy["derivatives"]["thumb"] == legacy["derivative"]
+        assert legacy["thumbhash"] is None
+
+
 def test_delete(api: Api) -> None:
     with api.client(api.make_key()) as c:
         keep = confirmed(c)

@@ -1,6 +1,7 @@
 """Benchmark of the derivative pipeline (issue 3): throughput per core, limits, memory, bombs.
 
     .venv/bin/python bench/derive.py [--corpus DIR] [--rounds N] [--big PATH]
+    .venv/bin/python bench/derive.py --formats [--rounds N]   # issue 14's section only
 
 Prints a Markdown table and writes bench/out/derive.json. Every figure is measured in the
 same run: the pipeline against its own components (decode+resize alone, encode alone),
@@ -192,15 +193,111 @@ def bomb_ms(proc: DecoderProcess, bomb: bytes, rounds: int) -> float:
     return best_of(rounds, reject) * 1000
 
 
+FORMAT_LIMITS = Limits(max_bytes=100_000_000)
+# An iPhone's 12 MP frame.
+PHONE_SIZE = (4032, 3024)
+
+
+def phone_photo(corpus: list[Path]) -> Image.Image:
+    """A corpus photo at a phone camera's size, to encode in every accepted format."""
+    source = next(p for p in corpus if p.suffix == ".jpg")
+    with Image.open(source) as image:
+        return ImageOps.fit(image.convert("RGB"), PHONE_SIZE)
+
+
+def encoded_formats(photo: Image.Image) -> dict[str, bytes]:
+    """The same pixels in each format, each made by Pillow or pillow-heif (not libvips)."""
+    import pillow_heif
+
+    def save(fmt: str, **options: Any) -> bytes:
+        buf = io.BytesIO()
+        photo.save(buf, fmt, **options)
+        return buf.getvalue()
+
+    heic = io.BytesIO()
+    pillow_heif.from_pillow(photo).save(heic, quality=85)
+    return {
+        "jpeg": save("JPEG", quality=90),
+        "heic": heic.getvalue(),
+        "avif": save("AVIF", quality=85),
+        "webp": save("WEBP", quality=90),
+        "png": save("PNG"),
+        "tiff": save("TIFF", compression="tiff_lzw"),
+    }
+
+
+def formats_section(paths: list[Path], rounds: int, out: Path) -> int:
+    """Decode cost per format, and what the thumb and thumbhash add to today's pipeline.
+
+    "Today's pipeline" is the preview alone (decode, resize, sRGB, WebP encode), the same
+    code as `derive` up to its preview; "with thumbs" is `derive` as it runs now (plus a
+    ≤ 400 px resize, a small WebP and a thumbhash). Both in this process, interleaved
+    round by round, CPU time of the process, best of rounds: the ratio is a same-run one.
+    """
+    # A 12 MP PNG or TIFF is over the default 25 MB upload limit: lifted here only.
+    photo = phone_photo(paths)
+    files = encoded_formats(photo)
+    cpu = time.process_time
+
+    def preview_only(data: bytes) -> None:
+        encode(decode_resized(data, FORMAT_LIMITS))
+
+    for data in files.values():  # warm every decoder
+        derive(data, FORMAT_LIMITS)
+    per_format = {
+        kind: Timing(lambda d=data: derive(d, FORMAT_LIMITS) and None, cpu)
+        for kind, data in files.items()
+    }
+    corpus = [p.read_bytes() for p in paths] + [files["heic"], files["avif"]]
+    today = Timing(lambda: [preview_only(d) for d in corpus] and None, cpu)
+    now = Timing(lambda: [derive(d, FORMAT_LIMITS) for d in corpus] and None, cpu)
+    for _ in range(rounds):
+        for timing in (*per_format.values(), today, now):
+            timing.once()
+    extra = now.cpu_s / today.cpu_s - 1.0
+    sample = derive(files["jpeg"], FORMAT_LIMITS)
+    assert sample.thumb is not None and sample.thumbhash is not None
+    result = {
+        "photo": f"{PHONE_SIZE[0]}x{PHONE_SIZE[1]} from {next(p for p in paths if p.suffix == '.jpg').name}",
+        "rounds": rounds,
+        "bytes": {kind: len(data) for kind, data in files.items()},
+        "derive_cpu_ms": {kind: t.cpu_s * 1000 for kind, t in per_format.items()},
+        "corpus_today_cpu_s": today.cpu_s,
+        "corpus_with_thumbs_cpu_s": now.cpu_s,
+        "thumb_extra_cpu_share": extra,
+        "sample_bytes": {"preview": sample.size, "thumb": sample.thumb.size,
+                         "thumbhash_chars": len(sample.thumbhash)},
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"Formats: one {result['photo']} photo in each format; best of {rounds}; "
+          "CPU time of one process (one libvips thread, one libheif thread).\n")
+    print("| format | file size | derive CPU (preview + thumb + thumbhash) |")
+    print("| --- | --- | --- |")
+    for kind, t in per_format.items():
+        print(f"| {kind} | {len(files[kind]) / 1e6:.2f} MB | {t.cpu_s * 1000:.0f} ms |")
+    print(f"\nThumb + thumbhash on top of today's preview-only pipeline ({len(corpus)} "
+          f"images): {today.cpu_s:.2f} s → {now.cpu_s:.2f} s CPU, +{extra:.1%} "
+          f"(target ≤ 15 %: {'met' if extra <= 0.15 else 'MISSED'}); preview "
+          f"{sample.size} B, thumb {sample.thumb.size} B, thumbhash "
+          f"{len(sample.thumbhash)} chars.")
+    print(f"\nJSON: {out}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", default=str(ROOT.parent / "shared" / "corpus"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--big", default=None, help=f"path to {BIG_NAME}")
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "derive.json"))
+    parser.add_argument("--formats", action="store_true",
+                        help="only the per-format and thumbnail section")
     args = parser.parse_args()
 
     paths = sorted(p for p in Path(args.corpus).iterdir() if p.suffix in {".jpg", ".png"})
+    if args.formats:
+        return formats_section(paths, args.rounds, ROOT / "bench" / "out" / "derive_formats.json")
     corpus = [p.read_bytes() for p in paths]
     n = len(corpus)
     rounds = args.rounds

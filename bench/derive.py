@@ -257,8 +257,9 @@ def formats_section(paths: list[Path], rounds: int, out: Path) -> int:
     extra = now.cpu_s / today.cpu_s - 1.0
     sample = derive(files["jpeg"], FORMAT_LIMITS)
     assert sample.thumb is not None and sample.thumbhash is not None
+    source = next(p for p in paths if p.suffix == ".jpg").name
     result = {
-        "photo": f"{PHONE_SIZE[0]}x{PHONE_SIZE[1]} from {next(p for p in paths if p.suffix == '.jpg').name}",
+        "photo": f"{PHONE_SIZE[0]}x{PHONE_SIZE[1]} from {source}",
         "rounds": rounds,
         "bytes": {kind: len(data) for kind, data in files.items()},
         "derive_cpu_ms": {kind: t.cpu_s * 1000 for kind, t in per_format.items()},

@@ -49,6 +49,8 @@ class Settings(BaseSettings):
     sweep_interval_seconds: float = Field(30.0, gt=0)
     # Finished rows' events are kept this long (the card itself stays).
     event_retention_days: float = Field(7.0, gt=0)
+    # An open page's event stream carries a ping this often when nothing else happens.
+    events_ping_seconds: float = Field(15.0, gt=0, le=3_600)
 
     # How long the API trusts a key it has looked up before looking it up again: a key
     # revoked in the database stops working within this time. 0 looks up every request.

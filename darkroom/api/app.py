@@ -21,6 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from darkroom import logs
 from darkroom.api import problems
 from darkroom.api.auth import KeyCache
+from darkroom.api.events import Hub
 from darkroom.api.metrics import MetricsMiddleware, RequestMetrics
 from darkroom.api.routes import router
 from darkroom.api.schemas import ProblemDoc
@@ -42,6 +43,11 @@ class _Server(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
+        # Open event streams never end by themselves: end them now, or the graceful
+        # shutdown would wait its whole timeout for them. The pages reconnect elsewhere.
+        hub = getattr(getattr(self.config.app, "state", None), "hub", None)
+        if hub is not None:
+            hub.close()
         if sig == signal.SIGTERM and sig in self._captured_signals:
             self._captured_signals.remove(sig)
 
@@ -59,6 +65,7 @@ def create_app(
         pool = await open_pool(url, min_size=2, max_size=16, name="api", fail_fast=fail_fast)
         app.state.pool = pool
         app.state.queue = Queue.from_settings(pool, settings)
+        app.state.hub = Hub(url, ping_seconds=settings.events_ping_seconds)
         # What start-up allocated (FastAPI, pydantic, boto3: ~84k objects) lives as long
         # as the process. Left to the collector, each full pass walks all of it while every
         # request waits (38-47 ms here, bench/api.py); frozen, a full pass walks only what
@@ -68,6 +75,7 @@ def create_app(
         try:
             yield
         finally:
+            app.state.hub.close()
             await pool.close()
 
     app = FastAPI(

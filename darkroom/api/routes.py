@@ -14,9 +14,10 @@ from typing import Annotated, Any, BinaryIO, cast
 
 from anyio import to_thread
 from fastapi import APIRouter, Path, Query, Request, Response
-from fastapi.responses import JSONResponse, RedirectResponse
+from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 
 from darkroom.api.auth import Admin, Caller
+from darkroom.api.events import Hub
 from darkroom.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from darkroom.api.metrics import render
 from darkroom.api.problems import (
@@ -367,6 +368,31 @@ async def derivative(
         log.error("derivative object missing", extra={"file_id": str(row["id"])})
         raise not_found() from None
     return Response(data, media_type="image/webp", headers=headers)
+
+
+@router.get(
+    "/v1/events",
+    tags=["files"],
+    responses={
+        200: {
+            "description": "A server-sent event stream: `open` once, then `status` "
+            "(`{id, status}`) for each status change of the caller's cards, `resync` when "
+            "changes may have been missed (re-read what you show), and `ping` when idle.",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+        **problems(401),
+    },
+    response_class=StreamingResponse,
+    summary="Status changes of the caller's cards, pushed",
+)
+async def events(who: Caller, request: Request) -> StreamingResponse:
+    hub: Hub = request.app.state.hub
+    return StreamingResponse(
+        hub.stream(who.owner),
+        media_type="text/event-stream",
+        # No proxy may buffer or cache a live stream.
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
 
 
 @router.delete(

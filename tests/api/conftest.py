@@ -59,6 +59,10 @@ class ServerThread:
             time.sleep(0.01)
 
     def stop(self) -> None:
+        # As `darkroom api` does on SIGTERM: open event streams end, or shutdown waits.
+        hub = getattr(self.server.config.app.state, "hub", None)
+        if hub is not None:
+            hub.close_threadsafe()
         self.server.should_exit = True
         self.thread.join(15)
 

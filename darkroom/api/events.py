@@ -1,0 +1,164 @@
+"""Status changes pushed to the web page as server-sent events (`GET /v1/events`).
+
+Every status change is made by one of queue.py's statements; a statement-level trigger
+(migration 0009) turns each statement's changes into one `NOTIFY darkroom_cards`. Each
+API process holds ONE listening connection, whatever the number of open pages, and hands
+every change to the streams of the card's owner only.
+
+A page that missed notifications (its stream was down, its buffer overflowed, or the
+listening connection was lost) gets a `resync` event and re-reads what it shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "darkroom_cards"
+# A page that falls this far behind is told to re-read instead of being sent the backlog.
+_BUFFER = 256
+_RESYNC: dict[str, Any] = {"type": "resync"}
+
+Event = dict[str, Any] | None  # None ends the stream (shutdown)
+
+
+class Hub:
+    """Owner → open streams; one LISTEN connection, started with the first stream."""
+
+    def __init__(self, conninfo: str, *, ping_seconds: float) -> None:
+        self.conninfo = conninfo
+        self.ping_seconds = ping_seconds
+        self._streams: dict[str, set[asyncio.Queue[Event]]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._listening = asyncio.Event()
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def streams(self) -> int:
+        return sum(len(s) for s in self._streams.values())
+
+    async def subscribe(self, owner: str) -> asyncio.Queue[Event]:
+        """A new stream for `owner`; answers once the listener is up (or failing)."""
+        self._loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Event] = asyncio.Queue(_BUFFER)
+        self._streams.setdefault(owner, set()).add(queue)
+        if self._closed:
+            queue.put_nowait(None)
+        elif self._task is None:
+            self._task = asyncio.create_task(self._listen(), name="events-listen")
+        # A change made right after the page's first read must not slip past: wait (a
+        # little) until the listener is in place before the stream says it is open.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._listening.wait(), 5.0)
+        return queue
+
+    def unsubscribe(self, owner: str, queue: asyncio.Queue[Event]) -> None:
+        streams = self._streams.get(owner)
+        if streams is not None:
+            streams.discard(queue)
+            if not streams:
+                del self._streams[owner]
+
+    def close(self) -> None:
+        """End every stream (shutdown): a page reconnects to another process."""
+        self._closed = True
+        for streams in self._streams.values():
+            for queue in streams:
+                self._offer(queue, None, force=True)
+        if self._task is not None:
+            self._task.cancel()
+
+    def close_threadsafe(self) -> None:
+        """`close()` from another thread than the server's loop."""
+        if self._loop is None:
+            self._closed = True
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop already ended: nothing open
+                self._loop.call_soon_threadsafe(self.close)
+
+    async def stream(self, owner: str) -> AsyncIterator[str]:
+        """The text/event-stream body for one page of `owner`."""
+        queue = await self.subscribe(owner)
+        try:
+            # A reconnecting EventSource-style client waits this long before retrying.
+            yield "retry: 2000\nevent: open\ndata: {}\n\n"
+            while True:
+                try:
+                    event = await asyncio.wait_for(queue.get(), self.ping_seconds)
+                except TimeoutError:
+                    # Keeps proxies from closing an idle stream, and lets a page see that
+                    # the stream is alive without asking anything.
+                    yield "event: ping\ndata: {}\n\n"
+                    continue
+                if event is None:
+                    return
+                yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+        finally:
+            self.unsubscribe(owner, queue)
+
+    # --- the listener ------------------------------------------------------------------
+
+    def _offer(self, queue: asyncio.Queue[Event], event: Event, *, force: bool = False) -> None:
+        try:
+            queue.put_nowait(event)
+        except asyncio.QueueFull:
+            # Behind: drop its backlog and tell it to re-read (or to stop, at shutdown).
+            while not queue.empty():
+                queue.get_nowait()
+            queue.put_nowait(event if force else _RESYNC)
+
+    def _broadcast(self, event: dict[str, Any]) -> None:
+        for streams in self._streams.values():
+            for queue in streams:
+                self._offer(queue, event)
+
+    def dispatch(self, payload: str) -> None:
+        """One notification's payload to the streams of the owners it names."""
+        try:
+            body = json.loads(payload)
+        except ValueError:
+            log.warning("unreadable card notification")
+            return
+        if "c" in body:
+            for owner, file_id, status in body["c"]:
+                for queue in self._streams.get(owner, ()):
+                    self._offer(queue, {"type": "status", "id": file_id, "status": status})
+        elif body.get("o") == "*":
+            self._broadcast(_RESYNC)
+        else:
+            for owner in body.get("o", ()):
+                for queue in self._streams.get(owner, ()):
+                    self._offer(queue, _RESYNC)
+
+    async def _listen(self) -> None:
+        delay = 0.5
+        first = True
+        while not self._closed:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+                async with conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    delay = 0.5
+                    self._listening.set()
+                    if not first:
+                        # Changes made while nobody listened were never sent.
+                        self._broadcast(_RESYNC)
+                    first = False
+                    async for notify in conn.notifies():
+                        self.dispatch(notify.payload)
+            except psycopg.Error as exc:
+                self._listening.clear()
+                log.warning("events LISTEN connection lost", extra={"error": type(exc).__name__})
+                first = False
+                await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, 10.0)

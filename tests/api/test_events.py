@@ -1,0 +1,113 @@
+"""GET /v1/events: status changes pushed per owner, fed by the queue's notifications."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.api.conftest import Api, start_api
+from tests.api.helpers import JPEG, confirmed, make_ready, upload
+from tests.api.test_contract import assert_problem
+
+WEBP = b"RIFF\x1a\x00\x00\x00WEBPVP8L" + b"\x01" * 14
+
+
+class Stream:
+    """One page's event stream, read by a thread into a queue (no sleeps: get waits)."""
+
+    def __init__(self, api: Api, key: str) -> None:
+        self.events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+        self._client = httpx.Client(base_url=api.url, timeout=httpx.Timeout(30, read=None))
+        self._request = self._client.build_request(
+            "GET", "/v1/events", headers={"Authorization": f"Bearer {key}"})
+        self._response = self._client.send(self._request, stream=True)
+        assert self._response.status_code == 200
+        assert self._response.headers["content-type"].startswith("text/event-stream")
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+        assert self.next()[0] == "open"
+
+    def _read(self) -> None:
+        kind, data = "message", ""
+        try:
+            for line in self._response.iter_lines():
+                if line.startswith("event: "):
+                    kind = line[7:]
+                elif line.startswith("data: "):
+                    data = line[6:]
+                elif line == "" and data:
+                    self.events.put((kind, json.loads(data)))
+                    kind, data = "message", ""
+        except httpx.HTTPError:
+            pass
+        self.events.put(("closed", {}))
+
+    def next(self, skip_pings: bool = True) -> tuple[str, dict[str, Any]]:
+        while True:
+            event = self.events.get(timeout=20)
+            if not (skip_pings and event[0] == "ping"):
+                return event
+
+    def close(self) -> None:
+        # The reader thread ends when the server ends the stream (at the latest when the
+        # fixture stops the server): closing a socket under a blocked read does not wake it.
+        self._response.close()
+        self._client.close()
+
+
+@contextmanager
+def stream(api: Api, key: str) -> Iterator[Stream]:
+    s = Stream(api, key)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def test_events_need_a_key(local_api: Api) -> None:
+    with local_api.client(None) as c:
+        assert_problem(c.get("/v1/events"), 401, "unauthorized")
+
+
+def test_each_owner_sees_only_its_own_changes_in_order(local_api: Api) -> None:
+    alice, bob = local_api.make_key("alice"), local_api.make_key("bob")
+    with stream(local_api, alice) as a, stream(local_api, bob) as b, \
+            local_api.client(alice) as ca, local_api.client(bob) as cb:
+        theirs = confirmed(cb)
+        mine = confirmed(ca)
+        assert a.next() == ("status", {"type": "status", "id": mine["id"], "status": "queued"})
+        assert b.next() == ("status", {"type": "status", "id": theirs["id"],
+                                       "status": "queued"})
+        # The worker's side of the protocol: claim (processing), then the fenced commit.
+        make_ready(local_api.db_url, local_api.settings, local_api.store, mine["id"], WEBP)
+        assert a.next()[1]["status"] == "processing"
+        assert a.next()[1] == {"type": "status", "id": mine["id"], "status": "ready"}
+        # make_ready claimed bob's card too and handed it back: bob hears of his own only.
+        assert [b.next()[1]["status"] for _ in range(2)] == ["processing", "queued"]
+        ca.delete(f"/v1/files/{mine['id']}")
+        assert a.next()[1] == {"type": "status", "id": mine["id"], "status": "deleting"}
+
+
+def test_idle_stream_only_pings_and_ends_at_shutdown(db_url: str, tmp_path: Path) -> None:
+    server, api = start_api(db_url, (tmp_path / "o").as_uri(), tmp_path, "local",
+                            events_ping_seconds=0.2)
+    try:
+        key = api.make_key("carol")
+        with stream(api, key) as s, api.client(key) as c:
+            assert [s.next(skip_pings=False)[0] for _ in range(3)] == ["ping"] * 3
+            card, version = upload(c, JPEG)  # a new pending card is no status change
+            assert s.next(skip_pings=False)[0] == "ping"
+            c.post(f"/v1/files/{card['id']}/confirm", json={"version": version})
+            assert s.next() == ("status", {"type": "status", "id": card["id"],
+                                           "status": "queued"})
+            server.stop()
+            assert s.next() == ("closed", {})
+    finally:
+        server.stop()

@@ -1,17 +1,30 @@
-// darkroom web page: upload, watch each card to its end, view the WebP; queue dashboard.
-// Plain script, no build step. Everything goes through the public /v1 API with the key.
-"use strict";
+// darkroom web page: upload many files, page through the archive, view a preview; queue dashboard.
+// An ES module, no build step. Everything goes through the public /v1 API with the key.
+//
+// Built for archives of thousands of files: the grid pages through GET /v1/files with its
+// cursor as the user scrolls, each card paints its thumbhash at once and fetches its small
+// thumb only when it comes near the viewport, and status changes arrive over ONE
+// server-sent event stream (GET /v1/events) instead of a timer per card.
+import { thumbHashToDataURL } from "./thumbhash.js";
 
 const KEY_STORAGE = "darkroom.apiKey";
-const ACCEPTED = ["image/jpeg", "image/png", "image/webp", "image/gif"];
+const ACCEPTED = ["image/jpeg", "image/png", "image/webp", "image/gif",
+  "image/heic", "image/heif", "image/avif", "image/tiff"];
+// Browsers often give no type for HEIC, HEIF, AVIF or TIFF files: go by the name then.
+const BY_EXTENSION = {
+  jpg: "image/jpeg", jpeg: "image/jpeg", png: "image/png", webp: "image/webp", gif: "image/gif",
+  heic: "image/heic", heif: "image/heif", avif: "image/avif", tif: "image/tiff", tiff: "image/tiff",
+};
+const FORMATS_TEXT = "JPEG, PNG, WebP, GIF, HEIC, AVIF or TIFF";
 const FINAL = new Set(["ready", "rejected"]);
-const POLL_FIRST_MS = 500;
-const POLL_MAX_MS = 5000;
+const PAGE_SIZE = 100;
 const QUEUE_REFRESH_MS = 3000;
+const UPLOADS_AT_ONCE = 3;
+const STREAM_RETRY_MS = [1000, 2000, 5000, 10000, 30000];
 
 // DESIGN §5 codes, in words a person understands.
 const ERROR_TEXT = {
-  unsupported_format: "This file isn't an image we can read. Please use JPEG, PNG, WebP or GIF.",
+  unsupported_format: `This file isn't an image we can read. Please use ${FORMATS_TEXT}.`,
   invalid_image: "This image is damaged or incomplete, so it couldn't be opened.",
   image_too_large: "This image is too big (file size, pixel count or dimensions over the limit).",
   original_missing: "The uploaded original could no longer be found. Please upload it again.",
@@ -27,7 +40,22 @@ const STATUS_LABEL = {
 };
 
 const $ = (sel, root = document) => root.querySelector(sel);
-const state = { key: localStorage.getItem(KEY_STORAGE) || "", cards: new Map(), queueTimer: null };
+const state = {
+  key: localStorage.getItem(KEY_STORAGE) || "",
+  cards: new Map(),          // id -> { el, card, thumbLoaded }
+  queueTimer: null,
+  filter: "",                // a status, or "" for all
+  cursor: null,              // next_cursor of the last page read
+  more: false,               // another page exists
+  loading: false,
+  generation: 0,             // bumps on key or filter change: late answers are dropped
+  stream: null,              // AbortController of the event stream
+  streamFailures: 0,
+  thumbs: null,              // IntersectionObserver for lazy thumbs
+  uploads: { total: 0, sent: 0, files: 0, done: 0, running: 0, waiting: [] },
+};
+// Counters for tests and operators: what the page did, without timing anything.
+window.darkroomStats = { pings: 0, events: 0, pages: 0, streams: 0 };
 
 // --- API ---------------------------------------------------------------------------------
 
@@ -101,11 +129,12 @@ function cardElement(id) {
   return entry ? entry.el : null;
 }
 
-function newCardElement(filename) {
+function newCardElement(filename, atTop) {
   const el = $("#card-template").content.firstElementChild.cloneNode(true);
   $('[data-testid="filename"]', el).textContent = filename;
   $('[data-testid="filename"]', el).title = filename;
-  $(".grid").prepend(el);
+  if (atTop) $(".grid").prepend(el);
+  else $(".grid").append(el);
   updateEmpty();
   return el;
 }
@@ -128,6 +157,7 @@ function setError(el, message) {
   const p = $('[data-testid="error"]', el);
   p.hidden = !message;
   p.textContent = message || "";
+  p.title = message || "";
 }
 
 function formatBytes(n) {
@@ -144,6 +174,9 @@ function apiErrorText(error) {
     return limit ? `This file is larger than the upload limit of ${formatBytes(limit)}.`
       : "This file is larger than the upload limit.";
   }
+  if (type.endsWith("/quota_exceeded")) {
+    return "Your storage quota is full. Delete some files before uploading more.";
+  }
   if (error.status === 422 && (error.problem.errors || []).some((e) => e.field === "content_type")) {
     return ERROR_TEXT.unsupported_format;
   }
@@ -155,13 +188,27 @@ function apiErrorText(error) {
   return "Something went wrong with this upload. Please try again.";
 }
 
-function render(card) {
+function placeholderFor(card, el) {
+  const ph = $('[data-testid="placeholder"]', el);
+  if (card.thumbhash && !ph.dataset.hash) {
+    try {
+      const bytes = Uint8Array.from(atob(card.thumbhash), (c) => c.charCodeAt(0));
+      ph.style.backgroundImage = `url(${thumbHashToDataURL(bytes)})`;
+      ph.dataset.hash = "1";
+      ph.classList.add("hashed");
+    } catch (_) { /* a bad hash only costs the colour */ }
+  }
+}
+
+function render(card, atTop = false) {
   let entry = state.cards.get(card.id);
   if (!entry) {
-    entry = { el: newCardElement(card.filename), previewLoaded: false, timer: null };
+    entry = { el: newCardElement(card.filename, atTop), card, thumbLoaded: false };
     state.cards.set(card.id, entry);
-    wireDelete(card.id, entry.el);
+    wireCard(card.id, entry.el);
+    state.thumbs.observe(entry.el);
   }
+  entry.card = card;
   const el = entry.el;
   el.dataset.id = card.id;
   setStatus(el, card.status);
@@ -169,51 +216,41 @@ function render(card) {
     ? (ERROR_TEXT[card.error_code] || ERROR_TEXT.processing_failed) : "");
   const meta = $('[data-testid="meta"]', el);
   if (card.status === "ready" && card.derivative) {
-    meta.textContent = `${card.derivative.width}×${card.derivative.height} · ${formatBytes(card.derivative.bytes)} WebP`;
-    if (!entry.previewLoaded) { entry.previewLoaded = true; loadPreview(card, el); }
+    meta.textContent = `${card.derivative.width}×${card.derivative.height} · ${formatBytes(card.derivative.bytes)}`;
+    placeholderFor(card, el);
+    if (el.dataset.visible === "1") loadThumb(card.id);
   } else {
     meta.textContent = formatBytes(card.size);
   }
   if (card.status !== "pending") setProgress(el, null);
 }
 
-async function loadPreview(card, el) {
-  // The derivative route needs the bearer key, which an <img src> cannot send: fetch it as
-  // a blob and show an object URL. For S3 the route redirects to a presigned URL.
-  try {
-    const response = await fetch(card.derivative.url, { headers: authHeaders() });
-    if (!response.ok) throw new ApiError(response.status, null);
-    const url = URL.createObjectURL(await response.blob());
-    const img = $('[data-testid="preview"]', el);
-    img.onload = () => { img.hidden = false; $('[data-testid="placeholder"]', el).hidden = true; };
-    img.alt = card.filename;
-    img.src = url;
-  } catch (_) {
-    setError(el, "The preview could not be loaded.");
-  }
-}
-
-function watch(id, delay = POLL_FIRST_MS) {
+// Thumbs are fetched only for cards near the viewport: a grid of thousands downloads what
+// is seen. The route needs the bearer key, which an <img src> cannot send: fetch a blob.
+async function loadThumb(id) {
   const entry = state.cards.get(id);
-  if (!entry) return;
-  clearTimeout(entry.timer);
-  entry.timer = setTimeout(async () => {
-    if (!state.cards.has(id)) return;
-    try {
-      const card = await api("GET", `/v1/files/${id}`);
-      render(card);
-      if (!FINAL.has(card.status)) watch(id, Math.min(delay * 1.25, POLL_MAX_MS));
-    } catch (error) {
-      if (error.status === 404) { removeCard(id); return; }
-      watch(id, Math.min(delay * 2, POLL_MAX_MS));
-    }
-  }, delay);
+  if (!entry || entry.thumbLoaded || entry.card.status !== "ready") return;
+  entry.thumbLoaded = true;
+  const card = entry.card;
+  const url = (card.derivatives && card.derivatives.thumb.url) || card.derivative.url;
+  try {
+    const response = await fetch(url, { headers: authHeaders() });
+    if (!response.ok) throw new ApiError(response.status, null);
+    const blob = URL.createObjectURL(await response.blob());
+    const img = $('[data-testid="preview"]', entry.el);
+    img.onload = () => { img.hidden = false; $('[data-testid="placeholder"]', entry.el).hidden = true; };
+    img.alt = card.filename;
+    img.src = blob;
+  } catch (_) {
+    entry.thumbLoaded = false;
+    setError(entry.el, "The thumbnail could not be loaded.");
+  }
 }
 
 function removeCard(id) {
   const entry = state.cards.get(id);
   if (!entry) return;
-  clearTimeout(entry.timer);
+  state.thumbs.unobserve(entry.el);
   const img = $('[data-testid="preview"]', entry.el);
   if (img.src.startsWith("blob:")) URL.revokeObjectURL(img.src);
   entry.el.remove();
@@ -221,87 +258,330 @@ function removeCard(id) {
   updateEmpty();
 }
 
-function wireDelete(id, el) {
-  $('[data-testid="delete"]', el).addEventListener("click", async () => {
-    const button = $('[data-testid="delete"]', el);
-    button.disabled = true;
-    try {
-      await api("DELETE", `/v1/files/${id}`);
-      removeCard(id);
-    } catch (error) {
-      if (error.status === 404) removeCard(id);
-      else { button.disabled = false; setError(el, "This file could not be deleted. Please try again."); }
-    }
-  });
+async function deleteCard(id) {
+  const el = cardElement(id);
+  const button = el && $('[data-testid="delete"]', el);
+  if (button) button.disabled = true;
+  try {
+    await api("DELETE", `/v1/files/${id}`);
+    removeCard(id);
+    return true;
+  } catch (error) {
+    if (error.status === 404) { removeCard(id); return true; }
+    if (button) button.disabled = false;
+    if (el) setError(el, "This file could not be deleted. Please try again.");
+    return false;
+  }
+}
+
+function wireCard(id, el) {
+  $('[data-testid="delete"]', el).addEventListener("click", (e) => { e.stopPropagation(); deleteCard(id); });
+  const open = () => { const entry = state.cards.get(id); if (entry) openViewer(entry.card); };
+  $(".thumb", el).addEventListener("click", open);
+  $('[data-testid="filename"]', el).addEventListener("click", open);
 }
 
 function updateEmpty() {
-  $('[data-testid="empty"]').hidden = $(".grid").children.length > 0;
+  $('[data-testid="empty"]').hidden = $(".grid").children.length > 0 || state.loading;
 }
 
-// A file that never became a card (refused before or at creation) gets a local card.
-function localFailure(filename, message) {
-  const el = newCardElement(filename);
+// --- paging ------------------------------------------------------------------------------
+
+async function loadPage() {
+  if (state.loading || !state.key || (!state.more && state.cursor !== null)) return;
+  state.loading = true;
+  const generation = state.generation;
+  const query = new URLSearchParams({ limit: String(PAGE_SIZE) });
+  if (state.filter) query.set("status", state.filter);
+  if (state.cursor) query.set("cursor", state.cursor);
+  try {
+    const page = await api("GET", `/v1/files?${query}`);
+    if (generation !== state.generation) return;
+    window.darkroomStats.pages += 1;
+    for (const card of page.items) render(card);
+    state.cursor = page.next_cursor || "";
+    state.more = Boolean(page.next_cursor);
+    $('[data-testid="more"]').hidden = !state.more;
+  } catch (error) {
+    if (error.status !== 401) showNotice("Your files could not be loaded. Please reload the page.");
+  } finally {
+    if (generation === state.generation) state.loading = false;
+    updateEmpty();
+  }
+  // Still room below the last card (a tall window): keep filling it.
+  if (generation === state.generation && state.more && sentinelVisible()) loadPage();
+}
+
+function sentinelVisible() {
+  const rect = $('[data-testid="more"]').getBoundingClientRect();
+  return rect.top < window.innerHeight + 800;
+}
+
+function resetGrid() {
+  state.generation += 1;
+  for (const id of [...state.cards.keys()]) removeCard(id);
+  $(".grid").replaceChildren();
+  state.cursor = null;
+  state.more = false;
+  state.loading = false;
+}
+
+// --- live status (server-sent events) -----------------------------------------------------
+
+async function openStream() {
+  closeStream();
+  if (!state.key) return;
+  const controller = new AbortController();
+  state.stream = controller;
+  window.darkroomStats.streams += 1;
+  try {
+    const response = await fetch("/v1/events", { headers: authHeaders(), signal: controller.signal });
+    if (response.status === 401) { keyRejected(); return; }
+    if (!response.ok || !response.body) throw new ApiError(response.status, null);
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += value;
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, cut);
+        buffer = buffer.slice(cut + 2);
+        handleEvent(block);
+      }
+    }
+  } catch (_) {
+    if (controller.signal.aborted) return;
+  }
+  if (state.stream !== controller) return;
+  // Ended (a server restart, a network blip): come back, a little later each time, and
+  // re-read what may have changed meanwhile.
+  const wait = STREAM_RETRY_MS[Math.min(state.streamFailures, STREAM_RETRY_MS.length - 1)];
+  state.streamFailures += 1;
+  setTimeout(() => { if (state.stream === controller) { openStream(); } }, wait);
+}
+
+function closeStream() {
+  if (state.stream) state.stream.abort();
+  state.stream = null;
+}
+
+function handleEvent(block) {
+  let kind = "message";
+  let data = "";
+  for (const line of block.split("\n")) {
+    if (line.startsWith("event: ")) kind = line.slice(7);
+    else if (line.startsWith("data: ")) data += line.slice(6);
+  }
+  window.darkroomStats.events += 1;
+  if (kind === "ping") { window.darkroomStats.pings += 1; return; }
+  if (kind === "open") {
+    if (state.streamFailures > 0) resync();
+    state.streamFailures = 0;
+    return;
+  }
+  if (kind === "resync") { resync(); return; }
+  if (kind !== "status") return;
+  const event = JSON.parse(data);
+  const entry = state.cards.get(event.id);
+  if (!entry) return;
+  if (event.status === "deleting") { removeCard(event.id); return; }
+  if (FINAL.has(event.status)) {
+    // One read for the card's result (its thumb, size or error), only when it ends.
+    refreshCard(event.id);
+  } else if (entry.el.dataset.status !== "uploading") {
+    entry.card = { ...entry.card, status: event.status };
+    setStatus(entry.el, event.status);
+  }
+}
+
+async function refreshCard(id) {
+  try {
+    render(await api("GET", `/v1/files/${id}`));
+  } catch (error) {
+    if (error.status === 404) removeCard(id);
+  }
+}
+
+// Changes may have been missed: re-read the cards still on their way.
+function resync() {
+  for (const [id, entry] of state.cards) {
+    if (!FINAL.has(entry.card.status) && entry.el.dataset.status !== "uploading"
+        && entry.el.dataset.status !== "failed") {
+      refreshCard(id);
+    }
+  }
+}
+
+// --- viewer ------------------------------------------------------------------------------
+
+async function openViewer(card) {
+  const dialog = $('[data-testid="viewer"]');
+  const img = $('[data-testid="viewer-image"]', dialog);
+  if (img.src.startsWith("blob:")) URL.revokeObjectURL(img.src);
+  img.removeAttribute("src");
+  img.hidden = true;
+  $('[data-testid="viewer-name"]', dialog).textContent = card.filename;
+  const details = [
+    ["Status", STATUS_LABEL[card.status] || card.status],
+    ["Uploaded", new Date(card.created_at).toLocaleString()],
+    ["Original", `${formatBytes(card.size)} · ${card.content_type}`],
+    ["Attempts", String(card.attempts)],
+  ];
+  if (card.derivative) {
+    details.push(["Preview", `${card.derivative.width}×${card.derivative.height} · ${formatBytes(card.derivative.bytes)} WebP`]);
+  }
+  $('[data-testid="viewer-details"]', dialog).replaceChildren(...details.map(([k, v]) => {
+    const row = document.createElement("div");
+    const dt = document.createElement("dt");
+    const dd = document.createElement("dd");
+    dt.textContent = k;
+    dd.textContent = v;
+    row.append(dt, dd);
+    return row;
+  }));
+  const error = $('[data-testid="viewer-error"]', dialog);
+  error.hidden = card.status !== "rejected";
+  error.textContent = card.status === "rejected"
+    ? (ERROR_TEXT[card.error_code] || ERROR_TEXT.processing_failed) : "";
+  $('[data-testid="viewer-delete"]', dialog).onclick = async () => {
+    if (await deleteCard(card.id)) dialog.close();
+  };
+  if (!dialog.open) dialog.showModal();
+  if (card.status === "ready" && card.derivative) {
+    try {
+      const response = await fetch(card.derivative.url, { headers: authHeaders() });
+      if (!response.ok) throw new ApiError(response.status, null);
+      const url = URL.createObjectURL(await response.blob());
+      img.onload = () => { img.hidden = false; };
+      img.alt = card.filename;
+      img.src = url;
+    } catch (_) {
+      error.hidden = false;
+      error.textContent = "The preview could not be loaded.";
+    }
+  }
+}
+
+// --- upload ------------------------------------------------------------------------------
+
+function typeOf(file) {
+  const declared = (file.type || "").toLowerCase();
+  if (ACCEPTED.includes(declared)) return declared;
+  const ext = (file.name.split(".").pop() || "").toLowerCase();
+  return BY_EXTENSION[ext] || declared;
+}
+
+function updateOverall() {
+  const u = state.uploads;
+  const box = $('[data-testid="upload-progress"]');
+  if (u.files === 0) { box.hidden = true; return; }
+  box.hidden = false;
+  const fraction = u.total ? u.sent / u.total : 1;
+  $("span", $('[data-testid="upload-bar"]')).style.width = `${Math.round(fraction * 100)}%`;
+  $('[data-testid="upload-text"]').textContent =
+    `Uploading ${u.done} of ${u.files} files · ${Math.round(fraction * 100)}%`;
+  if (u.done === u.files && u.running === 0) {
+    $('[data-testid="upload-text"]').textContent = `Uploaded ${u.files} file${u.files === 1 ? "" : "s"}`;
+    u.files = u.done = u.total = u.sent = 0;
+  }
+}
+
+// A file refused before it became a card gets a local card, with a retry where one helps.
+function localFailure(file, message, retry) {
+  const el = newCardElement(file.name, true);
   setStatus(el, "failed");
   setError(el, message);
-  $('[data-testid="delete"]', el).addEventListener("click", () => { el.remove(); updateEmpty(); });
+  const del = $('[data-testid="delete"]', el);
+  del.addEventListener("click", () => { el.remove(); updateEmpty(); });
+  if (retry) showRetry(el, () => { el.remove(); queueUpload(file); });
   return el;
 }
 
-async function uploadFile(file) {
-  const type = (file.type || "").toLowerCase();
+function showRetry(el, again) {
+  const button = $('[data-testid="retry"]', el);
+  button.hidden = false;
+  button.onclick = (e) => { e.stopPropagation(); button.hidden = true; again(); };
+}
+
+async function uploadFile(file, counted) {
+  const type = typeOf(file);
   if (!ACCEPTED.includes(type)) {
-    localFailure(file.name, ERROR_TEXT.unsupported_format);
+    localFailure(file, ERROR_TEXT.unsupported_format, false);
     return;
   }
   let card;
   try {
     card = await api("POST", "/v1/files", { filename: file.name, content_type: type, size: file.size });
   } catch (error) {
-    localFailure(file.name, apiErrorText(error));
+    // Refusals (size, quota, format) will not change on a retry; anything else may.
+    const final = [413, 403, 422, 401].includes(error.status);
+    localFailure(file, apiErrorText(error), !final);
     return;
   }
-  render(card);
+  render(card, true);
   const el = cardElement(card.id);
   setStatus(el, "uploading");
   setProgress(el, 0);
+  let reported = 0;
+  const progress = (f) => {
+    setProgress(el, f);
+    const now = f * file.size;
+    counted.sent += now - reported;
+    reported = now;
+    updateOverall();
+  };
   try {
     let version;
     try {
-      version = await putWithProgress(card.upload, file, (f) => setProgress(el, f));
+      version = await putWithProgress(card.upload, file, progress);
     } catch (error) {
       // A direct-to-store upload the browser could not complete or read (typically the
       // bucket's CORS): send the bytes through the API instead.
       if (error.status !== 0 || sameOrigin(card.upload.url)) throw error;
       const viaApi = { method: "PUT", url: `/v1/files/${card.id}/content`, headers: { "Content-Type": type } };
-      version = await putWithProgress(viaApi, file, (f) => setProgress(el, f));
+      version = await putWithProgress(viaApi, file, progress);
     }
-    setProgress(el, 1);
+    progress(1);
     render(await api("POST", `/v1/files/${card.id}/confirm`, { version }));
-    watch(card.id);
   } catch (error) {
     setProgress(el, null);
     setStatus(el, "failed");
     setError(el, apiErrorText(error));
+    if (![413, 403, 422, 401].includes(error.status)) {
+      // The card stays pending: a retry sends the bytes again to a new card.
+      showRetry(el, () => { deleteCard(card.id); queueUpload(file); });
+    }
+  }
+}
+
+function queueUpload(file) {
+  const u = state.uploads;
+  u.files += 1;
+  u.total += file.size;
+  u.waiting.push(file);
+  updateOverall();
+  pump();
+}
+
+function pump() {
+  const u = state.uploads;
+  while (u.running < UPLOADS_AT_ONCE && u.waiting.length) {
+    const file = u.waiting.shift();
+    u.running += 1;
+    uploadFile(file, u).finally(() => {
+      u.running -= 1;
+      u.done += 1;
+      updateOverall();
+      pump();
+    });
   }
 }
 
 function uploadAll(files) {
   if (!state.key) { showNotice("Enter your API key first."); return; }
-  for (const file of files) uploadFile(file);
-}
-
-async function loadCards() {
-  try {
-    const page = await api("GET", "/v1/files?limit=100");
-    for (const card of page.items.slice().reverse()) {
-      render(card);
-      if (!FINAL.has(card.status) && card.status !== "pending") watch(card.id);
-    }
-  } catch (error) {
-    if (error.status !== 401) showNotice("Your files could not be loaded. Please reload the page.");
-  }
-  updateEmpty();
+  for (const file of files) queueUpload(file);
 }
 
 // --- queue panel (admin keys only) ------------------------------------------------------
@@ -366,8 +646,8 @@ function forgetKey(clearNotice = true) {
   state.key = "";
   localStorage.removeItem(KEY_STORAGE);
   stopQueue();
-  for (const id of [...state.cards.keys()]) removeCard(id);
-  $(".grid").replaceChildren();
+  closeStream();
+  resetGrid();
   updateEmpty();
   $('[data-testid="queue-panel"]').hidden = true;
   $('[data-testid="key-form"]').hidden = false;
@@ -382,19 +662,41 @@ function useKey(key) {
   $('[data-testid="key-set"]').hidden = false;
   $('[data-testid="key-hint"]').textContent = `${key.slice(0, 6)}…${key.slice(-4)}`;
   showNotice("");
-  loadCards();
+  resetGrid();
+  openStream();
+  loadPage();
   startQueue();
 }
 
 // --- wiring ------------------------------------------------------------------------------
 
 function init() {
+  state.thumbs = new IntersectionObserver((entries) => {
+    for (const e of entries) {
+      e.target.dataset.visible = e.isIntersecting ? "1" : "";
+      if (e.isIntersecting && e.target.dataset.id) loadThumb(e.target.dataset.id);
+    }
+  }, { rootMargin: "400px 0px" });
+  new IntersectionObserver((entries) => {
+    if (entries.some((e) => e.isIntersecting)) loadPage();
+  }, { rootMargin: "800px 0px" }).observe($('[data-testid="more"]'));
+
   $('[data-testid="key-form"]').addEventListener("submit", (e) => {
     e.preventDefault();
     const key = $('[data-testid="key-input"]').value.trim();
     if (key) { $('[data-testid="key-input"]').value = ""; useKey(key); }
   });
   $('[data-testid="key-forget"]').addEventListener("click", () => forgetKey());
+
+  $('[data-testid="status-filter"]').addEventListener("change", (e) => {
+    state.filter = e.target.value;
+    resetGrid();
+    loadPage();
+  });
+
+  const dialog = $('[data-testid="viewer"]');
+  $('[data-testid="viewer-close"]').addEventListener("click", () => dialog.close());
+  dialog.addEventListener("click", (e) => { if (e.target === dialog) dialog.close(); });
 
   const input = $('[data-testid="file-input"]');
   input.addEventListener("change", () => { uploadAll([...input.files]); input.value = ""; });
@@ -414,4 +716,5 @@ function init() {
   else updateEmpty();
 }
 
-document.addEventListener("DOMContentLoaded", init);
+if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init);
+else init();

@@ -1,0 +1,262 @@
+"""The page holding a real archive, in headless Chromium: 2,000 cards of one owner.
+
+Cards are made through the lease protocol itself (create, confirm, claim, complete or
+fail), with real derivatives of the corpus photos. The test asserts outcomes and order,
+never durations (first paint in time is bench/page.py's): the first screen is one page
+of the listing and only the thumbs near the viewport; scrolling pages through all 2,000
+with the cursor; an idle minute (the page's own clock, fast-forwarded) costs no request;
+a status change arrives pushed; no badge or button ever leaves its card; the viewer shows
+a card's details and its error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from darkroom.db.connection import open_pool
+from darkroom.derive import Limits, derive
+from darkroom.errors import ErrorCode
+from darkroom.queue import Derived, DerivedObject, Lease, Queue
+from darkroom.storage import ObjectStore
+from tests.api.conftest import Api, start_api
+from tests.api.test_browser import CHROMIUM_ARGS, chromium_binary
+from tests.conftest import CORPUS
+
+pytestmark = pytest.mark.browser
+
+CARDS = 2000
+REJECTED_EVERY = 9  # every ninth card is rejected, with its error shown
+LONG_NAME = "IMG_" + "2026-12-03_an_unbroken_file_name_that_never_ends_" * 4 + ".heic"
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
+
+
+@dataclass
+class Archive:
+    api: Api
+    key: str
+    last: uuid.UUID  # the newest card, left queued: the top of the grid
+
+
+def _photos(store: ObjectStore) -> list[Derived]:
+    """The corpus photos' real derivatives, stored once and shared by every card."""
+    out = []
+    for path in sorted(CORPUS.glob("*.jpg")):
+        result = derive(path.read_bytes(), Limits())
+        assert result.thumb is not None
+        key, small = f"derived/shared/{path.stem}.webp", f"derived/shared/{path.stem}.t.webp"
+        thumb = DerivedObject(
+            key=small, version=store.put(small, result.thumb.data, content_type="image/webp"),
+            sha256=result.thumb.sha256, width=result.thumb.width, height=result.thumb.height,
+            size=result.thumb.size)
+        out.append(Derived(
+            key=key, version=store.put(key, result.data, content_type="image/webp"),
+            sha256=result.sha256, width=result.width, height=result.height, size=result.size,
+            thumb=thumb, thumbhash=result.thumbhash))
+    return out
+
+
+async def _fill(api: Api, owner: str) -> uuid.UUID:
+    photos = _photos(api.store)
+    pool = await open_pool(api.db_url, min_size=2, max_size=6)
+    try:
+        queue = Queue(pool, lease_seconds=600, max_attempts=3, retry_base_seconds=0,
+                      retry_cap_seconds=0, worker="seed")
+
+        async def one(i: int) -> uuid.UUID:
+            name = LONG_NAME if i % 10 == 3 else f"photo-{i:05d}.jpg"
+            card = await queue.create_file(owner=owner, filename=name,
+                                           content_type="image/jpeg", size=1000 + i)
+            await queue.confirm(card["id"], owner, "v1")
+            return uuid.UUID(str(card["id"]))
+
+        ids: list[uuid.UUID] = []
+        for start in range(0, CARDS - 1, 50):
+            batch = range(start, min(start + 50, CARDS - 1))
+            ids += await asyncio.gather(*(one(i) for i in batch))
+        ids.append(await one(CARDS - 1))  # alone, so that it is surely the newest
+        index = {file_id: n for n, file_id in enumerate(ids)}
+        last = ids[-1]
+        finished = 0
+        while finished < CARDS:
+            leases = await queue.claim(100)
+            assert leases, "the queue ran dry before every card was claimed"
+            done: list[tuple[Lease, Derived]] = []
+            for lease in leases:
+                n = index[lease.file_id]
+                if lease.file_id == last:
+                    await queue.release([lease])  # the newest stays queued
+                elif n % REJECTED_EVERY == 4:
+                    await queue.fail(lease, ErrorCode.INVALID_IMAGE)
+                else:
+                    done.append((lease, photos[n % len(photos)]))
+                finished += lease.file_id != last
+            await queue.complete_many(done)
+            if finished == CARDS - 1:
+                break
+        return last
+    finally:
+        await pool.close()
+
+
+@pytest.fixture
+def archive(db_url: str, tmp_path: Path) -> Iterator[Archive]:
+    server, api = start_api(db_url, (tmp_path / "objects").as_uri(), tmp_path, "local")
+    try:
+        owner = "archive"
+        last = asyncio.run(_fill(api, owner))
+        yield Archive(api, api.make_key(owner), last)
+    finally:
+        server.stop()
+
+
+IN_BOX = """() => {
+  const out = { cards: 0, outside: [], ellipsized: 0 };
+  for (const card of document.querySelectorAll('[data-testid="card"]')) {
+    out.cards += 1;
+    const box = card.getBoundingClientRect();
+    for (const sel of ['[data-testid="status"]', '[data-testid="delete"]']) {
+      const r = card.querySelector(sel).getBoundingClientRect();
+      if (r.width === 0 || r.left < box.left - 0.5 || r.right > box.right + 0.5
+          || r.top < box.top - 0.5 || r.bottom > box.bottom + 0.5) {
+        out.outside.push(card.dataset.id + " " + sel);
+      }
+    }
+    const name = card.querySelector('[data-testid="filename"]');
+    if (name.scrollWidth > name.clientWidth) out.ellipsized += 1;
+  }
+  return out;
+}"""
+
+FIRST_SCREEN_DONE = """() => {
+  const near = [...document.querySelectorAll('[data-testid="card"][data-visible="1"]')]
+    .filter((c) => c.dataset.status === "ready");
+  return near.length > 0 && near.every((c) => {
+    const img = c.querySelector('[data-testid="preview"]');
+    return !img.hidden && img.complete && img.naturalWidth > 0;
+  });
+}"""
+
+
+def test_two_thousand_cards(archive: Archive, tmp_path: Path) -> None:
+    binary = chromium_binary()
+    if binary is None:
+        pytest.skip("no Chromium binary found (apt-get install chromium)")
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    expect = playwright_api.expect
+    shots = Path(os.environ.get("DARKROOM_SCREENSHOTS", str(tmp_path)))
+    api = archive.api
+
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=binary, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            requests: list[str] = []
+            page.on("request", lambda r: requests.append(r.url))
+            # The page's own timers run on this clock, so a minute passes without waiting.
+            page.clock.install()
+            page.add_init_script(
+                f"localStorage.setItem('darkroom.apiKey', {json.dumps(archive.key)})")
+            page.goto(api.url)
+            cards = page.get_by_test_id("card")
+            page.wait_for_function(FIRST_SCREEN_DONE, timeout=30_000)
+
+            # The first screen: one page of the listing, thumbs only, only those near view.
+            assert page.evaluate("window.darkroomStats.pages") == 1
+            expect(cards).to_have_count(100)
+            thumbs = [u for u in requests if u.endswith("/derivative?size=thumb")]
+            previews = [u for u in requests if u.endswith("/derivative")]
+            assert 0 < len(thumbs) < 60 and previews == []
+            assert sum("/v1/files?" in u for u in requests) == 1
+            assert sum(u.endswith("/v1/events") for u in requests) == 1
+            page.screenshot(path=str(shots / "page-grid.png"))
+
+            # An idle minute on the page's clock: a handful of requests at most, none per card.
+            idle_from = len(requests)
+            page.clock.run_for(60_000)
+            page.evaluate("() => new Promise((r) => requestAnimationFrame(() => r(null)))")
+            idle = requests[idle_from:]
+            assert len(idle) <= 3, idle
+
+            # A status change is pushed: the newest card (queued, at the top) ends ready.
+            top = cards.first
+            expect(top).to_have_attribute("data-id", str(archive.last))
+            expect(top).to_have_attribute("data-status", "queued")
+            # Playwright's sync API holds this thread's event loop: the worker's part runs
+            # on a thread of its own.
+            with ThreadPoolExecutor(1) as worker:
+                worker.submit(asyncio.run, _finish(api, archive.last)).result()
+            expect(top).to_have_attribute("data-status", "ready", timeout=20_000)
+            expect(top.get_by_test_id("preview")).to_be_visible(timeout=20_000)
+
+            # Scrolling pages through the whole archive with the cursor.
+            more = page.get_by_test_id("more")
+            while not more.is_hidden():
+                pages = page.evaluate("window.darkroomStats.pages")
+                more.scroll_into_view_if_needed()
+                page.wait_for_function(f"() => window.darkroomStats.pages > {pages}",
+                                       timeout=30_000)
+            expect(cards).to_have_count(CARDS)
+            assert page.evaluate("window.darkroomStats.pages") == CARDS // 100
+            # Thumbs only for the cards scrolled near, each once: not one per card listed.
+            thumbs = [u for u in requests if u.endswith("/derivative?size=thumb")]
+            assert len(thumbs) == len(set(thumbs)) < CARDS // 2
+
+            # No badge or button outside its card, long names ellipsized, at two widths.
+            for width in (1280, 420):
+                page.set_viewport_size({"width": width, "height": 900})
+                report = page.evaluate(IN_BOX)
+                assert report["cards"] == CARDS
+                assert report["outside"] == []
+                assert report["ellipsized"] >= CARDS // 10
+
+            # The viewer: a rejected card's details and error, then a ready one's preview.
+            page.set_viewport_size({"width": 1280, "height": 900})
+            page.evaluate("window.scrollTo(0, 0)")
+            rejected = page.locator('[data-testid="card"][data-status="rejected"]').first
+            rejected.get_by_test_id("filename").click()
+            viewer = page.get_by_test_id("viewer")
+            expect(viewer).to_be_visible()
+            error = viewer.get_by_test_id("viewer-error")
+            expect(error).to_be_visible()
+            assert "damaged" in error.inner_text()
+            expect(viewer.get_by_test_id("viewer-details")).to_contain_text("Attempts")
+            viewer.get_by_test_id("viewer-close").click()
+            expect(viewer).to_be_hidden()
+            ready = page.locator('[data-testid="card"][data-status="ready"]').nth(1)
+            ready.locator(".thumb").click()
+            image = viewer.get_by_test_id("viewer-image")
+            expect(image).to_be_visible(timeout=20_000)
+            assert any(u.endswith("/derivative") for u in requests)  # the preview, on click
+            page.screenshot(path=str(shots / "page-viewer.png"))
+            viewer.get_by_test_id("viewer-close").click()
+
+            # The status filter: a fresh listing of that status only.
+            page.get_by_test_id("status-filter").select_option("rejected")
+            expect(cards.first).to_have_attribute("data-status", "rejected", timeout=20_000)
+            statuses = page.evaluate(
+                "[...document.querySelectorAll('[data-testid=\"card\"]')]"
+                ".map((c) => c.dataset.status)")
+            assert 0 < len(statuses) <= 100 and set(statuses) == {"rejected"}
+        finally:
+            browser.close()
+
+
+async def _finish(api: Api, file_id: uuid.UUID) -> None:
+    """Play the worker for one card, through the protocol."""
+    pool = await open_pool(api.db_url, min_size=1, max_size=2)
+    try:
+        queue = Queue(pool, lease_seconds=600, max_attempts=3, retry_base_seconds=0,
+                      retry_cap_seconds=0, worker="test")
+        [lease] = [le for le in await queue.claim(5) if le.file_id == file_id]
+        await queue.complete(lease, _photos(api.store)[0])
+    finally:
+        await pool.close()

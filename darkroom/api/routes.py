@@ -328,7 +328,7 @@ async def list_files(
         },
         304: {"description": "Not modified (If-None-Match matched the ETag)."},
         307: {"description": "A redirect to a short-lived URL of the WebP."},
-        **problems(401, 404, 409),
+        **problems(401, 404, 409, 422),
     },
     response_class=Response,
     summary="A WebP derivative: the preview (default) or the thumb",

@@ -50,6 +50,10 @@ def test_api_honours_its_schema(local_api: Api) -> None:
     for result in schema.get_all_operations():
         assert isinstance(result, Ok), result  # the schema itself must be valid
         operation = result.ok()
+        if operation.path == "/v1/events":
+            # An event stream never ends, so no client can read its whole body; its
+            # contract is tests/api/test_events.py's.
+            continue
         operations += 1
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -109,3 +110,85 @@ def test_upload_watch_view_and_delete(
         assert [i["filename"] for i in items] == ["Dune.jpg"]
         assert items[0]["status"] == "ready"
     assert httpx.get(f"{api.url}/healthz").status_code == 200
+
+
+def test_many_files_refusals_in_words_and_retry(
+    page_api: Api, worker_process: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    binary = chromium_binary()
+    if binary is None:
+        pytest.skip("no Chromium binary found (apt-get install chromium)")
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    expect = playwright_api.expect
+    from tests.derive import images as im
+
+    api = page_api
+    key = api.make_key("uploader")
+    phone = tmp_path / "IMG_0001.heic"
+    phone.write_bytes(im.heic(im.quadrants(1200, 900)))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a photo\n")
+    huge = tmp_path / "huge.jpg"
+    huge.write_bytes(b"\xff\xd8\xff" + b"\0" * api.settings.max_upload_bytes)
+
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=binary, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
+            # The first upload of the photo's bytes is cut off, as a dropped connection
+            # would; every later one goes through.
+            cut: list[str] = []
+            photo_ids: list[str] = []
+
+            def created(route: Any) -> None:
+                answer = route.fetch()
+                if answer.status == 201 and answer.json()["filename"] == PHOTO.name:
+                    photo_ids.append(answer.json()["id"])
+                route.fulfill(response=answer)
+
+            def once(route: Any) -> None:
+                if not cut and photo_ids and photo_ids[0] in route.request.url:
+                    cut.append(route.request.url)
+                    route.abort("connectionreset")
+                else:
+                    route.continue_()
+
+            page.route("**/v1/files", created)
+            page.route("**/v1/files/*/content", once)
+            page.goto(api.url)
+            page.get_by_test_id("key-input").fill(key)
+            page.get_by_test_id("key-save").click()
+            page.get_by_test_id("file-input").set_input_files(
+                [str(PHOTO), str(phone), str(notes), str(huge)])
+
+            overall = page.get_by_test_id("upload-progress")
+            expect(overall).to_contain_text("Uploaded 4 files", timeout=60_000)
+
+            cards = page.get_by_test_id("card")
+            text = cards.filter(has_text="notes.txt")
+            expect(text).to_have_attribute("data-status", "failed")
+            expect(text.get_by_test_id("error")).to_contain_text("JPEG, PNG, WebP, GIF, HEIC")
+            expect(text.get_by_test_id("retry")).to_be_hidden()
+            big = cards.filter(has_text="huge.jpg")
+            expect(big.get_by_test_id("error")).to_contain_text("larger than the upload limit")
+            expect(big.get_by_test_id("retry")).to_be_hidden()
+
+            heic = cards.filter(has_text="IMG_0001.heic")
+            expect(heic).to_have_attribute("data-status", "ready", timeout=90_000)
+
+            # The cut upload: refused in words, retried with one click, then ready.
+            assert len(cut) == 1
+            failed = cards.filter(has_text="Dune.jpg")
+            expect(failed).to_have_attribute("data-status", "failed")
+            expect(failed.get_by_test_id("error")).to_contain_text("could not reach the server")
+            failed.get_by_test_id("retry").click()
+            expect(cards.filter(has_text="Dune.jpg")).to_have_count(1)
+            expect(cards.filter(has_text="Dune.jpg")).to_have_attribute(
+                "data-status", "ready", timeout=90_000)
+        finally:
+            browser.close()
+
+    with api.client(key) as c:
+        items = c.get("/v1/files").json()["items"]
+        assert sorted(i["filename"] for i in items) == ["Dune.jpg", "IMG_0001.heic"]
+        assert {i["status"] for i in items} == {"ready"}

@@ -65,11 +65,17 @@ WITH expired AS (
     WHERE f.id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING f.id, f.owner, f.status, f.attempts, f.lease_token, f.lease_until,
               f.original_key, f.original_version, f.error_code
+), notified AS (
+    -- Open pages see the change (GET /v1/events): one notification per statement.
+    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, status))) AS n
+    FROM claimed
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker, error_code)
     SELECT id, CASE WHEN status = 'rejected' THEN 'exhausted' ELSE 'claimed' END,
            attempts, lease_token, %(worker)s, error_code
-    FROM claimed
+    -- Joined in a data-modifying CTE, which always runs to completion, so that the
+    -- notification is sent whatever the main query reads.
+    FROM claimed LEFT JOIN notified ON true
 )
 -- The columns of a Lease, in its order, then the status.
 SELECT id, lease_token, attempts, lease_until, owner, original_key, original_version, status
@@ -137,10 +143,14 @@ WITH done AS (
     -- status = 'processing'. Saying so again here would steer the planner to the partial
     -- index of every live lease instead of the primary key.
     WHERE f.id = ANY (%(ids)b::uuid[]) AND f.id = d.id AND f.lease_token = d.token
-    RETURNING f.id, f.attempts, d.token, d.derived_key, d.thumb_key
+    RETURNING f.id, f.attempts, d.token, d.derived_key, d.thumb_key, f.owner
+), notified AS (
+    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'ready'))) AS n
+    FROM published
 ), ready_events AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker)
-    SELECT id, 'ready', attempts, token, %(worker)s FROM published
+    SELECT id, 'ready', attempts, token, %(worker)s
+    FROM published LEFT JOIN notified ON true  -- see claim
 ), accounted AS (
     DELETE FROM orphan_objects o USING published p WHERE o.object_key = p.derived_key
 ), accounted_thumbs AS (
@@ -174,14 +184,17 @@ WITH failed AS (
                            THEN NULL ELSE now() END,
         lease_token = NULL, lease_until = NULL, updated_at = now()
     WHERE f.id = %(id)s AND f.lease_token = %(token)s AND f.status = 'processing'
-    RETURNING f.id, f.status, f.attempts
+    RETURNING f.id, f.status, f.attempts, f.owner
+), notified AS (
+    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, status))) AS n
+    FROM failed
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker, error_code)
     SELECT id,
            CASE WHEN status = 'queued' THEN 'retry_scheduled'
                 WHEN %(transient)s THEN 'exhausted' ELSE 'rejected' END,
            attempts, %(token)s, %(worker)s, %(error_code)s
-    FROM failed
+    FROM failed LEFT JOIN notified ON true  -- see claim
     UNION ALL
     SELECT %(id)s, 'lease_lost', NULL, %(token)s, %(worker)s, %(error_code)s
     WHERE NOT EXISTS (SELECT 1 FROM failed)
@@ -200,10 +213,14 @@ WITH held AS (
     FROM held h
     -- The token is the fence (see complete).
     WHERE f.id = ANY (%(ids)b::uuid[]) AND f.id = h.id AND f.lease_token = h.token
-    RETURNING f.id, f.attempts, h.token
+    RETURNING f.id, f.attempts, h.token, f.owner
+), shown AS (
+    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'queued'))) AS n
+    FROM released
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker)
-    SELECT id, 'released', attempts, token, %(worker)s FROM released
+    SELECT id, 'released', attempts, token, %(worker)s
+    FROM released LEFT JOIN shown ON true  -- see claim
 )
 SELECT r.id, pg_notify('darkroom_jobs', '') IS NULL AS notified FROM released r;
 
@@ -214,10 +231,14 @@ WITH revoked AS (
     SET status = 'deleting', lease_token = NULL, lease_until = NULL,
         deleted_at = now(), updated_at = now()
     WHERE f.id = %(id)s AND f.owner = %(owner)s AND f.status <> 'deleting'
-    RETURNING f.id, f.attempts
+    RETURNING f.id, f.attempts, f.owner
+), notified AS (
+    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'deleting'))) AS n
+    FROM revoked
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt)
-    SELECT id, 'revoked', attempts FROM revoked
+    SELECT id, 'revoked', attempts
+    FROM revoked LEFT JOIN notified ON true  -- see claim
 )
 SELECT id FROM revoked;
 

@@ -80,17 +80,19 @@ def test_each_owner_sees_only_its_own_changes_in_order(local_api: Api) -> None:
     alice, bob = local_api.make_key("alice"), local_api.make_key("bob")
     with stream(local_api, alice) as a, stream(local_api, bob) as b, \
             local_api.client(alice) as ca, local_api.client(bob) as cb:
+        # Confirming is not pushed: the page that confirms shows the answer it got.
         theirs = confirmed(cb)
         mine = confirmed(ca)
-        assert a.next() == ("status", {"type": "status", "id": mine["id"], "status": "queued"})
-        assert b.next() == ("status", {"type": "status", "id": theirs["id"],
-                                       "status": "queued"})
         # The worker's side of the protocol: claim (processing), then the fenced commit.
         make_ready(local_api.db_url, local_api.settings, local_api.store, mine["id"], WEBP)
-        assert a.next()[1]["status"] == "processing"
+        assert a.next() == ("status", {"type": "status", "id": mine["id"],
+                                       "status": "processing"})
         assert a.next()[1] == {"type": "status", "id": mine["id"], "status": "ready"}
         # make_ready claimed bob's card too and handed it back: bob hears of his own only.
-        assert [b.next()[1]["status"] for _ in range(2)] == ["processing", "queued"]
+        assert [b.next()[1] for _ in range(2)] == [
+            {"type": "status", "id": theirs["id"], "status": "processing"},
+            {"type": "status", "id": theirs["id"], "status": "queued"},
+        ]
         ca.delete(f"/v1/files/{mine['id']}")
         assert a.next()[1] == {"type": "status", "id": mine["id"], "status": "deleting"}
 
@@ -105,8 +107,8 @@ def test_idle_stream_only_pings_and_ends_at_shutdown(db_url: str, tmp_path: Path
             card, version = upload(c, JPEG)  # a new pending card is no status change
             assert s.next(skip_pings=False)[0] == "ping"
             c.post(f"/v1/files/{card['id']}/confirm", json={"version": version})
-            assert s.next() == ("status", {"type": "status", "id": card["id"],
-                                           "status": "queued"})
+            make_ready(api.db_url, api.settings, api.store, card["id"], WEBP)
+            assert [s.next()[1]["status"] for _ in range(2)] == ["processing", "ready"]
             server.stop()
             assert s.next() == ("closed", {})
     finally:

@@ -552,6 +552,30 @@ def report(outcome: Outcome, seed: int, path: Path) -> None:
         "after the guard interval the bucket holds exactly the live originals and the",
         "published derivatives: no byte of a deleted file, no orphan.",
     ]
+    lines += [
+        "",
+        "## Faults at the network, one at a time",
+        "",
+        "`tests/worker/test_faults.py` (in `make test`) runs 200 files through a worker",
+        "process behind a fault proxy (`tests/support/faults.py`) for each fault alone, the",
+        "API and the sweeper connected normally, and checks the same from the database, the",
+        "bucket and `GET /v1/files/{id}/derivative` (200, the card's sha256):",
+        "",
+        "| fault | what must hold |",
+        "| --- | --- |",
+        "| 8 % of the worker's statements cut before they reach PostgreSQL | all 200 ready, "
+        "each started exactly once (no attempt spent), no `lease_lost`, nothing for "
+        "reconciliation |",
+        "| 8 % of the worker's statements committed, answer cut | the same: every repeat "
+        "is recognized, no published derivative is orphaned or swept |",
+        "| the store stalls, resets or refuses the worker, past the whole retry schedule "
+        "| no file rejected; the worker pauses (`worker_pauses`, its log) and resumes by "
+        "itself; all 200 ready |",
+        "| a decode hangs past `DARKROOM_ATTEMPT_TIMEOUT_SECONDS` | the card is queued again "
+        "(`processing_timeout`), then rejected after its attempts |",
+        "| SIGTERM while PostgreSQL is unreachable | the worker still exits 0 (its leases "
+        "expire) |",
+    ]
     if outcome.problems:
         lines += ["", "## Problems", "", *[f"- {p}" for p in outcome.problems[:50]]]
     path.write_text("\n".join(lines) + "\n")

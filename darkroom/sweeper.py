@@ -6,7 +6,7 @@ an attempt still finishing its PUT, is not cut off):
   crashed between PUT and commit, revoked) are deleted, every version;
 - deleted files: every version of the original and of every derivative goes, then the
   card itself.
-It also prunes old events, so the event log stays bounded.
+It also prunes old events and idempotency keys past their 24 hours, so both stay bounded.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from darkroom.errors import StorageUnavailable
 from darkroom.queue import Queue
 from darkroom.services import prepare
 from darkroom.storage import ObjectStore
+from darkroom.uploads import Uploads
 
 log = logging.getLogger("darkroom.sweeper")
 BATCH = 100
@@ -35,9 +36,11 @@ class SweepReport:
     orphans_deleted: int = 0
     files_purged: int = 0
     events_pruned: int = 0
+    keys_pruned: int = 0
 
     def __bool__(self) -> bool:
-        return bool(self.orphans_deleted or self.files_purged or self.events_pruned)
+        return bool(self.orphans_deleted or self.files_purged or self.events_pruned
+                    or self.keys_pruned)
 
 
 class Sweeper:
@@ -59,6 +62,7 @@ class Sweeper:
                 delete_bytes=self._delete_file_objects)) > 0:
             report.files_purged += n
         report.events_pruned = await self._prune_events()
+        report.keys_pruned = await Uploads(self.pool).sweep_keys()
         return report
 
     async def _orphan_batch(self) -> int:
@@ -119,6 +123,7 @@ async def run_sweeper(settings: Settings, *, once: bool,
             total.orphans_deleted += report.orphans_deleted
             total.files_purged += report.files_purged
             total.events_pruned += report.events_pruned
+            total.keys_pruned += report.keys_pruned
             if report:
                 log.info("sweep", extra=vars(report))
             if once:
@@ -138,5 +143,6 @@ def main(settings: Settings, *, once: bool) -> int:
     report = asyncio.run(run_sweeper(settings, once=once))
     if once:
         print(f"orphans deleted: {report.orphans_deleted}, files purged: "
-              f"{report.files_purged}, events pruned: {report.events_pruned}")
+              f"{report.files_purged}, events pruned: {report.events_pruned}, "
+              f"idempotency keys pruned: {report.keys_pruned}")
     return 0

@@ -16,8 +16,9 @@ from types import TracebackType
 
 
 class CutProxy:
-    """Forwards 127.0.0.1:<port> to an upstream; `cut_next(n)` loses the next n answers
-    (whichever connections they come on)."""
+    """Forwards 127.0.0.1:<port> to an upstream; `cut_next(n)` loses the answers to the
+    next n requests (on whichever connections they come), or only to requests that start
+    with `request_prefix` (b"POST /v1/files ", say)."""
 
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
         self.upstream = (upstream_host, upstream_port)
@@ -29,6 +30,7 @@ class CutProxy:
         self.url = f"http://127.0.0.1:{self.port}"
         self._lock = threading.Lock()
         self._to_cut = 0
+        self._prefix: bytes | None = None
         self.cut = 0  # answers lost so far
         self._closed = threading.Event()
         self._sockets: list[socket.socket] = []
@@ -36,13 +38,14 @@ class CutProxy:
         self._accepter = threading.Thread(target=self._accept, daemon=True)
         self._accepter.start()
 
-    def cut_next(self, n: int = 1) -> None:
+    def cut_next(self, n: int = 1, request_prefix: bytes | None = None) -> None:
         with self._lock:
             self._to_cut += n
+            self._prefix = request_prefix
 
-    def _take_cut(self) -> bool:
+    def _take_cut(self, request: bytes) -> bool:
         with self._lock:
-            if self._to_cut > 0:
+            if self._to_cut > 0 and (self._prefix is None or request.startswith(self._prefix)):
                 self._to_cut -= 1
                 return True
             return False
@@ -61,20 +64,25 @@ class CutProxy:
             server.settimeout(None)
             with self._lock:
                 self._sockets += [client, server]
-            for args in ((client, server, False), (server, client, True)):
+            armed = threading.Event()  # this connection's next answer is to be lost
+            for args in ((client, server, armed, False), (server, client, armed, True)):
                 t = threading.Thread(target=self._pipe, args=args, daemon=True)
                 t.start()
                 self._threads.append(t)
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
-        """Copy src to dst. On the answering side, while a cut is due: the answer's bytes
-        prove the server acted; they are dropped and both sockets are reset."""
+    def _pipe(self, src: socket.socket, dst: socket.socket, armed: threading.Event,
+              answers: bool) -> None:
+        """Copy src to dst. A request a cut is due for arms its connection; on the
+        answering side, the answer's bytes prove the server acted: they are dropped and
+        both sockets are reset."""
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
-                if answers and self._take_cut():
+                if not answers and not armed.is_set() and self._take_cut(data):
+                    armed.set()
+                if answers and armed.is_set():
                     with self._lock:
                         self.cut += 1
                     _reset(dst)
@@ -113,5 +121,9 @@ def _reset(sock: socket.socket) -> None:
     """Close with an RST, as a reset connection looks to its peer."""
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    # A thread blocked in recv on this socket keeps it open past close(): wake it first
+    # (SHUT_RD sends nothing), so the close happens now and sends the RST.
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RD)
     with contextlib.suppress(OSError):
         sock.close()

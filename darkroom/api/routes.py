@@ -45,7 +45,7 @@ from darkroom.api.schemas import (
 )
 from darkroom.config import Settings
 from darkroom.db.queries import QUERIES
-from darkroom.errors import ObjectMissing, StorageUnavailable
+from darkroom.errors import ObjectMissing, StorageError, StorageUnavailable
 from darkroom.queue import ConfirmOutcome, Queue, original_key
 from darkroom.storage import ObjectInfo, ObjectStore
 from darkroom.uploads import KeyBusy, KeyReused, valid_key
@@ -263,7 +263,7 @@ async def _complete_upload(request: Request, row: dict[str, Any]) -> str | None:
 
     try:
         return await to_thread.run_sync(newest)
-    except StorageUnavailable:
+    except StorageError:  # down, or no permission to list versions
         return None  # the client simply uploads again
 
 
@@ -380,8 +380,9 @@ async def _confirm_digest(
         # Refused, and the refused bytes go: the card stays pending for a right upload.
         try:
             await to_thread.run_sync(lambda: store.delete(key, version))
-        except StorageUnavailable:
-            log.warning("refused upload not deleted", extra={"file_id": str(fid)})
+        except StorageError as exc:  # down, or no permission to delete versions
+            log.warning("refused upload not deleted",
+                        extra={"file_id": str(fid), "error": type(exc).__name__})
         log.info("upload refused: digest mismatch", extra={"file_id": str(fid)})
         raise Problem(
             422, "digest_mismatch",

@@ -12,13 +12,20 @@ upload carries no checksum, so the API streams the object back to hash it).
 One sequential client (closed loop) against a real `darkroom api` process, a private
 PostgreSQL (pgserver) and each store; cards are staged before the clock starts. Prints
 one JSON object: per store and size, the median and p90 in ms of each variant and the
-ratio of the medians.
+ratio of the medians. With `--baseline-pythonpath`, also the plain confirm of this code
+against another copy of darkroom (two API processes on one database, requests
+alternating), to show that cards without a digest did not get slower.
+
+    rm -rf /tmp/darkroom-base && mkdir /tmp/darkroom-base
+    git archive 9fcc8ad darkroom | tar -x -C /tmp/darkroom-base
+    .venv/bin/python -m bench.confirm_digest --n 30 --baseline-pythonpath /tmp/darkroom-base
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -31,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from bench.api import CORPUS, System, stop, tiny_jpeg
+from bench.api import CORPUS, System, free_port, stop, tiny_jpeg
 from darkroom.db.connection import open_pool
 from darkroom.keys import create_key
 from darkroom.queue import Queue
@@ -84,7 +91,48 @@ def measure(base_url: str, key: str, staged: list[tuple[str, str, str]]) -> dict
     return out
 
 
-def run_store(kind: str, n: int, sizes: dict[str, bytes]) -> dict[str, Any]:
+def start_baseline(system: System, pythonpath: str) -> tuple[Any, str]:
+    """A second API process running another copy of darkroom (same database and store)."""
+    port = free_port()
+    env = {**system.api_env, "PYTHONPATH": pythonpath}
+    proc = system._spawn(["api", "--host", "127.0.0.1", "--port", str(port)], "api-base", env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return proc, url
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError("the baseline API did not start")
+        time.sleep(0.1)
+
+
+def compare_plain(urls: dict[str, str], key: str, staged: list[tuple[str, str, str]]
+                  ) -> dict[str, Any]:
+    """Plain confirms (no digest) sent alternately to this code and the baseline's."""
+    plain = [s for s in staged if s[0] == "plain"]
+    times: dict[str, list[float]] = {name: [] for name in urls}
+    clients = {name: httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"},
+                                  timeout=60) for name, url in urls.items()}
+    try:
+        names = list(urls)
+        for i, (_, file_id, version) in enumerate(plain):
+            name = names[i % len(names)]
+            start = time.perf_counter()
+            r = clients[name].post(f"/v1/files/{file_id}/confirm", json={"version": version})
+            times[name].append((time.perf_counter() - start) * 1000)
+            assert r.status_code == 202, r.text
+    finally:
+        for client in clients.values():
+            client.close()
+    out: dict[str, Any] = {name: {"median_ms": round(statistics.median(v), 2)}
+                           for name, v in times.items()}
+    out["ratio_median"] = round(out["this"]["median_ms"] / out["baseline"]["median_ms"], 2)
+    return out
+
+
+def run_store(kind: str, n: int, sizes: dict[str, bytes], baseline: str | None = None
+              ) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="darkroom-bench-digest-"))
     system = System(tmp, None)
     weed = None
@@ -106,6 +154,16 @@ def run_store(kind: str, n: int, sizes: dict[str, bytes]) -> dict[str, Any]:
                 measure(system.base_url, key, staged[:4])  # warm the connection and caches
                 results[label] = measure(system.base_url, key, staged[4:])
                 results[label]["bytes"] = len(data)
+            if baseline is not None:
+                base_proc, base_url = start_baseline(system, baseline)
+                try:
+                    staged = asyncio.run(stage(system.db_url, system.storage_url,
+                                               sizes["tiny"], 2 * n))
+                    urls = {"this": system.base_url, "baseline": base_url}
+                    compare_plain(urls, key, staged[:8])  # warm both
+                    results["plain_vs_baseline"] = compare_plain(urls, key, staged[8:])
+                finally:
+                    stop(base_proc)
             return results
         finally:
             stop(api)
@@ -118,10 +176,14 @@ def run_store(kind: str, n: int, sizes: dict[str, bytes]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=40, help="confirms per variant and size")
+    parser.add_argument("--baseline-pythonpath", default=None,
+                        help="a directory holding another darkroom/ (e.g. `git archive` of"
+                             " the commit before): its plain confirm is timed against ours")
     args = parser.parse_args()
     photo = CORPUS / "Dune.jpg"
     sizes = {"tiny": tiny_jpeg(), "photo": photo.read_bytes()}
-    report = {kind: run_store(kind, args.n, sizes) for kind in ("local", "s3")}
+    report = {kind: run_store(kind, args.n, sizes, args.baseline_pythonpath)
+              for kind in ("local", "s3")}
     print(json.dumps(report, indent=2))
 
 

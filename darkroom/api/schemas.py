@@ -117,8 +117,12 @@ class NewCard(Card):
 
 
 class KnownCard(Card):
-    duplicate_of: uuid.UUID = Field(
-        description="The id of the owner's card that already has these bytes (this card)."
+    """A create that needs no upload: the card a repeated Idempotency-Key made, or (with
+    `duplicate_of`) the owner's live card that already has these bytes."""
+
+    duplicate_of: uuid.UUID | None = Field(
+        default=None,
+        description="The id of the owner's card that already has these bytes (this card).",
     )
 
 

@@ -81,19 +81,6 @@ class Uploads:
         rows = await self._rows("find_known_original", {"owner": owner, "sha256": sha256})
         return rows[0] if rows else None
 
-    async def sweep_keys(self, *, retention_seconds: float = KEY_RETENTION_SECONDS,
-                         limit: int = 5_000) -> int:
-        """Remove keys older than the retention, every batch until none is due."""
-        total = 0
-        while True:
-            async with self.pool.connection() as conn:
-                cur = await conn.execute(QUERIES["sweep_idempotency_keys"], {
-                    "retention_seconds": retention_seconds, "limit": limit})
-            pruned = int(cur.rowcount)
-            total += pruned
-            if pruned < limit:
-                return total
-
     async def _replay(self, owner: str, key: bytes, fingerprint: bytes
                       ) -> dict[str, Any] | None:
         """The key's live card; None when the key is free (never used, or its card is gone)."""

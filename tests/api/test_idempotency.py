@@ -13,7 +13,8 @@ import psycopg
 import pytest
 
 from darkroom.db.connection import open_pool
-from darkroom.uploads import Uploads
+from darkroom.queue import Queue
+from darkroom.sweeper import Sweeper
 from tests.api.conftest import Api
 from tests.api.helpers import JPEG, put_original
 from tests.support.cut_proxy import CutProxy
@@ -183,7 +184,9 @@ def test_a_deleted_card_frees_its_key_and_old_keys_are_swept(local_api: Api) -> 
         async def sweep() -> int:
             pool = await open_pool(api.db_url, min_size=1, max_size=1)
             try:
-                return await Uploads(pool).sweep_keys()
+                sweeper = Sweeper(Queue.from_settings(pool, api.settings), api.store,
+                                  guard_seconds=300, retention_seconds=86_400)
+                return (await sweeper.sweep_once()).keys_pruned
             finally:
                 await pool.close()
 

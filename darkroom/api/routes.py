@@ -216,6 +216,12 @@ async def _upload_instructions(request: Request, row: dict[str, Any]) -> Upload:
     return Upload(method="PUT", url=url, headers={"Content-Type": content_type})
 
 
+# What makes two creates "the same request" for an Idempotency-Key: what the card is and
+# what the client asked about it. Scheduling hints (`darkroom import --bulk`) are not in
+# it, so the same file sent again with another hint is still the same create.
+FINGERPRINT = ("filename", "content_type", "size", "sha256", "allow_duplicate")
+
+
 async def _create_once(
     body: NewFile, owner: str, request: Request, idempotency_key: str | None
 ) -> Response:
@@ -227,7 +233,7 @@ async def _create_once(
             _queue(request), owner=owner, filename=body.filename,
             content_type=body.content_type, size=body.size, sha256=body.sha256,
             allow_duplicate=body.allow_duplicate, key=idempotency_key,
-            fields=body.model_dump(mode="json"),
+            fields=body.model_dump(mode="json", include=set(FINGERPRINT)),
         )
     except KeyReused:
         raise Problem(

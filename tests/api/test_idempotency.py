@@ -77,6 +77,9 @@ def test_same_key_other_body_is_422_and_keys_are_per_owner(local_api: Api) -> No
         r = a.post("/v1/files", json={"filename": "b.jpg", "content_type": "image/jpeg",
                                       "size": 9}, headers=headers)
         assert r.status_code == 422
+        # A scheduling hint is not part of the request: the same create, replayed.
+        r = a.post("/v1/files", json=body_for(JPEG, priority="bulk"), headers=headers)
+        assert r.status_code == 201 and r.headers["idempotent-replayed"] == "true"
         # The same key is another owner's own.
         r = b.post("/v1/files", json=body_for(JPEG), headers=headers)
         assert r.status_code == 201 and "idempotent-replayed" not in r.headers

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -200,3 +201,20 @@ def test_a_deleted_card_frees_its_key_and_old_keys_are_swept(local_api: Api) -> 
         # Past its retention the key is new again.
         third = c.post("/v1/files", json=body_for(JPEG), headers=headers)
         assert third.status_code == 201 and third.json()["id"] != second.json()["id"]
+
+
+def test_concurrent_creates_with_one_key_make_one_card(local_api: Api) -> None:
+    api = local_api
+    key = api.make_key("alice")
+    headers = {"Idempotency-Key": "burst"}
+
+    def create(_: int) -> str:
+        with api.client(key) as c:
+            r = c.post("/v1/files", json=body_for(JPEG), headers=headers)
+            assert r.status_code == 201, r.text
+            return str(r.json()["id"])
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        ids = set(pool.map(create, range(16)))
+    assert len(ids) == 1
+    assert [str(c["id"]) for c in cards(api, "alice")] == list(ids)

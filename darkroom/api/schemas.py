@@ -143,6 +143,8 @@ class QueueStats(BaseModel):
     rejected_share_24h: float | None
     completed_last_minute: int
     lease_lost_total: int
+    # Workers that stopped claiming because the object store is failing.
+    paused_workers: list[str] = Field(default_factory=list)
 
 
 class Health(BaseModel):

@@ -31,6 +31,7 @@ from darkroom.db.migrations import migrate
 from darkroom.queue import Queue
 from darkroom.services import open_checked_store
 from darkroom.storage import ObjectStore
+from darkroom.uploads import Uploads
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ def create_app(
         app.state.pool = pool
         app.state.queue = Queue.from_settings(pool, settings)
         app.state.hub = Hub(url, ping_seconds=settings.events_ping_seconds)
+        app.state.uploads = Uploads(pool)
         # What start-up allocated (FastAPI, pydantic, boto3: ~84k objects) lives as long
         # as the process. Left to the collector, each full pass walks all of it while every
         # request waits (38-47 ms here, bench/api.py); frozen, a full pass walks only what

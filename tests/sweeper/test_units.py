@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from darkroom.errors import StorageUnavailable
-from darkroom.layout import derived_key, original_key
-from darkroom.queue import Derived, Lease, Queue
+from darkroom.layout import derived_key, original_key, thumb_key
+from darkroom.queue import Derived, DerivedObject, Lease, Queue
 from darkroom.storage import ObjectStore, open_store
 from darkroom.sweeper import (
     BATCH,
@@ -171,6 +171,27 @@ async def test_reconcile_deletes_only_what_nothing_accounts_for(
     assert card is not None
     assert store.get(card["original_key"], card["original_version"]) == b"abc"
     assert store.get(key, version) == b"webp2"
+
+
+async def test_reconcile_keeps_a_published_thumb_and_deletes_a_stray_one(
+        pool: Any, db_url: str, store: ObjectStore) -> None:
+    q = make_queue(pool)
+    file_id = await queued_card(q, store)
+    [lease] = await q.claim(1)
+    key, small = derived_key(lease), thumb_key(lease)
+    await q.register_attempt_objects(lease, [key, small])
+    version, small_version = store.put(key, b"preview"), store.put(small, b"thumb")
+    thumb = DerivedObject(small, small_version, "1" * 64, 1, 1, 5)
+    await q.complete(lease, Derived(key, version, "0" * 64, 2, 2, 7, thumb=thumb,
+                                    thumbhash="AAAA"))
+    stray = f"derived/{file_id}/{uuid.uuid4()}.thumb.webp"  # an attempt's, never published
+    store.put(stray, b"old thumb")
+    unit = Reconcile(Database(q), store, guard_seconds=0)
+    done = await unit.run(dry_run=False)
+    assert {item.split("@")[0] for item in done.unaccounted} == {stray}
+    assert store.get(small, small_version) == b"thumb"
+    assert store.get(key, version) == b"preview"
+    assert orphan_rows(db_url) == {}
 
 
 async def test_reconcile_runs_once_per_interval_across_sweepers(

@@ -105,6 +105,7 @@ def test_frozen_worker_cannot_publish_and_its_orphan_is_swept(harness: Harness) 
     assert harness.object_keys(file_id) == sorted([
         f"{card['original_key']}@{card['original_version']}",
         f"{card['derived_key']}@{card['derived_version']}",
+        f"{card['thumb_key']}@{card['thumb_version']}",
     ])
     assert harness.db.execute("SELECT count(*) AS n FROM orphan_objects").fetchone() == {
         "n": 0}

@@ -35,12 +35,10 @@ import collections
 import contextlib
 import itertools
 import json
-import math
 import os
 import platform
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -55,9 +53,11 @@ import httpx
 import psycopg
 import pyvips
 
-from bench.cpu import TICK, machine_ticks, process_ticks
+from bench.cpu import TICK, cpu_model, machine_ticks, process_ticks
 from bench.loadgen import ERRORS as LOAD_ERRORS
 from bench.loadgen import LoadClient
+from bench.net import free_port
+from bench.stats import percentile
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
 from darkroom.db.migrations import migrate
@@ -104,12 +104,6 @@ def gc_full_pass_ms() -> dict[str, float]:
     print(f"  a full collection in the API process: {figures['unfrozen']:.1f} ms over "
         f"{figures['objects']:,.0f} objects, {figures['frozen']:.2f} ms once frozen", flush=True)
     return figures
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class System:
@@ -341,13 +335,6 @@ def server_side(before: dict[str, float], after: dict[str, float]) -> dict[str, 
 
 
 # --- load --------------------------------------------------------------------------------
-
-
-def percentile(sorted_ms: list[float], p: float) -> float:
-    """Nearest rank: the smallest value with at least p of the samples at or below it."""
-    if not sorted_ms:
-        return math.nan
-    return sorted_ms[max(0, math.ceil(p * len(sorted_ms)) - 1)]
 
 
 def summary(latencies_ms: list[float], seconds: float, statuses: collections.Counter[str],
@@ -590,13 +577,7 @@ async def run(system: System, plan: Plan) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    model = "?"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {"cores": os.cpu_count(), "cpu": model, "python": platform.python_version(),
+    return {"cores": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
             "generator": "bench/loadgen.py (keep-alive HTTP/1.1 on uvloop)"}
 
 

@@ -34,3 +34,15 @@ def process_ticks(pid: int) -> int:
         return int(rest[11]) + int(rest[12])
     except (OSError, IndexError, ValueError):
         return 0  # exited in between
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, as captions and JSONs cite it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"

@@ -43,7 +43,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg.rows import dict_row
 
-from bench.cpu import TICK, machine_ticks
+from bench.cpu import TICK, cpu_model, machine_ticks
 from darkroom.db.connection import open_pool
 from darkroom.db.migrations import migrate
 from darkroom.db.queries import QUERIES
@@ -123,13 +123,7 @@ class Server:
 
 
 def machine() -> dict[str, Any]:
-    model = "unknown"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {"nproc": os.cpu_count(), "cpu": model, "python": platform.python_version(),
+    return {"nproc": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
             "kernel": platform.release(), "loadavg_at_start": os.getloadavg()}
 
 

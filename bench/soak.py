@@ -31,6 +31,7 @@ import httpx
 import psycopg
 from psycopg.rows import dict_row
 
+from bench.net import free_port
 from darkroom.db import embedded
 from darkroom.db.migrations import migrate
 from darkroom.db.queries import QUERIES
@@ -57,7 +58,7 @@ class Soak:
         base.chmod(0o755)
         self.db_url = embedded.url(base / "pg", stop_on_exit=True)
         migrate(self.db_url)
-        port = _free_port()
+        port = free_port()
         self.api = f"http://127.0.0.1:{port}"
         self.rate = rate
         self.env = {
@@ -99,14 +100,6 @@ class Soak:
             proc.terminate()
         for proc in self.procs:
             proc.wait(60)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def sample(db: psycopg.Connection[Any]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from typing import Any
 
 import psycopg
 
+from bench.stats import percentile
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
 from darkroom.db.migrations import migrate
@@ -195,10 +196,6 @@ def latency(system: System, samples: int) -> list[float]:
     return sorted(float(r[0]) for r in rows)
 
 
-def pct(values: list[float], p: float) -> float:
-    return values[min(len(values) - 1, int(p * len(values)))]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--images", type=int, default=36)
@@ -215,7 +212,7 @@ def main() -> None:
             results[f"slots_{slots}"] = {"pipeline_alone_ips": alone, "end_to_end_ips": e2e,
                                          "ratio": e2e / alone}
         lat = latency(system, args.latency_samples)
-        results["latency_ms"] = {"p50": statistics.median(lat), "p95": pct(lat, 0.95),
+        results["latency_ms"] = {"p50": statistics.median(lat), "p95": percentile(lat, 0.95),
                                  "max": lat[-1], "samples": len(lat)}
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ and carries the machine and command of every JSON it draws in its caption.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import statistics
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 from bench.markdown import num
 from bench.provenance import Source
+from bench.results import QueueResult, load
 from bench.sections import API_PHASES, QUEUE_LABELS, best, series_of
 from bench.targets import (
     API_P99_MS,
@@ -68,31 +70,31 @@ def no_data(ax: Any, text: str) -> None:
 
 QUEUE_STYLE = {"darkroom": ("C0", "o", "-"), "darkroom (proposed claim fix)": ("C0", "o", "--"),
                "pgqueuer": ("C1", "s", "-"), "procrastinate": ("C2", "^", "-"),
-               "seed": ("C3", "x", "-")}
+               "seed": ("C3", "x", "-"), "darkroom (batched complete)": ("C9", "o", "--")}
 
 
 
 def queue_throughput_plot(src: Source) -> str | None:
-    tp: list[dict[str, Any]] = (src.data or {}).get("throughput") or []
+    tp = load(QueueResult, src.data or {}).throughput
     if not tp:
         return None
     series = series_of(tp)
-    counts = sorted({int(r["workers"]) for r in tp})
+    counts = sorted({r.workers for r in tp})
     fig, (ax, ax_r) = figure("No-op queue throughput against worker processes", [src])
     for (system, config), per in series.items():
         color, marker, ls = QUEUE_STYLE.get(system, ("C7", ".", "-"))
         if system == "pgqueuer" and "batch_size 10," in config + ",":
             ls = ":"  # the default batch: same colour as PgQueuer's best, dotted
-        if system == "darkroom" and "1 in flight" in config:
-            ls = ":"  # one batch at a time: same colour as darkroom's best, dotted
+        if system == "darkroom" and (top := best(tp, None, system)) and config != top.config:
+            ls = ":"  # not its best: same colour as darkroom's best, dotted
         ws = sorted(per)
-        med = [per[w]["median"] for w in ws]
-        lo = [m - min(per[w].get("runs_jobs_per_s") or [m]) for w, m in zip(ws, med, strict=True)]
-        hi = [max(per[w].get("runs_jobs_per_s") or [m]) - m for w, m in zip(ws, med, strict=True)]
+        med = [per[w].median for w in ws]
+        lo = [m - min(per[w].runs_jobs_per_s or [m]) for w, m in zip(ws, med, strict=True)]
+        hi = [max(per[w].runs_jobs_per_s or [m]) - m for w, m in zip(ws, med, strict=True)]
         label = f"{QUEUE_LABELS.get(system, system)} ({config})"
         ax.errorbar(ws, med, yerr=[lo, hi], color=color, marker=marker, ls=ls, capsize=3,
                     label=label)
-        ratios = [(w, per[w]["median"] / b["median"]) for w in ws
+        ratios = [(w, per[w].median / b.median) for w in ws
                   if (b := best(tp, w))]
         if ratios:
             ax_r.plot(*zip(*ratios, strict=True), color=color, marker=marker, ls=ls,
@@ -116,29 +118,29 @@ def queue_throughput_plot(src: Source) -> str | None:
 
 
 def queue_claim_plot(src: Source) -> str | None:
-    claims: list[dict[str, Any]] = (src.data or {}).get("claim_time") or []
+    claims = load(QueueResult, src.data or {}).claim_time
     if not claims:
         return None
     fig, (ax, ax_r) = figure("Claim time against table size", [src])
     c0 = claims[0]
-    tiny = c0.get("tiny_rows", 40)
-    big = c0.get("finished_rows", 0) + c0.get("queued_rows", 0)
+    tiny = c0.tiny_rows
+    big = c0.finished_rows + c0.queued_rows
     # Three darkroom variants share the throughput plot's blue there; here they must be
     # told apart, so each claim gets its own colour.
     palette = iter(["#6baed6", "C0", "C9", "C4", "C5"])
     for i, c in enumerate(claims):
-        color, marker, ls = QUEUE_STYLE.get(c["system"], ("C7", ".", "-"))
-        if c["system"].startswith("darkroom"):
+        color, marker, ls = QUEUE_STYLE.get(c.system, ("C7", ".", "-"))
+        if c.system.startswith("darkroom"):
             color = next(palette)
-        label = f"{QUEUE_LABELS.get(c['system'], c['system'])} {c['claim']}"
-        ax.plot([tiny, big], [c["ms_10_rows"], c["ms_big"]], color=color, marker=marker,
+        label = f"{QUEUE_LABELS.get(c.system, c.system)} {c.claim}"
+        ax.plot([tiny, big], [c.ms_10_rows, c.ms_big], color=color, marker=marker,
                 ls=ls, label=label)
-        scen = [("1 M finished\n+ queued", c["ms_big"])]
-        if c.get("ms_backlog"):
-            scen.append((f"backlog\n{c.get('backlog_rows', 0):,} queued", c["ms_backlog"]))
+        scen = [("finished\n+ queued", c.ms_big)]
+        if c.ms_backlog:
+            scen.append((f"backlog\n{c.backlog_rows:,} queued", c.ms_backlog))
         for j, (_, ms) in enumerate(scen):
             x = j + (i - (len(claims) - 1) / 2) * 0.18
-            ratio = ms / c["ms_10_rows"]
+            ratio = ms / c.ms_10_rows
             ax_r.bar(x, ratio, width=0.17, color=color, edgecolor="white",
                      label=label if j == 0 else None)
             ax_r.text(x, ratio * 1.08, f"{ratio:.1f}×" if ratio < 100 else f"{ratio:.0f}×",
@@ -150,9 +152,8 @@ def queue_claim_plot(src: Source) -> str | None:
     ax.set_title("absolute", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    ax_r.set_xticks([0, 1], [f"{c0.get('finished_rows', 0):,} finished\n"
-                             f"+ {c0.get('queued_rows', 0):,} queued",
-                             f"backlog: {c0.get('backlog_rows', 0):,} queued"])
+    ax_r.set_xticks([0, 1], [f"{c0.finished_rows:,} finished\n+ {c0.queued_rows:,} queued",
+                             f"backlog: {c0.backlog_rows:,} queued"])
     ax_r.set_yscale("log")
     ax_r.axhline(QUEUE_CLAIM_GROWTH, color="k", ls="--", lw=1)
     ax_r.axhline(1.0, color="#888", lw=0.8)
@@ -255,7 +256,7 @@ def latency_plot(api: Source, worker: Source, queue: Source) -> str | None:
     fig, (ax, ax_w) = figure("Confirm latency distribution", drawn)
     qs = ["p50", "p95", "p99", "max"]
     res = (api.data or {}).get("results") or {}
-    drawn = False
+    any_api = False
     for phase, color in (("confirm_busy", "C3"), ("confirm_idle", "C0")):
         r = res.get(phase)
         if not r:
@@ -265,8 +266,8 @@ def latency_plot(api: Source, worker: Source, queue: Source) -> str | None:
                 label=f"{API_PHASES[phase]} ({r.get('requests', '?')} requests)")
         for i, v in pts:
             ax.text(i, v * 1.12, f"{v:.1f}", ha="center", fontsize=7.5, color=color)
-        drawn = True
-    if drawn:
+        any_api = True
+    if any_api:
         busy, idle = res.get("confirm_busy") or {}, res.get("confirm_idle") or {}
         ax.axhline(API_P99_MS, color="k", ls="--", lw=1)
         ax.text(0, API_P99_MS * 1.1, f"target p99 < {API_P99_MS:.0f} ms", fontsize=8)
@@ -290,13 +291,16 @@ def latency_plot(api: Source, worker: Source, queue: Source) -> str | None:
     if wl:
         lines.append((f"worker: confirm → processing start, {wl.get('samples', '?')} files",
                       {f"{q}_ms": wl.get(q) for q in qs}, "C0", "o"))
-    ql = (queue.data or {}).get("latency") or {}
-    for name, color, marker in (("darkroom", "C2", "s"), ("seed", "C3", "x")):
-        s = ql.get(name) or {}
-        if s.get("n"):
-            lines.append((f"queue: {name} enqueue → claim, {s['n']} jobs", s, color, marker))
-    for label, s, color, marker in lines:
-        pts = [(i, s[f"{q}_ms"]) for i, q in enumerate(qs) if s.get(f"{q}_ms") is not None]
+    ql = load(QueueResult, queue.data).latency if queue.data else {}
+    for name, color, marker in (("darkroom", "C2", "s"), ("pgqueuer", "C1", "D"),
+                                ("procrastinate", "C4", "^"), ("seed", "C3", "x")):
+        stats = ql.get(name)
+        if stats and stats.n:
+            lines.append((f"queue: {QUEUE_LABELS[name]} enqueue → start, {stats.n} jobs",
+                          dataclasses.asdict(stats), color, marker))
+    for label, pcts, color, marker in lines:
+        pts = [(i, pcts[f"{q}_ms"]) for i, q in enumerate(qs)
+               if pcts.get(f"{q}_ms") is not None]
         ax_w.plot(*zip(*pts, strict=True), marker=marker, color=color, label=label)
         for i, v in pts:
             ax_w.text(i, v * 1.12, f"{v:.1f}", ha="center", fontsize=7.5, color=color)
@@ -310,10 +314,12 @@ def latency_plot(api: Source, worker: Source, queue: Source) -> str | None:
         ax_w.set_xticks(range(len(qs)), qs)
         ax_w.set_yscale("log")
         ax_w.set_ylabel("ms")
-        dr, seed = ql.get("darkroom") or {}, ql.get("seed") or {}
-        ratio = (f"seed p50 = {seed['p50_ms'] / dr['p50_ms']:.0f}× darkroom p50 (same run)"
-                 if dr.get("n") and seed.get("n") else "")
-        ax_w.set_title(f"idle wake-up latency (no p99 recorded for these)\n{ratio}",
+        dr = ql.get("darkroom")
+        ratio = ", ".join(f"{QUEUE_LABELS[n]} {s.p50_ms / dr.p50_ms:.1f}×"
+                          for n, s in ql.items()
+                          if dr and dr.p50_ms and n != "darkroom" and s.p50_ms)
+        ax_w.set_title("idle wake-up latency"
+                       + (f"\nqueue p50 × darkroom's, same run: {ratio}" if ratio else ""),
                        fontsize=9.5)
         ax_w.legend(fontsize=7.5, loc="upper left")
         ax_w.grid(True, which="both", alpha=0.3)

@@ -27,8 +27,8 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
-import json
 import logging
+import math
 import multiprocessing as mp
 import os
 import platform
@@ -37,7 +37,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -47,8 +47,9 @@ from psycopg.rows import dict_row
 from bench.cpu import TICK, cpu_model, machine_ticks
 from bench.markdown import targets_table
 from bench.provenance import Source
+from bench.results import QueueClaim, QueueLatency, QueueResult, QueueThroughput, load, save
 from bench.runs import BY_NAME
-from bench.sections import queue_section
+from bench.sections import BATCHED, queue_section
 from bench.stats import latency_summary
 from darkroom.db.connection import open_pool
 from darkroom.db.migrations import migrate
@@ -71,7 +72,6 @@ PGQUEUER_BATCHES = (10, 100)
 # Procrastinate fetches one job per query whatever the concurrency; a little in-process
 # concurrency overlaps the finish of one job with the fetch of the next.
 PROCRASTINATE_CONCURRENCY = 4
-BATCHED = "darkroom (batched complete)"  # the reference system's name in the JSON
 TINY = 40  # queued rows in the "~10 rows" table of the claim-time comparison
 
 
@@ -89,6 +89,7 @@ class Plan:
     backlog_rows: int  # queued rows only: how the claim copes with a large backlog
     workers: tuple[int, ...] = WORKER_COUNTS
     latency_rate: float = 50.0
+    latency_rounds: int = 3  # latency_seconds split into rounds that take the systems in turn
     quick: bool = False
 
 
@@ -97,7 +98,7 @@ FULL = Plan(jobs=20_000, slow_jobs=4_000, repeats=5, finished_rows=1_000_000,
 # Spawning 16 workers costs seconds on 2 cores; the smoke test stops at 4.
 QUICK = Plan(jobs=2_000, slow_jobs=300, repeats=1, finished_rows=100_000,
              queued_rows=2_000, claims=40, latency_seconds=2.0, backlog_rows=20_000,
-             workers=(1, 4), quick=True)
+             workers=(1, 4), latency_rounds=1, quick=True)
 
 
 # --- the server and its databases ---------------------------------------------------------
@@ -746,9 +747,10 @@ def _paced(n: int, rate: float) -> Iterator[int]:
         yield i
 
 
-def _latency_stats(enqueued: dict[str, float], claimed: dict[str, float]) -> dict[str, Any]:
-    return latency_summary((claimed[k] - t) * 1000 for k, t in enqueued.items()
-                           if k in claimed) | {"enqueued": len(enqueued)}
+def _latencies(enqueued: dict[str, float], claimed: dict[str, float]) -> list[float]:
+    """enqueue → start of every job, in ms; a job never started counts as NaN."""
+    return [(claimed[k] - t) * 1000 if k in claimed else math.nan
+            for k, t in enqueued.items()]
 
 
 def _run_with_producer(target: Callable[..., Any], args: tuple[Any, ...],
@@ -773,7 +775,7 @@ def _run_with_producer(target: Callable[..., Any], args: tuple[Any, ...],
     return {"enqueued": enqueued, "claimed": claimed}  # type: ignore[dict-item]
 
 
-def darkroom_latency(server: Server, plan: Plan) -> dict[str, Any]:
+def darkroom_latency(server: Server, plan: Plan) -> list[float]:
     """Producer: create pending cards, then `confirm` them (UPDATE + pg_notify, one txn)."""
     url = server.db_url("bench_darkroom")
     n = int(plan.latency_rate * plan.latency_seconds)
@@ -808,10 +810,10 @@ def darkroom_latency(server: Server, plan: Plan) -> dict[str, Any]:
 
     r = _run_with_producer(darkroom_latency_worker,
                            (url, n, plan.latency_seconds + 20, 1.0), produce)
-    return _latency_stats(r["enqueued"], r["claimed"])  # type: ignore[arg-type]
+    return _latencies(r["enqueued"], r["claimed"])  # type: ignore[arg-type]
 
 
-def seed_latency(server: Server, plan: Plan) -> dict[str, Any]:
+def seed_latency(server: Server, plan: Plan) -> list[float]:
     """Producer: INSERT a queued row, as the seed's API does on confirm (no NOTIFY)."""
     url = server.db_url("bench_seed")
     seed_prepare(url)
@@ -831,10 +833,10 @@ def seed_latency(server: Server, plan: Plan) -> dict[str, Any]:
         return enqueued
 
     r = _run_with_producer(seed_latency_worker, (url, n, plan.latency_seconds + 20), produce)
-    return _latency_stats(r["enqueued"], r["claimed"])  # type: ignore[arg-type]
+    return _latencies(r["enqueued"], r["claimed"])  # type: ignore[arg-type]
 
 
-def pgqueuer_latency(server: Server, plan: Plan) -> dict[str, Any]:
+def pgqueuer_latency(server: Server, plan: Plan) -> list[float]:
     """Producer: one `Queries.enqueue` per job (its INSERT notifies the channel)."""
     url = server.db_url("bench_pgqueuer")
     pgqueuer_seed_jobs(url, 0)
@@ -860,10 +862,10 @@ def pgqueuer_latency(server: Server, plan: Plan) -> dict[str, Any]:
 
     r = _run_with_producer(pgqueuer_latency_worker, (url, n, plan.latency_seconds + 20),
                            produce)
-    return _latency_stats(r["enqueued"], r["claimed"])  # type: ignore[arg-type]
+    return _latencies(r["enqueued"], r["claimed"])  # type: ignore[arg-type]
 
 
-def procrastinate_latency(server: Server, plan: Plan) -> dict[str, Any]:
+def procrastinate_latency(server: Server, plan: Plan) -> list[float]:
     """Producer: one `defer_async` per job (its INSERT notifies the worker)."""
     url = server.db_url("bench_procrastinate")
     procrastinate_seed_jobs(url, 0)
@@ -887,11 +889,11 @@ def procrastinate_latency(server: Server, plan: Plan) -> dict[str, Any]:
 
     r = _run_with_producer(procrastinate_latency_worker, (url, n, plan.latency_seconds + 20),
                            produce)
-    return _latency_stats(r["enqueued"], r["claimed"])  # type: ignore[arg-type]
+    return _latencies(r["enqueued"], r["claimed"])  # type: ignore[arg-type]
 
 
 # One per system: (how it wakes an idle worker, how its run is measured).
-LATENCY: dict[str, tuple[str, Callable[[Server, Plan], dict[str, Any]]]] = {
+LATENCY: dict[str, tuple[str, Callable[[Server, Plan], list[float]]]] = {
     "darkroom": ("LISTEN darkroom_jobs + 1 s fallback poll", darkroom_latency),
     "pgqueuer": ("LISTEN (its default) + 30 s fallback dequeue", pgqueuer_latency),
     "procrastinate": ("LISTEN/NOTIFY (its default) + 5 s fallback poll",
@@ -901,16 +903,29 @@ LATENCY: dict[str, tuple[str, Callable[[Server, Plan], dict[str, Any]]]] = {
 
 
 def latency(server: Server, plan: Plan) -> dict[str, Any]:
-    """Every system's idle enqueue → start in this one run; the peers' only when
-    installed (`make bench-install`)."""
+    """Every system's idle enqueue → start in this one run, in `plan.latency_rounds`
+    rounds that take the systems in turn, so that a burst of load from a neighbour hits
+    them alike; the peers' only when installed (`make bench-install`)."""
+    systems = {name: entry for name, entry in LATENCY.items()
+               if name not in ("pgqueuer", "procrastinate")
+               or importlib.util.find_spec(name) is not None}
+    for name in LATENCY.keys() - systems.keys():
+        log(f"  {name}: not installed (make bench-install); skipped")
+    for name in systems.keys() & {"pgqueuer", "procrastinate"}:
+        server.fresh_db(f"bench_{name}")
+    per_round = replace(plan, latency_seconds=plan.latency_seconds / plan.latency_rounds)
+    samples: dict[str, list[float]] = {name: [] for name in systems}
+    for rnd in range(plan.latency_rounds):
+        for name, (_, measure) in systems.items():
+            got = measure(server, per_round)
+            samples[name] += got
+            log(f"  [{rnd + 1}/{plan.latency_rounds}] {name}: "
+                f"{sum(not math.isnan(v) for v in got)}/{len(got)} started")
     out: dict[str, Any] = {}
-    for name, (how, measure) in LATENCY.items():
-        if name in ("pgqueuer", "procrastinate") and importlib.util.find_spec(name) is None:
-            log(f"  {name}: not installed (make bench-install); skipped")
-            continue
-        if name in ("pgqueuer", "procrastinate"):
-            server.fresh_db(f"bench_{name}")
-        out[name] = measure(server, plan) | {"wake_up": how}
+    for name, (how, _) in systems.items():
+        started = [v for v in samples[name] if not math.isnan(v)]
+        out[name] = latency_summary(started) | {"enqueued": len(samples[name]),
+                                               "wake_up": how}
         log(f"  {name}: {out[name]}")
     return out
 
@@ -987,7 +1002,8 @@ def _timed_claims(url: str, claims: int, once: Callable[[psycopg.Connection[Any]
 
 def darkroom_claim_once(n: int, sql: str | None = None
                         ) -> Callable[[psycopg.Connection[Any]], Any]:
-    params = {"n": n, "max_attempts": 3, "lease_seconds": 300.0, "worker": "bench"}
+    params = {"n": n, "max_attempts": 3, "lease_seconds": 300.0, "worker": "bench",
+              "claim": uuid.uuid4()}
     query = sql or QUERIES["claim"]
 
     def once(conn: psycopg.Connection[Any]) -> Any:
@@ -1072,12 +1088,11 @@ def main() -> None:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dr-bench-")))
             server, where = Server(embedded.url(tmp / "pg", stop_on_exit=True)), "embedded"
         started = time.time()
-        result: dict[str, Any] = {"machine": machine(), "postgres": server.describe(),
-                                  "server": where, "plan": asdict(plan),
-                                  "command": " ".join([".venv/bin/python", "-m", "bench.queue",
-                                                       *sys.argv[1:]])}
-        log(f"PostgreSQL {result['postgres']['server_version']} ({where}); "
-            f"{result['machine']['nproc']} CPUs: {result['machine']['cpu']}")
+        result = QueueResult(
+            command=" ".join([".venv/bin/python", "-m", "bench.queue", *sys.argv[1:]]),
+            machine=machine(), postgres=server.describe(), server=where, plan=asdict(plan))
+        log(f"PostgreSQL {result.postgres['server_version']} ({where}); "
+            f"{result.machine['nproc']} CPUs: {result.machine['cpu']}")
         # Every part below needs darkroom's and the seed's databases to exist.
         for name in ("bench_darkroom", "bench_seed"):
             url = server.fresh_db(name)
@@ -1085,22 +1100,23 @@ def main() -> None:
         seed_prepare(url)
         if "throughput" not in skip:
             log("throughput:")
-            result["throughput"] = [asdict(r) | {"median": r.median,
-                                                   "cpu_us_per_job": r.median_cpu_us_per_job}
-                                    for r in throughput(server, plan, only)]
+            result.throughput = [
+                QueueThroughput(**asdict(r), median=r.median,
+                                cpu_us_per_job=r.median_cpu_us_per_job)
+                for r in throughput(server, plan, only)]
         if "latency" not in skip:
             log("latency:")
-            result["latency"] = latency(server, plan)
+            result.latency = {name: load(QueueLatency, s)
+                              for name, s in latency(server, plan).items()}
         if "claim" not in skip:
             log("claim time:")
-            result["claim_time"] = claim_times(server, plan)
-        result["elapsed_s"] = time.time() - started
-        result["loadavg_at_end"] = os.getloadavg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-    lines, targets = queue_section(Source.of(BY_NAME["queue"], result))
+            result.claim_time = [load(QueueClaim, c) for c in claim_times(server, plan)]
+        result.elapsed_s = time.time() - started
+        result.loadavg_at_end = list(os.getloadavg())
+    save(result, args.out)
+    lines, targets = queue_section(Source.of(BY_NAME["queue"], asdict(result)))
     print("\n".join([*lines, "", *targets_table(targets)]))
-    print(f"\n({result['elapsed_s']:.0f} s; JSON in {args.out})")
+    print(f"\n({result.elapsed_s:.0f} s; JSON in {args.out})")
 
 
 if __name__ == "__main__":

@@ -7,10 +7,12 @@ tables (bench/queue.py prints `queue_section`), so each table is written once.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from bench.markdown import Target, images, num, table, table_line
 from bench.provenance import Source
+from bench.results import QueueResult, QueueThroughput, load
 from bench.targets import (
     API_P99_MS,
     DERIVE_TARGETS,
@@ -28,171 +30,156 @@ QUEUE_LABELS = {"darkroom": "darkroom", "darkroom (batched complete)": "darkroom
 # The systems the throughput target judges: the worker's own completion path only (the
 # batched variant is a reference for what batching would buy, not what the worker does).
 TARGET_SYSTEMS = ("darkroom",)
+BATCHED = "darkroom (batched complete)"
 
 
-def series_of(tp: list[dict[str, Any]]) -> dict[tuple[str, str], dict[int, dict[str, Any]]]:
-    by: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+def series_of(tp: list[QueueThroughput]) -> dict[tuple[str, str], dict[int, QueueThroughput]]:
+    by: dict[tuple[str, str], dict[int, QueueThroughput]] = {}
     for r in tp:
-        by.setdefault((r["system"], r["config"]), {})[int(r["workers"])] = r
+        by.setdefault((r.system, r.config), {})[r.workers] = r
     return by
 
 
-def best(tp: list[dict[str, Any]], w: int | None = None,
-          system: str = "pgqueuer") -> dict[str, Any] | None:
+def best(tp: list[QueueThroughput], w: int | None = None,
+         system: str = "pgqueuer") -> QueueThroughput | None:
     """A system's best configuration (at w workers, or anywhere); PgQueuer's is the
     issue's baseline."""
-    rs = [r for r in tp if r["system"] == system and (w is None or r["workers"] == w)]
-    return max(rs, key=lambda r: r["median"]) if rs else None
+    rs = [r for r in tp if r.system == system and (w is None or r.workers == w)]
+    return max(rs, key=lambda r: r.median) if rs else None
 
 
+def _per_worker_table(series: dict[tuple[str, str], dict[int, QueueThroughput]],
+                      counts: list[int], cell: Callable[[QueueThroughput], str]) -> list[str]:
+    rows = [[QUEUE_LABELS.get(system, system), config,
+             *(cell(per[w]) if w in per else "–" for w in counts)]
+            for (system, config), per in series.items()]
+    return table(["system", "configuration", *(f"{w} worker{'s' * (w > 1)}" for w in counts)],
+                 rows, right_from=2)
 
 
 def queue_section(src: Source) -> tuple[list[str], list[Target]]:
-    d = src.data or {}
-    tp: list[dict[str, Any]] = d.get("throughput") or []
-    plan = d.get("plan") or {}
-    counts = sorted({int(r["workers"]) for r in tp}) or list(plan.get("workers") or [])
+    res = load(QueueResult, src.data or {})
+    tp, plan = res.throughput, res.plan
+    counts = sorted({r.workers for r in tp}) or list(plan.get("workers") or [])
     series = series_of(tp)
     lines: list[str] = []
     targets: list[Target] = []
-    images: list[str] = []
+    pictures: list[str] = []
 
     if tp:
-        repeats = plan.get("repeats", "?")
+        def jobs_per_s(r: QueueThroughput) -> str:
+            runs = r.runs_jobs_per_s
+            spread = f" ({min(runs):,.0f}–{max(runs):,.0f})" if len(runs) > 1 else ""
+            return f"{r.median:,.0f}{spread}"
+
         lines += ["", "No-op throughput (claim → fenced complete), jobs/s, median of "
-                  f"{repeats} run(s) for darkroom/PgQueuer (range in brackets), one run for "
-                  "the others. darkroom runs the worker's own completion path: each job "
-                  "commits on its own through `Queue.complete`, from as many tasks as the "
-                  "worker has slots, over its pool of 4 connections; \"darkroom, batched\" "
-                  "(one `complete_many` per claim of 100) is what the worker does not do, "
-                  "measured as a reference:", ""]
-        rows = []
-        for (system, config), per in series.items():
-            cells = []
-            for w in counts:
-                r = per.get(w)
-                runs = (r or {}).get("runs_jobs_per_s") or []
-                spread = f" ({min(runs):,.0f}–{max(runs):,.0f})" if len(runs) > 1 else ""
-                cells.append("–" if r is None else f"{r['median']:,.0f}{spread}")
-            rows.append([QUEUE_LABELS.get(system, system), config, *cells])
-        lines += table(["system", "configuration", *(f"{w} worker{'s' * (w > 1)}"
-                                                     for w in counts)], rows, right_from=2)
+                  f"{plan.get('repeats', '?')} run(s) for darkroom/PgQueuer (range in "
+                  "brackets), one run for the others. darkroom runs the worker's own "
+                  "completion path: each job commits on its own through `Queue.complete`, "
+                  "from as many tasks as the worker has slots, over its pool of 4 "
+                  "connections; \"darkroom, batched\" (one `complete_many` per claim of "
+                  "100) is what the worker does not do, measured as a reference:", ""]
+        lines += _per_worker_table(series, counts, jobs_per_s)
+
         # The same numbers as ratios to the two same-run baselines the issue names.
-        seed = next((per for (system, _), per in series.items() if system == "seed"), {})
-        rows = []
-        for (system, config), per in series.items():
-            cells = []
-            for w in counts:
-                r, pq, s = per.get(w), best(tp, w), seed.get(w)
-                if r is None or pq is None or s is None:
-                    cells.append("–")
-                    continue
-                cells.append(f"{r['median'] / pq['median']:.2f}× / "
-                             f"{r['median'] / s['median']:.1f}×")
-            rows.append([QUEUE_LABELS.get(system, system), config, *cells])
+        seed = {r.workers: r for r in tp if r.system == "seed"}
+
+        def ratios(r: QueueThroughput) -> str:
+            pq, sd = best(tp, r.workers), seed.get(r.workers)
+            if pq is None or sd is None:
+                return "–"
+            return f"{r.median / pq.median:.2f}× / {r.median / sd.median:.1f}×"
+
         lines += ["", "Same-run ratios at each worker count: × PgQueuer's best configuration "
                   "/ × the seed's protocol:", ""]
-        lines += table(["system", "configuration", *(f"{w} worker{'s' * (w > 1)}"
-                                                     for w in counts)], rows, right_from=2)
-        if any(r.get("cpu_us_per_job") for r in tp):
-            rows = []
-            for (system, config), per in series.items():
-                cells = []
-                for w in counts:
-                    r = per.get(w) or {}
-                    steal = r.get("runs_steal_share") or []
-                    cells.append("–" if not r.get("cpu_us_per_job") else
-                                 f"{r['cpu_us_per_job']:.0f}"
-                                 + (f" (steal {max(steal):.0%})" if steal else ""))
-                rows.append([QUEUE_LABELS.get(system, system), config, *cells])
+        lines += _per_worker_table(series, counts, ratios)
+        if any(r.cpu_us_per_job for r in tp):
+            def cpu(r: QueueThroughput) -> str:
+                steal = r.runs_steal_share
+                return ("–" if not r.cpu_us_per_job else f"{r.cpu_us_per_job:.0f}"
+                        + (f" (steal {max(steal):.0%})" if steal else ""))
+
             lines += ["", "CPU per job while the workers ran, µs: every process on the machine "
                       "(workers and PostgreSQL), median of the same runs, with the largest "
                       "share of wall time the hypervisor stole in any of them. It moves far "
                       "less between runs than jobs/s on this shared machine, and bounds "
                       "throughput once the cores are saturated:", ""]
-            lines += table(["system", "configuration", *(f"{w} worker{'s' * (w > 1)}"
-                                                         for w in counts)], rows, right_from=2)
+            lines += _per_worker_table(series, counts, cpu)
         pq_best = best(tp)
         for system in TARGET_SYSTEMS:
-            mine = [r for r in tp if r["system"] == system]
-            if mine and pq_best:
-                top = max(mine, key=lambda r: r["median"])
-                ratio = top["median"] / pq_best["median"]
+            top = best(tp, None, system)
+            if top and pq_best:
+                ratio = top.median / pq_best.median
                 # darkroom's best configuration at each worker count, like PgQueuer's
                 per_w = ", ".join(
-                    f"{r['median'] / pw['median']:.2f}× at {w}"
+                    f"{r.median / pw.median:.2f}× at {w}"
                     for w in counts
                     if (r := best(tp, w, system)) and (pw := best(tp, w)))
                 targets.append(Target(
                     f"{QUEUE_LABELS[system]}: no-op throughput ≥ {QUEUE_VS_PGQUEUER}× "
                     "PgQueuer's best configuration, every completion fenced",
-                    f"best {top['median']:,.0f} jobs/s ({top['config']}, {top['workers']} "
-                    "workers) vs PgQueuer "
-                    f"best {pq_best['median']:,.0f} ({pq_best['config']}, {pq_best['workers']} "
-                    "workers): "
-                    f"**{ratio:.2f}×** ({per_w})", ratio >= QUEUE_VS_PGQUEUER))
-        batched = [r for r in tp if r["system"] == "darkroom (batched complete)"]
+                    f"best {top.median:,.0f} jobs/s ({top.config}, {top.workers} workers) vs "
+                    f"PgQueuer best {pq_best.median:,.0f} ({pq_best.config}, "
+                    f"{pq_best.workers} workers): **{ratio:.2f}×** ({per_w})",
+                    ratio >= QUEUE_VS_PGQUEUER))
+        batched = ", ".join(f"{r.median / own.median:.1f}× at {r.workers}"
+                            for r in tp if r.system == BATCHED
+                            if (own := best(tp, r.workers, "darkroom")))
         if batched:
-            ratios = ", ".join(
-                f"{r['median'] / own['median']:.2f}× at {r['workers']}"
-                for r in batched if (own := best(tp, r["workers"], "darkroom")))
             lines += ["", "Batching the worker's completions (`complete_many`) against its "
-                      f"own path, same run, best configuration each: {ratios}."]
-        images.append("img/queue_throughput.png")
+                      f"own path, same run, best configuration each: {batched}."]
+        pictures.append("img/queue_throughput.png")
 
-    lat = d.get("latency") or {}
-    if lat:
+    if res.latency:
         lines += ["", f"Idle enqueue → start latency at {plan.get('latency_rate', 50):.0f} "
                   f"jobs/s for {plan.get('latency_seconds', '?')} s per system, every system "
-                  "in this same run, one after the other (start = darkroom's claim, the "
-                  "peers' job function entered, the seed's claim); ratio = the system's "
-                  "p50 / darkroom's:", ""]
-        dr = lat.get("darkroom") or {}
+                  f"in this same run, taken in turn in {plan.get('latency_rounds', 1)} "
+                  "round(s) (start = darkroom's claim, the peers' job function entered, the "
+                  "seed's claim); ratio = the system's p50 / darkroom's:", ""]
+        dr = res.latency.get("darkroom")
         rows = []
-        for name, s in lat.items():
-            if s.get("n"):
-                ratio = (f"{s['p50_ms'] / dr['p50_ms']:.1f}×" if dr.get("n") else "–")
-                rows.append([QUEUE_LABELS.get(name, name), s.get("wake_up", "?"),
-                             f"{s['n']}/{s.get('enqueued', '?')}",
-                             num(s.get("p50_ms"), ".1f"), num(s.get("p95_ms"), ".1f"),
-                             num(s.get("max_ms"), ".1f"), ratio])
+        for name, s in res.latency.items():
+            if s.n and s.p50_ms is not None:
+                vs_dr = f"{s.p50_ms / dr.p50_ms:.1f}×" if dr and dr.p50_ms else "–"
+                rows.append([QUEUE_LABELS.get(name, name), s.wake_up or "?",
+                             f"{s.n}/{s.enqueued}", num(s.p50_ms, ".1f"), num(s.p95_ms, ".1f"),
+                             num(s.max_ms, ".1f"), vs_dr])
         lines += table(["system", "wake-up", "started", "p50 ms", "p95 ms", "max ms",
                         "p50 × darkroom's"], rows, right_from=2)
-        if dr.get("n"):
-            peers = [f"{QUEUE_LABELS.get(n, n)}'s p50 is {s['p50_ms'] / dr['p50_ms']:.1f}× "
-                     "darkroom's" for n, s in lat.items() if n != "darkroom" and s.get("n")]
+        if dr and dr.p50_ms is not None:
+            peers = [f"{QUEUE_LABELS.get(n, n)}'s p50 is {s.p50_ms / dr.p50_ms:.1f}× darkroom's"
+                     for n, s in res.latency.items()
+                     if n != "darkroom" and s.p50_ms is not None]
             targets.append(Target(f"darkroom: idle latency p50 < {QUEUE_IDLE_P50_MS:.0f} ms",
-                                  f"p50 {dr['p50_ms']:.1f} ms, p95 {dr['p95_ms']:.1f} ms"
+                                  f"p50 {dr.p50_ms:.1f} ms, p95 {num(dr.p95_ms, '.1f')} ms"
                                   + (f"; same run: {', '.join(peers)}" if peers else ""),
-                                  dr["p50_ms"] < QUEUE_IDLE_P50_MS))
+                                  dr.p50_ms < QUEUE_IDLE_P50_MS))
 
-    claims: list[dict[str, Any]] = d.get("claim_time") or []
+    claims = res.claim_time
     if claims:
         c0 = claims[0]
         lines += ["", f"Claim time, median of {plan.get('claims', '?')} claims (each rolled "
                   "back); ratio = big table / tiny table, same run:", ""]
-        rows = [[QUEUE_LABELS.get(c["system"], c["system"]), c["claim"],
-                 num(c.get("ms_10_rows"), ".2f"), num(c.get("ms_big"), ".2f"),
-                 f"{c['ms_big'] / c['ms_10_rows']:.2f}×", num(c.get("ms_backlog"), ".2f"),
-                 "–" if not c.get("ms_backlog") else
-                 f"{c['ms_backlog'] / c['ms_10_rows']:.2f}×"] for c in claims]
-        lines += table(["system", "claim", f"{c0.get('tiny_rows', '?')} queued rows, ms",
-                        f"{c0.get('finished_rows', 0):,} finished + "
-                        f"{c0.get('queued_rows', 0):,} queued, ms", "ratio",
-                        f"backlog {c0.get('backlog_rows', 0):,} queued, ms", "ratio"],
+        rows = [[QUEUE_LABELS.get(c.system, c.system), c.claim, num(c.ms_10_rows, ".2f"),
+                 num(c.ms_big, ".2f"), f"{c.ms_big / c.ms_10_rows:.2f}×",
+                 num(c.ms_backlog, ".2f"),
+                 "–" if not c.ms_backlog else f"{c.ms_backlog / c.ms_10_rows:.2f}×"]
+                for c in claims]
+        lines += table(["system", "claim", f"{c0.tiny_rows} queued rows, ms",
+                        f"{c0.finished_rows:,} finished + {c0.queued_rows:,} queued, ms",
+                        "ratio", f"backlog {c0.backlog_rows:,} queued, ms", "ratio"],
                        rows, right_from=2)
         for c in claims:
-            if c["system"].startswith("darkroom"):
-                ratio = c["ms_big"] / c["ms_10_rows"]
+            if c.system.startswith("darkroom"):
+                ratio = c.ms_big / c.ms_10_rows
                 targets.append(Target(
-                    f"{QUEUE_LABELS.get(c['system'], c['system'])}: {c['claim']} at "
-                    f"{c.get('finished_rows', 0):,} finished rows within "
-                    f"{QUEUE_CLAIM_GROWTH}× of a tiny table",
-                    f"{c['ms_big']:.2f} / {c['ms_10_rows']:.2f} ms = **{ratio:.2f}×**",
+                    f"{QUEUE_LABELS.get(c.system, c.system)}: {c.claim} at "
+                    f"{c.finished_rows:,} finished rows within {QUEUE_CLAIM_GROWTH}× of a "
+                    "tiny table", f"{c.ms_big:.2f} / {c.ms_10_rows:.2f} ms = **{ratio:.2f}×**",
                     ratio <= QUEUE_CLAIM_GROWTH))
-        images.append("img/queue_claim_time.png")
-    lines += images(images, {"queue_throughput": "Throughput against worker count",
-                              "queue_claim_time": "Claim time against table size"})
+        pictures.append("img/queue_claim_time.png")
+    lines += images(pictures, {"queue_throughput": "Throughput against worker count",
+                               "queue_claim_time": "Claim time against table size"})
     return lines, targets
 
 

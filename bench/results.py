@@ -1,0 +1,130 @@
+"""Benchmark results as typed files: one dataclass per benchmark, written to and read from
+bench/out/NAME.json, so that the benchmark and its renderer agree on one shape.
+
+`load` rebuilds a result from its JSON and refuses a shape it does not know (a missing
+field, or an unknown one where the class keeps no `extra`), so that a renderer fails on
+a moved field instead of printing a dash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def _build(kind: Any, value: Any) -> Any:
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+        return _build(kind, value)
+    if origin is list:
+        (item,) = typing.get_args(kind)
+        return [_build(item, v) for v in value]
+    if origin is dict:
+        _, item = typing.get_args(kind)
+        return {k: _build(item, v) for k, v in value.items()}
+    if dataclasses.is_dataclass(kind):
+        return load(typing.cast(type[Any], kind), value)
+    if kind is float and isinstance(value, int):
+        return float(value)
+    return value
+
+
+def load(cls: type[T], data: dict[str, Any]) -> T:
+    """A `cls` from its JSON object; raises ValueError on a shape it does not know."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    known = {k: _build(hints[k], v) for k, v in data.items() if k in names and k != "extra"}
+    unknown = {k: v for k, v in data.items() if k not in names}
+    if unknown:
+        if "extra" not in names:
+            raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
+        known["extra"] = {**data.get("extra", {}), **unknown}
+    try:
+        return cls(**known)
+    except TypeError as exc:
+        raise ValueError(f"{cls.__name__}: {exc}") from exc
+
+
+def save(result: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dataclasses.asdict(result), indent=2, default=str) + "\n",
+                    encoding="utf-8")
+
+
+def read(cls: type[T], path: Path) -> T:
+    return load(cls, json.loads(path.read_text(encoding="utf-8")))
+
+
+# --- bench/queue.py -----------------------------------------------------------------------
+
+
+@dataclass
+class QueueThroughput:
+    """One system in one configuration at one worker count, over its repeats."""
+
+    system: str
+    config: str
+    workers: int
+    jobs: int
+    runs_jobs_per_s: list[float]
+    # Machine CPU (all processes, PostgreSQL included) per job while the workers ran, and
+    # the share of wall time stolen by the hypervisor: on a shared machine the CPU cost
+    # of a job moves far less from run to run than the jobs/s do.
+    runs_cpu_us_per_job: list[float]
+    runs_steal_share: list[float]
+    median: float
+    cpu_us_per_job: float | None
+
+
+@dataclass
+class QueueLatency:
+    """Idle enqueue → start of one system; no percentiles when nothing started."""
+
+    n: int
+    enqueued: int
+    wake_up: str = ""
+    p50_ms: float | None = None
+    p95_ms: float | None = None
+    p99_ms: float | None = None
+    max_ms: float | None = None
+
+
+@dataclass
+class QueueClaim:
+    """Median time of one claim statement on a tiny, a big and a backlog table."""
+
+    system: str
+    claim: str
+    ms_10_rows: float
+    ms_big: float
+    ratio: float
+    tiny_rows: int
+    finished_rows: int
+    queued_rows: int
+    ms_backlog: float | None
+    backlog_rows: int
+    extra: dict[str, Any] = field(default_factory=dict)  # what a newer setup records
+
+
+@dataclass
+class QueueResult:
+    command: str
+    machine: dict[str, Any]
+    postgres: dict[str, str]
+    server: str
+    plan: dict[str, Any]
+    throughput: list[QueueThroughput] = field(default_factory=list)
+    latency: dict[str, QueueLatency] = field(default_factory=dict)
+    claim_time: list[QueueClaim] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    loadavg_at_end: list[float] = field(default_factory=list)

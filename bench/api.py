@@ -38,6 +38,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -56,7 +57,11 @@ import pyvips
 from bench.cpu import TICK, cpu_model, machine_ticks, process_ticks
 from bench.loadgen import ERRORS as LOAD_ERRORS
 from bench.loadgen import LoadClient
+from bench.markdown import targets_table
 from bench.net import free_port
+from bench.provenance import Source
+from bench.runs import BY_NAME
+from bench.sections import api_section
 from bench.stats import percentile
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
@@ -71,7 +76,6 @@ OWNER = "bench"  # the cards the API is asked about
 BACKLOG_OWNER = "backlog"  # the photos that keep the worker busy; never touched by the API
 CONFIRM_ROUTE = "/v1/files/{file_id}/confirm"
 GET_ROUTE = "/v1/files/{file_id}"
-TARGET_P99_MS = 25.0
 
 
 # --- the system under test --------------------------------------------------------------
@@ -581,30 +585,6 @@ def machine() -> dict[str, Any]:
             "generator": "bench/loadgen.py (keep-alive HTTP/1.1 on uvloop)"}
 
 
-def table(results: dict[str, Any], plan: Plan) -> str:
-    rows = ["| phase | requests | req/s | p50 ms | p95 ms | p99 ms | max ms | not OK |"
-            " server-side mean ms (≤ 25 ms) | API CPU ms/req |"
-            " CPU cores: API / worker / PG / generator / others / stolen |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    labels = {"confirm_busy": f"confirm, open loop {plan.rate:g}/s, worker busy",
-              "confirm_idle": f"confirm, open loop {plan.rate:g}/s, worker stopped"}
-    for c in plan.clients:
-        labels[f"ceiling_confirm_{c}"] = f"confirm, closed loop, {c} clients"
-        labels[f"ceiling_get_{c}"] = f"GET /v1/files/{{id}}, closed loop, {c} clients"
-    for name, label in labels.items():
-        r = results[name]
-        cpu, srv = r["cpu_cores"], r["server"]
-        server = (f"{srv['mean_ms']:.1f} ({srv['within_25ms']:.1%})" if srv.get("count")
-                  else "–")
-        rows.append(f"| {label} | {r['requests']} | {r['rps']:,.0f} | {r['p50_ms']:.1f} | "
-                    f"{r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['max_ms']:.1f} | "
-                    f"{r['unexpected']} | {server} | {r['api_cpu_ms_per_request']:.2f} | "
-                    f"{cpu['api']:.2f} / {cpu['worker']:.2f} / {cpu['postgres']:.2f} / "
-                    f"{cpu['generator']:.2f} / {cpu['others']:.2f} / "
-                    f"{cpu.get('steal', 0):.2f} |")
-    return "\n".join(rows)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -648,24 +628,14 @@ def main() -> None:
             results = runner.run(run(system, plan))
     info["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     gc_pause = gc_full_pass_ms()
-    busy = results["confirm_busy"]
-    targets = {
-        "confirm_p99_under_25ms_busy": busy["p99_ms"] < TARGET_P99_MS and busy["unexpected"] == 0,
-        # Every 202 came with the card still `queued`: none waited for a derive. (That
-        # latency is the same with and without the worker is in the table, not here.)
-        "never_waits_for_image_work": busy["unexpected"] == 0
-        and results["confirm_idle"]["unexpected"] == 0,
-    }
+    data = {"machine": info, "plan": vars(plan), "results": results,
+            "gc_full_pass_ms": gc_pause,
+            "command": shlex.join([".venv/bin/python", "-m", "bench.api", *sys.argv[1:]])}
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "api.json").write_text(json.dumps(
-        {"machine": info, "plan": vars(plan), "results": results,
-         "gc_full_pass_ms": gc_pause, "targets": targets},
-        indent=2))
-    print()
-    print(table(results, plan))
-    print(f"\nmachine: {info}")
-    print(f"targets: {targets}")
+    (out / "api.json").write_text(json.dumps(data, indent=2))
+    lines, targets = api_section(Source.of(BY_NAME["api"], data))
+    print("\n".join([*lines, "", *targets_table(targets)]))
 
 
 if __name__ == "__main__":

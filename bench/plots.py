@@ -7,14 +7,13 @@ and carries the machine and command of every JSON it draws in its caption.
 from __future__ import annotations
 
 import dataclasses
-import re
 import statistics
 from pathlib import Path
 from typing import Any
 
 from bench.markdown import num
 from bench.provenance import Source
-from bench.results import QueueResult, load
+from bench.results import QueueResult, WorkerResult, load
 from bench.sections import API_PHASES, QUEUE_LABELS, best, series_of
 from bench.targets import (
     API_P99_MS,
@@ -217,27 +216,25 @@ def images_plot(derive: Source, worker: Source) -> str | None:
         ax.grid(True, axis="y", alpha=0.3)
     else:
         no_data(ax, "bench/out/derive.json: no per-core rates")
-    w = worker.data or {}
-    slots = sorted(int(k.split("_")[1]) for k in w if re.fullmatch(r"slots_\d+", k))
+    slots = WorkerResult.of(worker.data).slots if worker.data else []
     if slots:
         width = 0.38
-        for i, p in enumerate(slots):
-            r = w[f"slots_{p}"]
-            ratio = r["end_to_end_ips"] / r["pipeline_alone_ips"]
-            ax_w.bar(i - width / 2, r["pipeline_alone_ips"], width, color="#9ecae1",
+        for i, r in enumerate(slots):
+            ratio = r.end_to_end_ips / r.pipeline_alone_ips
+            ax_w.bar(i - width / 2, r.pipeline_alone_ips, width, color="#9ecae1",
                      label="pipeline alone" if i == 0 else None)
-            ax_w.bar(i + width / 2, r["end_to_end_ips"], width, color="C0",
+            ax_w.bar(i + width / 2, r.end_to_end_ips, width, color="C0",
                      label="end to end (worker)" if i == 0 else None)
-            ax_w.text(i + width / 2, r["end_to_end_ips"] * 1.02, f"{ratio:.0%}\nof alone",
+            ax_w.text(i + width / 2, r.end_to_end_ips * 1.02, f"{ratio:.0%}\nof alone",
                       ha="center", fontsize=8, fontweight="bold" if ratio < WORKER_VS_PIPELINE
                       else None, color="C3" if ratio < WORKER_VS_PIPELINE else "k")
-            ax_w.hlines(r["pipeline_alone_ips"] * WORKER_VS_PIPELINE, i, i + width, colors="k",
+            ax_w.hlines(r.pipeline_alone_ips * WORKER_VS_PIPELINE, i, i + width, colors="k",
                         linestyles="--", lw=1,
                         label=f"target {WORKER_VS_PIPELINE:.0%} of alone" if i == 0 else None)
-        ax_w.set_xticks(range(len(slots)), [f"{p} slot{'s' * (p > 1)}" for p in slots])
+        ax_w.set_xticks(range(len(slots)),
+                        [f"{r.slots} slot{'s' * (r.slots > 1)}" for r in slots])
         ax_w.set_ylabel("images/s (wall clock)")
-        top = max(max(w[f"slots_{p}"]["pipeline_alone_ips"], w[f"slots_{p}"]["end_to_end_ips"])
-                  for p in slots)
+        top = max(max(r.pipeline_alone_ips, r.end_to_end_ips) for r in slots)
         ax_w.set_ylim(0, top * 1.3)
         ax_w.legend(fontsize=8, loc="upper left")
         ax_w.set_title(f"bench.worker ({worker.date}): end to end vs pipeline alone",
@@ -287,10 +284,10 @@ def latency_plot(api: Source, worker: Source, queue: Source) -> str | None:
     # Right: idle wake-up, the worker's confirm → start and the queue's enqueue → claim;
     # the seed's 1 s poll is the same-run baseline.
     lines: list[tuple[str, dict[str, Any], str, str]] = []
-    wl = (worker.data or {}).get("latency_ms") or {}
+    wl = WorkerResult.of(worker.data).latency_ms if worker.data else None
     if wl:
-        lines.append((f"worker: confirm → processing start, {wl.get('samples', '?')} files",
-                      {f"{q}_ms": wl.get(q) for q in qs}, "C0", "o"))
+        lines.append((f"worker: confirm → processing start, {wl.samples} files",
+                      {f"{q}_ms": getattr(wl, q, None) for q in qs}, "C0", "o"))
     ql = load(QueueResult, queue.data).latency if queue.data else {}
     for name, color, marker in (("darkroom", "C2", "s"), ("pgqueuer", "C1", "D"),
                                 ("procrastinate", "C4", "^"), ("seed", "C3", "x")):

@@ -128,3 +128,46 @@ class QueueResult:
     claim_time: list[QueueClaim] = field(default_factory=list)
     elapsed_s: float = 0.0
     loadavg_at_end: list[float] = field(default_factory=list)
+
+
+# --- bench/worker.py ----------------------------------------------------------------------
+
+
+@dataclass
+class WorkerSlots:
+    """The same images through p slots: the pipeline alone, and end to end."""
+
+    slots: int
+    pipeline_alone_ips: float
+    end_to_end_ips: float
+    ratio: float
+
+
+@dataclass
+class WorkerLatency:
+    """Idle confirm → processing start, database clock, ms."""
+
+    samples: int
+    p50: float
+    p95: float
+    max: float
+
+
+@dataclass
+class WorkerResult:
+    machine: dict[str, Any]
+    slots: list[WorkerSlots] = field(default_factory=list)
+    latency_ms: WorkerLatency | None = None
+    command: str | None = None
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> WorkerResult:
+        """From its JSON, including the shape written before the typed result (one
+        `slots_N` object per slot count)."""
+        legacy = sorted((k for k in data if k.startswith("slots_")),
+                        key=lambda k: int(k.split("_")[1]))
+        if legacy:
+            rest = {k: v for k, v in data.items() if k not in legacy}
+            data = rest | {"slots": [{"slots": int(k.split("_")[1]), **data[k]}
+                                     for k in legacy]}
+        return load(cls, data)

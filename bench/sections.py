@@ -12,7 +12,7 @@ from typing import Any
 
 from bench.markdown import Target, images, num, table, table_line
 from bench.provenance import Source
-from bench.results import QueueResult, QueueThroughput, load
+from bench.results import QueueResult, QueueThroughput, WorkerResult, load
 from bench.targets import (
     API_P99_MS,
     DERIVE_TARGETS,
@@ -240,37 +240,34 @@ def derive_section(src: Source, worker: Source | None) -> tuple[list[str], list[
 
 
 def worker_section(src: Source, derive: Source | None) -> tuple[list[str], list[Target]]:
-    d = src.data or {}
-    slots = sorted(int(k.split("_")[1]) for k in d if re.fullmatch(r"slots_\d+", k))
+    res = WorkerResult.of(src.data or {})
     lines = ["", "End to end = confirm of every image at once to an idle `darkroom worker` "
              "with p slots, until the last card is `ready`; pipeline alone = the same images "
              "through p sandboxed decoder children, no queue, no store. Same run.", ""]
     rows = []
     targets = []
-    for p in slots:
-        r = d[f"slots_{p}"]
-        ratio = r["end_to_end_ips"] / r["pipeline_alone_ips"]
-        rows.append([str(p), f"{r['pipeline_alone_ips']:.2f}", f"{r['end_to_end_ips']:.2f}",
+    for r in res.slots:
+        p = r.slots
+        ratio = r.end_to_end_ips / r.pipeline_alone_ips
+        rows.append([str(p), f"{r.pipeline_alone_ips:.2f}", f"{r.end_to_end_ips:.2f}",
                      f"{ratio:.0%}"])
         targets.append(Target(f"end to end ≥ {WORKER_VS_PIPELINE:.0%} of the pipeline alone "
                               f"at {p} slot{'s' * (p > 1)}",
-                              f"{r['end_to_end_ips']:.2f} / {r['pipeline_alone_ips']:.2f} img/s"
+                              f"{r.end_to_end_ips:.2f} / {r.pipeline_alone_ips:.2f} img/s"
                               f" = **{ratio:.0%}**", ratio >= WORKER_VS_PIPELINE))
     lines += table(["slots", "pipeline alone, img/s", "end to end, img/s",
                     "end to end / pipeline alone"], rows)
-    lat = d.get("latency_ms") or {}
+    lat = res.latency_ms
     if lat:
-        lines += ["", f"Idle confirm → processing start (database clock, "
-                  f"{lat.get('samples', '?')} single files): p50 {num(lat.get('p50'), '.1f')} ms, "
-                  f"p95 {num(lat.get('p95'), '.1f')} ms, max {num(lat.get('max'), '.1f')} ms."]
-        if lat.get("p50") is not None:
-            targets.append(Target(f"idle confirm → processing start p50 < "
-                                  f"{WORKER_IDLE_P50_MS:.0f} ms",
-                                  f"p50 {lat['p50']:.1f} ms (the seed polls once a second)",
-                                  lat["p50"] < WORKER_IDLE_P50_MS))
+        lines += ["", f"Idle confirm → processing start (database clock, {lat.samples} single "
+                  f"files): p50 {lat.p50:.1f} ms, p95 {lat.p95:.1f} ms, max {lat.max:.1f} ms."]
+        targets.append(Target(f"idle confirm → processing start p50 < "
+                              f"{WORKER_IDLE_P50_MS:.0f} ms",
+                              f"p50 {lat.p50:.1f} ms (the seed polls once a second)",
+                              lat.p50 < WORKER_IDLE_P50_MS))
     lines += images(["img/images_per_second.png", "img/latency.png"],
-                     {"images_per_second": "Images per second against the limits",
-                      "latency": "Confirm latency distribution"})
+                    {"images_per_second": "Images per second against the limits",
+                     "latency": "Confirm latency distribution"})
     return lines, targets
 
 
@@ -292,14 +289,17 @@ def api_section(src: Source) -> tuple[list[str], list[Target]]:
         what = API_PHASES.get(phase) or (f"{m.group(1)}, closed loop, {m.group(2)} clients"
                                           if m else phase)
         cpu = r.get("cpu_cores") or {}
+        srv = r.get("server") or {}
+        server = (f"{srv['mean_ms']:.1f} ({srv['within_25ms']:.1%})" if srv.get("count")
+                  else "–")
         rows.append([what, num(r.get("requests")), num(r.get("rps"), ",.1f"),
                      num(r.get("p50_ms"), ".1f"), num(r.get("p95_ms"), ".1f"),
                      num(r.get("p99_ms"), ".1f"), num(r.get("max_ms"), ".1f"),
-                     num(r.get("unexpected")), num(cpu.get("api"), ".2f"),
+                     num(r.get("unexpected")), server, num(cpu.get("api"), ".2f"),
                      num(r.get("api_cpu_ms_per_request"), ".2f"), num(cpu.get("steal"), ".2f")])
     lines += table(["phase", "requests", "req/s", "p50 ms", "p95 ms", "p99 ms", "max ms",
-                    "unexpected", "API CPU cores", "API CPU ms/request",
-                    "cores stolen by the hypervisor"], rows)
+                    "unexpected", "server-side mean ms (share ≤ 25 ms)", "API CPU cores",
+                    "API CPU ms/request", "cores stolen by the hypervisor"], rows)
     gc_pause = d.get("gc_full_pass_ms")
     if gc_pause:
         lines += ["", f"One full garbage collection in the API process (every request waits "

@@ -19,6 +19,17 @@
 
 Run records (command, start, duration, exit code) go to bench/out/report.json so that a
 later `--from-json` still names the exact command and date of each figure.
+
+Each job has its own module; this one only strings them together:
+  bench/runs.py        which benchmarks there are, running one, the run records
+  bench/provenance.py  which JSON, command, date and machine a figure comes from
+  bench/results.py     each benchmark's result as a typed file (written and read)
+  bench/sections.py    one renderer per benchmark: its Markdown tables and its targets
+  bench/targets.py     every target threshold
+  bench/plots.py       the figures
+  bench/splice.py      the marked blocks of docs/BENCHMARKS.md
+Shared helpers: bench/cpu.py (/proc, CPU model), bench/stats.py (percentiles),
+bench/net.py (free_port).
 """
 
 from __future__ import annotations

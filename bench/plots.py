@@ -184,7 +184,7 @@ def images_plot(derive: Source, worker: Source) -> str | None:
     d = derive.data or {}
     ips: dict[str, float] = d.get("images_per_second_per_core") or {}
     limit = d.get("component_limit")
-    t = {**DERIVE_TARGETS, **(d.get("targets") or {})}
+    t = DERIVE_TARGETS
     if ips and limit:
         bars = [("decode+resize\nalone", "decode_resize", "#9ecae1"),
                 ("encode\nalone", "encode", "#9ecae1"),

@@ -171,3 +171,38 @@ class WorkerResult:
             data = rest | {"slots": [{"slots": int(k.split("_")[1]), **data[k]}
                                      for k in legacy]}
         return load(cls, data)
+
+
+# --- bench/soak.py ------------------------------------------------------------------------
+
+
+@dataclass
+class SoakVerdict:
+    """What must stay flat over the soak; first/last = median of the first/last fifth of
+    the windows."""
+
+    processed: int
+    throughput_per_s: float
+    claim_ms_first: float
+    claim_ms_last: float
+    claim_drift: float
+    queue_index_bytes_max: int
+    queue_index_bytes_last: int
+    files_table_bytes_last: int
+    events_live_max: int
+    files_dead_max: int
+    autovacuums_files: int
+    confirm_p99_ms_max: float | None
+    queued_max: int
+
+
+@dataclass
+class SoakResult:
+    target: int
+    rate: float
+    seconds: float
+    # One sample of the database per window: counts, sizes, per-table dead/live rows,
+    # claim time and the window's confirm latency (bench/soak.py `sample`).
+    windows: list[dict[str, Any]]
+    verdict: SoakVerdict | None = None
+    command: str | None = None

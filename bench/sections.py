@@ -12,7 +12,7 @@ from typing import Any
 
 from bench.markdown import Target, images, num, table, table_line
 from bench.provenance import Source
-from bench.results import QueueResult, QueueThroughput, WorkerResult, load
+from bench.results import QueueResult, QueueThroughput, SoakResult, WorkerResult, load
 from bench.targets import (
     API_P99_MS,
     DERIVE_TARGETS,
@@ -185,7 +185,7 @@ def queue_section(src: Source) -> tuple[list[str], list[Target]]:
 
 def derive_section(src: Source, worker: Source | None) -> tuple[list[str], list[Target]]:
     d = src.data or {}
-    t = {**DERIVE_TARGETS, **(d.get("targets") or {})}
+    t = DERIVE_TARGETS
     ips: dict[str, float] = d.get("images_per_second_per_core") or {}
     wall: dict[str, float] = d.get("images_per_second_wall") or {}
     limit = d.get("component_limit")
@@ -330,30 +330,29 @@ def api_section(src: Source) -> tuple[list[str], list[Target]]:
 
 
 def soak_section(src: Source) -> tuple[list[str], list[Target]]:
-    d = src.data or {}
-    v: dict[str, Any] = d.get("verdict") or {}
-    windows: list[dict[str, Any]] = d.get("windows") or []
-    lines = ["", f"{num(v.get('processed'))} images processed of a target of "
-             f"{num(d.get('target'))}, uploaded through the HTTP API at {num(d.get('rate'))}/s, "
-             f"in {num(d.get('seconds'))} s ({num(v.get('throughput_per_s'), '.1f')}/s), "
-             f"sampled in {len(windows)} windows. First/last = median of the first/last fifth "
-             "of the windows.", ""]
-    rows = [["claim time, first → last", f"{num(v.get('claim_ms_first'), '.2f')} → "
-             f"{num(v.get('claim_ms_last'), '.2f')} ms ({num(v.get('claim_drift'), '.2f')}×)"],
-            ["queue indexes (due + leased), max / last",
-             f"{num(v.get('queue_index_bytes_max'))} / {num(v.get('queue_index_bytes_last'))} "
-             "bytes"],
-            ["archive_files table, last", f"{num(v.get('files_table_bytes_last'))} bytes"],
-            ["archive_files dead rows, max", num(v.get("files_dead_max"))],
-            ["autovacuums of archive_files", num(v.get("autovacuums_files"))],
-            ["live events, max", num(v.get("events_live_max"))],
-            ["queued, max", num(v.get("queued_max"))],
-            ["confirm p99 of a window, max", f"{num(v.get('confirm_p99_ms_max'), ',.1f')} ms"]]
-    lines += table(["figure", "value"], rows, right_from=99)
+    res = load(SoakResult, src.data or {})
+    v = res.verdict
+    lines = ["", f"{num(v.processed if v else None)} images processed of a target of "
+             f"{res.target:,}, uploaded through the HTTP API at {res.rate:,.0f}/s, in "
+             f"{res.seconds:,.0f} s ({num(v.throughput_per_s if v else None, '.1f')}/s), "
+             f"sampled in {len(res.windows)} windows. First/last = median of the first/last "
+             "fifth of the windows.", ""]
     targets = []
-    if v.get("claim_drift") is not None:
+    if v:
+        rows = [["claim time, first → last", f"{v.claim_ms_first:.2f} → "
+                 f"{v.claim_ms_last:.2f} ms ({v.claim_drift:.2f}×)"],
+                ["queue indexes (due + leased), max / last",
+                 f"{v.queue_index_bytes_max:,} / {v.queue_index_bytes_last:,} bytes"],
+                ["archive_files table, last", f"{v.files_table_bytes_last:,} bytes"],
+                ["archive_files dead rows, max", f"{v.files_dead_max:,}"],
+                ["autovacuums of archive_files", f"{v.autovacuums_files:,}"],
+                ["live events, max", f"{v.events_live_max:,}"],
+                ["queued, max", f"{v.queued_max:,}"],
+                ["confirm p99 of a window, max",
+                 f"{num(v.confirm_p99_ms_max, ',.1f')} ms"]]
+        lines += table(["figure", "value"], rows, right_from=99)
         targets.append(Target(f"claim time does not drift up (last ≤ {SOAK_DRIFT}× first; "
                               "bound assumed by the report, the issue gives none)",
-                              f"**{v['claim_drift']:.2f}×**", v["claim_drift"] <= SOAK_DRIFT))
+                              f"**{v.claim_drift:.2f}×**", v.claim_drift <= SOAK_DRIFT))
     lines += images(["img/soak.png"], {"soak": "Soak: claim time, dead rows and sizes"})
     return lines, targets

@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
-import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,13 @@ import httpx
 import psycopg
 from psycopg.rows import dict_row
 
+from bench.markdown import targets_table
 from bench.net import free_port
+from bench.provenance import Source
+from bench.results import SoakResult, SoakVerdict, save
+from bench.runs import BY_NAME
+from bench.sections import soak_section
+from bench.stats import percentile
 from darkroom.db import embedded
 from darkroom.db.migrations import migrate
 from darkroom.db.queries import QUERIES
@@ -164,7 +171,7 @@ async def generate(soak: Soak, target: int, images: list[bytes], latencies: list
     return sent
 
 
-async def soak_run(soak: Soak, target: int, every: float) -> dict[str, Any]:
+async def soak_run(soak: Soak, target: int, every: float) -> SoakResult:
     images = tiny_images()
     latencies: list[float] = []
     windows: list[dict[str, Any]] = []
@@ -180,7 +187,7 @@ async def soak_run(soak: Soak, target: int, every: float) -> dict[str, Any]:
         window, taken = latencies[taken:], len(latencies)
         snap["t"] = round(time.perf_counter() - started, 1)
         snap["confirm_ms"] = ({"p50": statistics.median(window),
-                               "p99": sorted(window)[int(0.99 * (len(window) - 1))],
+                               "p99": percentile(sorted(window), 0.99),
                                "n": len(window)} if window else None)
         done = snap["counts"].get("ready", 0) + snap["counts"].get("rejected", 0)
         snap["processed"] = done
@@ -196,12 +203,12 @@ async def soak_run(soak: Soak, target: int, every: float) -> dict[str, Any]:
     stop.set()
     await gen
     db.close()
-    return {"windows": windows, "seconds": time.perf_counter() - started,
-            "rate": soak.rate, "target": target}
+    return SoakResult(target=target, rate=soak.rate, seconds=time.perf_counter() - started,
+                      windows=windows)
 
 
-def verdict(result: dict[str, Any]) -> dict[str, Any]:
-    windows = result["windows"]
+def verdict(result: SoakResult) -> SoakVerdict:
+    windows = result.windows
     k = max(1, len(windows) // 5)
     first = statistics.median(w["claim_ms"] for w in windows[:k])
     last = statistics.median(w["claim_ms"] for w in windows[-k:])
@@ -210,21 +217,21 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
         return int(w["sizes"].get(name, 0))
 
     queue_indexes = ("archive_files_due", "archive_files_leased")
-    return {
-        "processed": windows[-1]["processed"],
-        "throughput_per_s": windows[-1]["processed"] / result["seconds"],
-        "claim_ms_first": first, "claim_ms_last": last, "claim_drift": last / first,
-        "queue_index_bytes_max": max(sum(size(w, n) for n in queue_indexes) for w in windows),
-        "queue_index_bytes_last": sum(size(windows[-1], n) for n in queue_indexes),
-        "files_table_bytes_last": size(windows[-1], "archive_files"),
-        "events_live_max": max(w["tables"].get("archive_events", {}).get("live", 0)
-                               for w in windows),
-        "files_dead_max": max(w["tables"]["archive_files"]["dead"] for w in windows),
-        "autovacuums_files": windows[-1]["tables"]["archive_files"]["autovacuums"],
-        "confirm_p99_ms_max": max((w["confirm_ms"]["p99"] for w in windows if w["confirm_ms"]),
-                                  default=None),
-        "queued_max": max(w["counts"].get("queued", 0) for w in windows),
-    }
+    return SoakVerdict(
+        processed=windows[-1]["processed"],
+        throughput_per_s=windows[-1]["processed"] / result.seconds,
+        claim_ms_first=first, claim_ms_last=last, claim_drift=last / first,
+        queue_index_bytes_max=max(sum(size(w, n) for n in queue_indexes) for w in windows),
+        queue_index_bytes_last=sum(size(windows[-1], n) for n in queue_indexes),
+        files_table_bytes_last=size(windows[-1], "archive_files"),
+        events_live_max=max(w["tables"].get("archive_events", {}).get("live", 0)
+                            for w in windows),
+        files_dead_max=max(w["tables"]["archive_files"]["dead"] for w in windows),
+        autovacuums_files=windows[-1]["tables"]["archive_files"]["autovacuums"],
+        confirm_p99_ms_max=max((w["confirm_ms"]["p99"] for w in windows if w["confirm_ms"]),
+                               default=None),
+        queued_max=max(w["counts"].get("queued", 0) for w in windows),
+    )
 
 
 def main() -> None:
@@ -240,10 +247,11 @@ def main() -> None:
             result = asyncio.run(soak_run(soak, args.images, args.sample))
         finally:
             soak.stop()
-    result["verdict"] = verdict(result)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result["verdict"], indent=2))
+    result.verdict = verdict(result)
+    result.command = shlex.join([".venv/bin/python", "-m", "bench.soak", *sys.argv[1:]])
+    save(result, OUT)
+    lines, targets = soak_section(Source.of(BY_NAME["soak"], asdict(result)))
+    print("\n".join([*lines, "", *targets_table(targets)]))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             self.loop = asyncio.new_event_loop()
             self.db = psycopg.connect(db_url, autocommit=True, row_factory=dict_row)
             self.db.execute("TRUNCATE archive_files, archive_events, orphan_objects,"
-                            " maintenance_schedule")
+                            " maintenance_schedule CASCADE")
             self.objects = Path(tempfile.mkdtemp(prefix="darkroom-stateful-"))
             self.store = open_store(self.objects.as_uri())
             self.pool = self.run(open_pool(db_url, min_size=1, max_size=2))

@@ -1,10 +1,14 @@
 """Queue benchmark: darkroom's lease protocol against Procrastinate, PgQueuer and the seed.
 
 One run, one PostgreSQL server, a fresh database per system. Measures
-  1. no-op throughput (claim -> fenced complete) at 1, 4 and 16 worker processes,
-  2. idle enqueue -> claim latency at a steady 50 jobs/s,
+  1. no-op throughput (claim -> fenced complete) at 1, 4 and 16 worker processes; darkroom
+     on the worker's own path (`Queue.complete` per job, slots refilled as they free up),
+     and once with batched completions (`complete_many`) as the reference,
+  2. idle enqueue -> start latency at a steady 50 jobs/s, darkroom, PgQueuer,
+     Procrastinate and the seed in turn, in the same run,
   3. claim time with 1,000,000 finished rows + 20,000 queued versus ~10 rows,
-prints Markdown and writes bench/out/queue.json.
+writes bench/out/queue.json (bench/results.py `QueueResult`) and prints it through its
+renderer (bench/sections.py `queue_section`).
 
     .venv/bin/python bench/queue.py [--quick] [--database-url URL]
 

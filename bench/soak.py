@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,7 @@ def sample(db: psycopg.Connection[Any]) -> dict[str, Any]:
         with db.transaction(force_rollback=True):
             start = time.perf_counter()
             db.execute(QUERIES["claim"], {"n": 1, "max_attempts": 3, "lease_seconds": 60.0,
-                                          "worker": "probe"}).fetchall()
+                                          "worker": "probe", "claim": uuid.uuid4()}).fetchall()
             claims.append((time.perf_counter() - start) * 1000)
     sizes = {r["name"]: r["bytes"] for r in db.execute(
         "SELECT c.relname AS name, pg_relation_size(c.oid) AS bytes FROM pg_class c"

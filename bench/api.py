@@ -36,7 +36,6 @@ import contextlib
 import itertools
 import json
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -54,7 +53,7 @@ import httpx
 import psycopg
 import pyvips
 
-from bench.cpu import TICK, cpu_model, machine_ticks, process_ticks
+from bench.cpu import TICK, machine, machine_ticks, process_ticks
 from bench.loadgen import ERRORS as LOAD_ERRORS
 from bench.loadgen import LoadClient
 from bench.markdown import targets_table
@@ -580,11 +579,6 @@ async def run(system: System, plan: Plan) -> dict[str, Any]:
     return results
 
 
-def machine() -> dict[str, Any]:
-    return {"cores": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
-            "generator": "bench/loadgen.py (keep-alive HTTP/1.1 on uvloop)"}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -610,9 +604,8 @@ def main() -> None:
                 ceiling_seconds=args.ceiling_seconds, clients=args.clients,
                 ceiling_cards=args.ceiling_cards, backlog=backlog,
                 connections=args.connections, worker_nice=args.worker_nice)
-    info = machine()
-    info["worker_nice"] = args.worker_nice
-    info["loadavg_start"] = [round(x, 2) for x in os.getloadavg()]
+    info = machine() | {"generator": "bench/loadgen.py (keep-alive HTTP/1.1 on uvloop)",
+                        "worker_nice": args.worker_nice}
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="darkroom-bench-"))
         system = System(Path(tmp), args.api_pythonpath)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import platform
 from pathlib import Path
+from typing import Any
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -46,3 +48,10 @@ def cpu_model() -> str:
     except OSError:
         pass
     return "unknown CPU"
+
+
+def machine() -> dict[str, Any]:
+    """What every benchmark's result records of the machine it ran on; the load average
+    at the start, since this machine is shared (the result adds the one at the end)."""
+    return {"nproc": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
+            "kernel": platform.release(), "loadavg_at_start": list(os.getloadavg())}

@@ -35,7 +35,6 @@ import logging
 import math
 import multiprocessing as mp
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -48,7 +47,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg.rows import dict_row
 
-from bench.cpu import TICK, cpu_model, machine_ticks
+from bench.cpu import TICK, machine, machine_ticks
 from bench.markdown import targets_table
 from bench.provenance import Source
 from bench.results import QueueClaim, QueueLatency, QueueResult, QueueThroughput, load, save
@@ -133,11 +132,6 @@ class Server:
                              "fsync", "max_connections")
             }
         return settings
-
-
-def machine() -> dict[str, Any]:
-    return {"nproc": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
-            "kernel": platform.release(), "loadavg_at_start": os.getloadavg()}
 
 
 # --- running N worker processes -----------------------------------------------------------
@@ -758,8 +752,10 @@ def _latencies(enqueued: dict[str, float], claimed: dict[str, float]) -> list[fl
 
 
 def _run_with_producer(target: Callable[..., Any], args: tuple[Any, ...],
-                       produce: Callable[[], dict[str, float]]) -> dict[str, float]:
-    """Runs one worker process and the producer (here) at the same time."""
+                       produce: Callable[[], dict[str, float]]
+                       ) -> tuple[dict[str, float], dict[str, float]]:
+    """Runs one worker process and the producer (here) at the same time; answers when
+    each job was enqueued and when it started, by job id."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(2)
     results = ctx.Queue()
@@ -776,7 +772,7 @@ def _run_with_producer(target: Callable[..., Any], args: tuple[Any, ...],
             proc.kill()
     if isinstance(claimed, BaseException):
         raise RuntimeError(f"latency worker failed: {claimed!r}") from claimed
-    return {"enqueued": enqueued, "claimed": claimed}  # type: ignore[dict-item]
+    return enqueued, claimed
 
 
 def darkroom_latency(server: Server, plan: Plan) -> list[float]:
@@ -814,7 +810,7 @@ def darkroom_latency(server: Server, plan: Plan) -> list[float]:
 
     r = _run_with_producer(darkroom_latency_worker,
                            (url, n, plan.latency_seconds + 20, 1.0), produce)
-    return _latencies(r["enqueued"], r["claimed"])  # type: ignore[arg-type]
+    return _latencies(*r)
 
 
 def seed_latency(server: Server, plan: Plan) -> list[float]:
@@ -837,7 +833,7 @@ def seed_latency(server: Server, plan: Plan) -> list[float]:
         return enqueued
 
     r = _run_with_producer(seed_latency_worker, (url, n, plan.latency_seconds + 20), produce)
-    return _latencies(r["enqueued"], r["claimed"])  # type: ignore[arg-type]
+    return _latencies(*r)
 
 
 def pgqueuer_latency(server: Server, plan: Plan) -> list[float]:
@@ -866,7 +862,7 @@ def pgqueuer_latency(server: Server, plan: Plan) -> list[float]:
 
     r = _run_with_producer(pgqueuer_latency_worker, (url, n, plan.latency_seconds + 20),
                            produce)
-    return _latencies(r["enqueued"], r["claimed"])  # type: ignore[arg-type]
+    return _latencies(*r)
 
 
 def procrastinate_latency(server: Server, plan: Plan) -> list[float]:
@@ -893,7 +889,7 @@ def procrastinate_latency(server: Server, plan: Plan) -> list[float]:
 
     r = _run_with_producer(procrastinate_latency_worker, (url, n, plan.latency_seconds + 20),
                            produce)
-    return _latencies(r["enqueued"], r["claimed"])  # type: ignore[arg-type]
+    return _latencies(*r)
 
 
 # One per system: (how it wakes an idle worker, how its run is measured).

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -35,7 +34,7 @@ from typing import Any
 
 import psycopg
 
-from bench.cpu import cpu_model
+from bench.cpu import machine
 from bench.markdown import targets_table
 from bench.provenance import Source
 from bench.results import WorkerLatency, WorkerResult, WorkerSlots, save
@@ -210,8 +209,7 @@ def main() -> None:
     args = parser.parse_args()
     images = corpus(args.images)
     result = WorkerResult(
-        machine={"cores": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
-                 "loadavg_start": list(os.getloadavg())},
+        machine=machine(),
         command=shlex.join([".venv/bin/python", "-m", "bench.worker", *sys.argv[1:]]))
     with tempfile.TemporaryDirectory(prefix="darkroom-bench-") as tmp:
         system = System(Path(tmp))

@@ -19,8 +19,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
-DOC = ROOT / "docs" / "BENCHMARKS.md"
-IMG = ROOT / "docs" / "img"
 RUNS = OUT / "report.json"
 PY = ".venv/bin/python"  # as the docs spell it; the subprocesses use sys.executable
 
@@ -30,8 +28,7 @@ class Bench:
     name: str
     title: str
     # Small mode per script: only queue has a --quick; the others get short sizes through
-    # their own options. None means "ask the script's --help whether it has --quick"
-    # (soak.py does not exist yet, so its CLI is unknown).
+    # their own options. None means "ask the script's --help whether it has --quick".
     quick_args: tuple[str, ...] | None
     optional: bool = False  # absent script or JSON is a note, not an error
 

@@ -45,7 +45,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,7 @@ from bench.loadgen import LoadClient
 from bench.markdown import targets_table
 from bench.net import free_port
 from bench.provenance import Source
+from bench.results import ApiResult, load, save
 from bench.runs import BY_NAME
 from bench.sections import api_section
 from bench.stats import percentile
@@ -624,10 +625,9 @@ def main() -> None:
     data = {"machine": info, "plan": vars(plan), "results": results,
             "gc_full_pass_ms": gc_pause,
             "command": shlex.join([".venv/bin/python", "-m", "bench.api", *sys.argv[1:]])}
-    out = ROOT / "bench" / "out"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "api.json").write_text(json.dumps(data, indent=2))
-    lines, targets = api_section(Source.of(BY_NAME["api"], data))
+    result = load(ApiResult, data)
+    save(result, ROOT / "bench" / "out" / "api.json")
+    lines, targets = api_section(Source.of(BY_NAME["api"], asdict(result)))
     print("\n".join([*lines, "", *targets_table(targets)]))
 
 

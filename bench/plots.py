@@ -13,7 +13,7 @@ from typing import Any
 
 from bench.markdown import num
 from bench.provenance import Source
-from bench.results import QueueResult, WorkerResult, load
+from bench.results import ApiResult, QueueResult, WorkerResult, load
 from bench.sections import API_PHASES, QUEUE_LABELS, best, series_of
 from bench.targets import (
     API_P99_MS,
@@ -252,28 +252,27 @@ def latency_plot(api: Source, worker: Source, queue: Source) -> str | None:
         return None
     fig, (ax, ax_w) = figure("Confirm latency distribution", drawn)
     qs = ["p50", "p95", "p99", "max"]
-    res = (api.data or {}).get("results") or {}
-    any_api = False
+    api_res = load(ApiResult, api.data) if api.data else None
+    phases = api_res.results if api_res else {}
     for phase, color in (("confirm_busy", "C3"), ("confirm_idle", "C0")):
-        r = res.get(phase)
+        r = phases.get(phase)
         if not r:
             continue
-        pts = [(i, r[f"{q}_ms"]) for i, q in enumerate(qs) if r.get(f"{q}_ms") is not None]
+        pts = [(i, v) for i, q in enumerate(qs) if (v := getattr(r, f"{q}_ms")) is not None]
         ax.plot(*zip(*pts, strict=True), marker="o", color=color,
-                label=f"{API_PHASES[phase]} ({r.get('requests', '?')} requests)")
+                label=f"{API_PHASES[phase]} ({r.requests} requests)")
         for i, v in pts:
             ax.text(i, v * 1.12, f"{v:.1f}", ha="center", fontsize=7.5, color=color)
-        any_api = True
-    if any_api:
-        busy, idle = res.get("confirm_busy") or {}, res.get("confirm_idle") or {}
+    if api_res and phases:
+        busy, idle = phases.get("confirm_busy"), phases.get("confirm_idle")
         ax.axhline(API_P99_MS, color="k", ls="--", lw=1)
         ax.text(0, API_P99_MS * 1.1, f"target p99 < {API_P99_MS:.0f} ms", fontsize=8)
         ax.set_xticks(range(len(qs)), qs)
         ax.set_yscale("log")
         ax.set_ylabel("ms, scheduled send → response")
-        ratio = (f"busy p99 = {busy['p99_ms'] / idle['p99_ms']:.1f}× idle p99"
-                 if busy.get("p99_ms") and idle.get("p99_ms") else "")
-        rate = ((api.data or {}).get("plan") or {}).get("rate")
+        ratio = (f"busy p99 = {busy.p99_ms / idle.p99_ms:.1f}× idle p99"
+                 if busy and idle and idle.p99_ms else "")
+        rate = api_res.plan.get("rate")
         ax.set_title(f"bench.api: POST confirm at {num(rate)} req/s ({api.date})\n{ratio}",
                      fontsize=9.5)
         ax.legend(fontsize=8, loc="upper left")

@@ -206,3 +206,41 @@ class SoakResult:
     windows: list[dict[str, Any]]
     verdict: SoakVerdict | None = None
     command: str | None = None
+
+
+# --- bench/api.py -------------------------------------------------------------------------
+
+
+@dataclass
+class ApiPhase:
+    """One load phase: latencies from the scheduled send time, answers, CPU by process."""
+
+    requests: int
+    seconds: float
+    rps: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    max_ms: float | None
+    statuses: dict[str, int]
+    unexpected: int
+    cpu_cores: dict[str, float]  # cores busy per process group, and "steal"
+    server: dict[str, Any]  # the API's own histogram: count, mean_ms, within_25ms
+    api_cpu_ms_per_request: float | None
+    loadavg_1m_before: float | None = None
+    wall_seconds: float | None = None  # open loop only
+    send_lag_p99_ms: float | None = None
+    send_lag_max_ms: float | None = None
+    postgres_during_phase: dict[str, Any] | None = None
+    worker: dict[str, Any] | None = None  # busy phase: what the worker did meanwhile
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ApiResult:
+    machine: dict[str, Any]
+    plan: dict[str, Any]
+    results: dict[str, ApiPhase]  # confirm_busy, confirm_idle, ceiling_{confirm,get}_N
+    gc_full_pass_ms: dict[str, float] | None = None
+    command: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # older files' "targets"

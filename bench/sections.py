@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
 
 from bench.markdown import Target, images, num, table, table_line
 from bench.provenance import Source
-from bench.results import QueueResult, QueueThroughput, SoakResult, WorkerResult, load
+from bench.results import ApiResult, QueueResult, QueueThroughput, SoakResult, WorkerResult, load
 from bench.targets import (
     API_P99_MS,
     DERIVE_TARGETS,
@@ -276,51 +275,50 @@ API_PHASES = {"confirm_busy": "confirm, open loop, worker busy",
 
 
 def api_section(src: Source) -> tuple[list[str], list[Target]]:
-    d = src.data or {}
-    plan = d.get("plan") or {}
-    res: dict[str, dict[str, Any]] = d.get("results") or {}
+    res = load(ApiResult, src.data or {})
+    plan = res.plan
     lines = ["", f"Open loop at {num(plan.get('rate'))} requests/s for "
              f"{plan.get('seconds', '?')} s "
              "per phase (latency from the scheduled send time); ceiling: closed loop, N "
              f"clients for {plan.get('ceiling_seconds', '?')} s.", ""]
     rows = []
-    for phase, r in res.items():
+    for phase, r in res.results.items():
         m = re.fullmatch(r"ceiling_(\w+?)_(\d+)", phase)
         what = API_PHASES.get(phase) or (f"{m.group(1)}, closed loop, {m.group(2)} clients"
                                           if m else phase)
-        cpu = r.get("cpu_cores") or {}
-        srv = r.get("server") or {}
+        srv = r.server
         server = (f"{srv['mean_ms']:.1f} ({srv['within_25ms']:.1%})" if srv.get("count")
                   else "–")
-        rows.append([what, num(r.get("requests")), num(r.get("rps"), ",.1f"),
-                     num(r.get("p50_ms"), ".1f"), num(r.get("p95_ms"), ".1f"),
-                     num(r.get("p99_ms"), ".1f"), num(r.get("max_ms"), ".1f"),
-                     num(r.get("unexpected")), server, num(cpu.get("api"), ".2f"),
-                     num(r.get("api_cpu_ms_per_request"), ".2f"), num(cpu.get("steal"), ".2f")])
+        rows.append([what, num(r.requests), num(r.rps, ",.1f"), num(r.p50_ms, ".1f"),
+                     num(r.p95_ms, ".1f"), num(r.p99_ms, ".1f"), num(r.max_ms, ".1f"),
+                     num(r.unexpected), server, num(r.cpu_cores.get("api"), ".2f"),
+                     num(r.api_cpu_ms_per_request, ".2f"),
+                     num(r.cpu_cores.get("steal"), ".2f")])
     lines += table(["phase", "requests", "req/s", "p50 ms", "p95 ms", "p99 ms", "max ms",
                     "unexpected", "server-side mean ms (share ≤ 25 ms)", "API CPU cores",
                     "API CPU ms/request", "cores stolen by the hypervisor"], rows)
-    gc_pause = d.get("gc_full_pass_ms")
+    gc_pause = res.gc_full_pass_ms
     if gc_pause:
         lines += ["", f"One full garbage collection in the API process (every request waits "
                   f"for it): {gc_pause['unfrozen']:.1f} ms over {gc_pause['objects']:,.0f} "
                   f"start-up objects, {gc_pause['frozen']:.2f} ms once they are frozen, as "
                   "`create_app` does."]
     targets = []
-    busy, idle = res.get("confirm_busy") or {}, res.get("confirm_idle") or {}
-    if busy.get("p99_ms") is not None:
-        vs = (f"; {busy['p99_ms'] / idle['p99_ms']:.1f}× the idle p99 of "
-              f"{idle['p99_ms']:.1f} ms" if idle.get("p99_ms") else "")
+    busy, idle = res.results.get("confirm_busy"), res.results.get("confirm_idle")
+    if busy:
+        vs = (f"; {busy.p99_ms / idle.p99_ms:.1f}× the idle p99 of {idle.p99_ms:.1f} ms"
+              if idle and idle.p99_ms else "")
         targets.append(Target(f"confirm p99 < {API_P99_MS:.0f} ms at "
                               f"{num(plan.get('rate'))} req/s with a busy worker",
-                              f"p99 **{busy['p99_ms']:.1f} ms**{vs}",
-                              busy["p99_ms"] < API_P99_MS and not busy.get("unexpected")))
+                              f"p99 **{busy.p99_ms:.1f} ms**{vs}",
+                              busy.p99_ms < API_P99_MS and not busy.unexpected))
     if busy or idle:
         # The 202 must say `queued` without waiting on image work: any other answer is an
         # "unexpected" in the JSON, whichever phase it happened in.
-        bad = (busy.get("unexpected") or 0) + (idle.get("unexpected") or 0)
-        sent = (busy.get("requests") or 0) + (idle.get("requests") or 0)
-        derived = (busy.get("worker") or {}).get("derived_during_phase")
+        confirms = [r for r in (busy, idle) if r]
+        bad = sum(r.unexpected for r in confirms)
+        sent = sum(r.requests for r in confirms)
+        derived = ((busy.worker if busy else None) or {}).get("derived_during_phase")
         targets.append(Target("the 202 never waits for image work",
                               f"{bad} unexpected answers in {sent:,} confirms; the worker "
                               f"derived {num(derived)} images during the busy phase",

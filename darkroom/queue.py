@@ -78,6 +78,7 @@ class ConfirmOutcome(StrEnum):
     QUEUED = "queued"  # pending -> queued now
     ALREADY = "already"  # the same version was confirmed before: nothing changed
     CONFLICT = "conflict"  # confirmed before with another version
+    SIZE_MISMATCH = "size_mismatch"  # still pending: the stored size is not the declared one
     NOT_FOUND = "not_found"
 
 
@@ -155,20 +156,28 @@ class Queue:
         })
         return rows[0]
 
-    async def confirm(self, file_id: uuid.UUID, owner: str, version: str) -> ConfirmOutcome:
-        """pending -> queued for exactly `version`, with NOTIFY; idempotent for the same version."""
-        return (await self.confirm_card(file_id, owner, version))[0]
+    async def confirm(self, file_id: uuid.UUID, owner: str, version: str,
+                      size: int | None = None) -> ConfirmOutcome:
+        """pending -> queued for exactly `version`, with NOTIFY; idempotent for the same version.
+
+        With `size` (the version's stored size), a card declared with another size stays
+        pending (`SIZE_MISMATCH`).
+        """
+        return (await self.confirm_card(file_id, owner, version, size))[0]
 
     async def confirm_card(
-        self, file_id: uuid.UUID, owner: str, version: str
+        self, file_id: uuid.UUID, owner: str, version: str, size: int | None = None
     ) -> tuple[ConfirmOutcome, dict[str, Any] | None]:
         """`confirm`, plus the queued card when this call moved it (else None)."""
-        rows = await self._rows("confirm", {"id": file_id, "owner": owner, "version": version})
+        rows = await self._rows("confirm", {"id": file_id, "owner": owner, "version": version,
+                                            "size": size})
         if not rows:
             return ConfirmOutcome.NOT_FOUND, None
         row = rows[0]
         if row["moved"]:
             return ConfirmOutcome.QUEUED, row
+        if row["previous_status"] == "pending":
+            return ConfirmOutcome.SIZE_MISMATCH, None
         if row["previous_version"] == version:
             return ConfirmOutcome.ALREADY, None
         return ConfirmOutcome.CONFLICT, None
@@ -194,6 +203,43 @@ class Queue:
     async def revoke(self, file_id: uuid.UUID, owner: str) -> bool:
         """Any state -> deleting; the lease (if any) is revoked so nothing can publish."""
         return bool(await self._rows("revoke", {"id": file_id, "owner": owner}))
+
+    async def create_file_within_quota(
+        self, *, owner: str, filename: str, content_type: str, size: int,
+        quota_files: int, quota_bytes: int, file_id: uuid.UUID | None = None,
+    ) -> dict[str, Any] | None:
+        """`create_file`, or None when the card would take the owner past a quota (0: none).
+
+        The owner's creations are serialized for the check, so concurrent ones cannot
+        overshoot together. A retried creation is a second card, as with `create_file`;
+        an unconfirmed one expires (`expire_pending`).
+        """
+        if not quota_files and not quota_bytes:
+            return await self.create_file(owner=owner, filename=filename,
+                                          content_type=content_type, size=size,
+                                          file_id=file_id)
+        file_id = file_id or uuid.uuid4()
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute(QUERIES["lock_owner_quota"], {"owner": owner})
+            cur = await conn.execute(QUERIES["create_file_within_quota"], {
+                "id": file_id, "owner": owner, "filename": filename,
+                "content_type": content_type, "size": size,
+                "original_key": original_key(file_id),
+                "quota_files": quota_files, "quota_bytes": quota_bytes,
+            })
+            row: dict[str, Any] | None = await cur.fetchone()
+        return row
+
+    async def expire_pending(self, *, ttl_seconds: float, limit: int) -> list[uuid.UUID]:
+        """pending -> deleting for a batch of cards unconfirmed for `ttl_seconds`.
+
+        The sweeper's purge of deleted cards then removes their bytes and rows, after its
+        guard interval. Safe to repeat and to race a confirm: whichever commits first
+        decides, and the other changes nothing.
+        """
+        rows = await self._rows("expire_pending", {
+            "ttl_seconds": ttl_seconds, "limit": limit, "worker": self.worker})
+        return [r["id"] for r in rows]
 
     # --- attempts --------------------------------------------------------------------
 

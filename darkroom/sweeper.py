@@ -95,6 +95,17 @@ class Sweeper:
                 return total
 
 
+async def expire_pending(queue: Queue, ttl_seconds: float) -> int:
+    """Unconfirmed cards past `DARKROOM_PENDING_TTL_SECONDS` become deleted cards; the
+    purge of deleted cards then removes their bytes. Answers how many expired."""
+    total = 0
+    while ids := await queue.expire_pending(ttl_seconds=ttl_seconds, limit=BATCH):
+        total += len(ids)
+        for file_id in ids:
+            log.info("pending card expired", extra={"file_id": str(file_id)})
+    return total
+
+
 async def run_sweeper(settings: Settings, *, once: bool,
                       stop: asyncio.Event | None = None) -> SweepReport:
     conninfo, store = await prepare(settings)
@@ -111,6 +122,7 @@ async def run_sweeper(settings: Settings, *, once: bool,
     try:
         while True:
             try:
+                await expire_pending(sweeper.queue, settings.pending_ttl_seconds)
                 report = await sweeper.sweep_once()
             except (StorageUnavailable, OSError) as exc:
                 log.warning("sweep interrupted; the next pass finishes it",

@@ -9,8 +9,9 @@ RETURNING *;
 
 -- name: confirm
 -- pending -> queued for exactly this version; the NOTIFY is delivered at COMMIT.
+-- With a stored size, only an upload of exactly the declared size moves the card.
 WITH target AS (
-    SELECT id, status, original_version
+    SELECT id, status, original_version, size_bytes
     FROM archive_files
     WHERE id = %(id)s AND owner = %(owner)s AND status <> 'deleting'
     FOR UPDATE
@@ -20,6 +21,7 @@ WITH target AS (
         updated_at = now()
     FROM target t
     WHERE f.id = t.id AND t.status = 'pending'
+      AND (%(size)s::bigint IS NULL OR t.size_bytes = %(size)s::bigint)
     RETURNING f.*
 )
 -- The card as it is now (when it moved), so the API answers without reading it again.
@@ -285,3 +287,46 @@ SELECT
     (SELECT count(*) FROM archive_events
       WHERE created_at > now() - interval '1 minute' AND kind = 'ready') AS completed_last_minute,
     (SELECT count(*) FROM archive_events WHERE kind = 'lease_lost') AS lease_lost_total;
+
+-- name: lock_owner_quota
+-- Serializes the creations of one owner while quotas are on, so two concurrent creations
+-- cannot both fit under a quota that only one of them fits under. Held until COMMIT.
+SELECT pg_advisory_xact_lock(hashtextextended('darkroom.quota:' || %(owner)s, 0));
+
+-- name: create_file_within_quota
+-- create_file, only if the owner's live cards (pending ones included: their bytes are
+-- stored or about to be) stay within the quotas (0: none). No row: over a quota.
+WITH used AS (
+    SELECT count(*) AS files, coalesce(sum(size_bytes), 0) AS bytes
+    FROM archive_files
+    WHERE owner = %(owner)s AND status <> 'deleting'
+)
+INSERT INTO archive_files (id, owner, filename, content_type, size_bytes, original_key)
+SELECT %(id)s, %(owner)s, %(filename)s, %(content_type)s, %(size)s, %(original_key)s
+FROM used
+WHERE (%(quota_files)s::bigint = 0 OR used.files + 1 <= %(quota_files)s::bigint)
+  AND (%(quota_bytes)s::bigint = 0 OR used.bytes + %(size)s::bigint <= %(quota_bytes)s::bigint)
+RETURNING *;
+
+-- name: expire_pending
+-- pending -> deleting for cards left unconfirmed past the TTL; the purge of deleted cards
+-- then removes their bytes and rows. A confirm that commits first wins: the re-checked
+-- status no longer matches, and the card is not touched.
+WITH due AS (
+    SELECT id FROM archive_files
+    WHERE status = 'pending'
+      AND created_at < now() - make_interval(secs => %(ttl_seconds)s::float8)
+    ORDER BY created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), expired AS (
+    UPDATE archive_files f
+    SET status = 'deleting', deleted_at = now(), updated_at = now()
+    FROM due d
+    WHERE f.id = d.id AND f.status = 'pending'
+    RETURNING f.id, f.attempts
+), logged AS (
+    INSERT INTO archive_events (file_id, kind, attempt, worker)
+    SELECT id, 'expired', attempts, %(worker)s FROM expired
+)
+SELECT id FROM expired;

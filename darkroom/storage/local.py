@@ -312,7 +312,7 @@ class LocalStore:
     # -- the rest ---------------------------------------------------------------------
 
     def presign_put(
-        self, key: str, *, content_type: str, expires: int = 900
+        self, key: str, *, content_type: str, expires: int = 900, size: int | None = None
     ) -> PresignedRequest | None:
         validate_key(key)
         return None  # the API receives the bytes itself

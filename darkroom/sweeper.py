@@ -24,7 +24,7 @@ from darkroom.db.queries import QUERIES
 from darkroom.errors import StorageUnavailable
 from darkroom.queue import Queue
 from darkroom.services import prepare
-from darkroom.storage import ObjectStore
+from darkroom.storage import LocalStore, ObjectStore
 
 log = logging.getLogger("darkroom.sweeper")
 BATCH = 100
@@ -106,6 +106,16 @@ async def expire_pending(queue: Queue, ttl_seconds: float) -> int:
     return total
 
 
+def remove_stale_temporaries(store: ObjectStore) -> None:
+    """The local store's leftovers of puts a crash cut short (once per sweeper start:
+    it walks the whole store)."""
+    if isinstance(store, LocalStore):
+        try:
+            store.remove_stale_temporaries()
+        except OSError as exc:
+            log.warning("stale temporary files not removed", extra={"error": type(exc).__name__})
+
+
 async def run_sweeper(settings: Settings, *, once: bool,
                       stop: asyncio.Event | None = None) -> SweepReport:
     conninfo, store = await prepare(settings)
@@ -118,6 +128,7 @@ async def run_sweeper(settings: Settings, *, once: bool,
     with contextlib.suppress(ValueError, NotImplementedError):  # not the main thread
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+    await asyncio.to_thread(remove_stale_temporaries, store)
     total = SweepReport()
     try:
         while True:

@@ -20,3 +20,8 @@ BEGIN
 END $$;
 -- The expiry reads pending cards by age.
 CREATE INDEX archive_files_pending ON archive_files (created_at) WHERE status = 'pending';
+
+-- `darkroom keys list` shows, and `darkroom keys revoke` takes, the first characters of
+-- a key (dk_ and 9 more: 54 of its 256 random bits), never enough to use it. Keys made
+-- before this have none and are named by their hash's first characters instead.
+ALTER TABLE api_keys ADD COLUMN key_prefix text CHECK (key_prefix ~ '^dk_[A-Za-z0-9_-]{9}$');

@@ -76,6 +76,8 @@ class Settings(BaseSettings):
     # /metrics without a key on this loopback port (0: only with an admin key on the API).
     api_metrics_port: int = Field(0, ge=0, le=65_535)
     api_metrics_host: str = "127.0.0.1"
+    # The queue gauges of /metrics are read from the database at most this often.
+    metrics_cache_seconds: float = Field(5.0, ge=0, le=3_600)
     # /docs (Swagger UI, loaded from its CDN) is off unless enabled.
     api_docs: bool = False
 

@@ -89,7 +89,7 @@ def create_app(
     app.state.key_cache = KeyCache(settings.key_cache_seconds)
     app.state.unknown_keys = RateLimiter(settings.unknown_key_rate_per_minute)
     app.state.creations = RateLimiter(settings.create_rate_per_minute)
-    app.state.stats_cache = StatsCache()
+    app.state.stats_cache = StatsCache(settings.metrics_cache_seconds)
     headers = security_headers(_store_origin(settings, store))
     app.state.wire = Wire(read_timeout=settings.api_read_timeout_seconds, headers=headers)
     problems.install(app)

@@ -94,8 +94,8 @@ class BodyLimit:
     JSON bodies are capped at `MAX_JSON_BYTES`, uploads (`PUT …/content`) at the upload
     limit. A declared `Content-Length` over the limit is answered at once; a chunked body
     is counted as it comes (JSON bodies are small, so they are read whole here and
-    handed on) and refused the moment it passes the limit. The answer closes the
-    connection, so nothing more of the body is read.
+    handed on) and refused the moment it passes the limit. The rest of the body is
+    drained unparsed, then the connection closed (`darkroom.api.server`).
     """
 
     def __init__(self, app: ASGIApp, *, upload_limit: int,
@@ -159,7 +159,6 @@ async def _too_large(send: Send, limit: int, upload: bool) -> None:
     await send({"type": "http.response.start", "status": 413, "headers": [
         (b"content-type", PROBLEM_MEDIA_TYPE.encode()),
         (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"),
     ]})
     await send({"type": "http.response.body", "body": body})
 

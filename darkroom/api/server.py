@@ -70,6 +70,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._read_timer: asyncio.TimerHandle | None = None
         self._in_body = False
+        self._lingering = False
 
     # --- timers ---------------------------------------------------------------------
 
@@ -107,8 +108,8 @@ class GuardedProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._refusal is not None:
-            return  # answered and closing: the rest is not read
+        if self._refusal is not None or self._lingering:
+            return  # answered: the rest of the request is dropped unparsed
         if self._in_body and self._read_timer is not None:
             self._arm()  # the body moved: its pause starts again
         super().data_received(data)
@@ -151,9 +152,19 @@ class GuardedProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
+        answered_early = self._in_body
         super().on_response_complete()
-        if not self._in_body:
-            self._disarm()  # idle now: uvicorn's keep-alive timer takes over
+        self._disarm()  # idle now, or lingering: uvicorn's keep-alive timer takes over
+        if answered_early and not self.transport.is_closing():
+            # Answered before the request's body was read (413, 401, ...). Closing now,
+            # with the client still sending, would make the kernel reset the connection,
+            # and the client could lose the answer; instead the answer is ended with a
+            # half-close and the rest of the body is drained unparsed until the client
+            # hangs up or the keep-alive timer closes the connection (nginx's "lingering
+            # close"). Nothing of it is kept.
+            self._lingering = True
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
 
     # uvicorn answers 400 here for any parser error, ours included.
     def send_400_response(self, msg: str) -> None:

@@ -345,9 +345,10 @@ async def confirm(file_id: FileId, body: Confirm, who: Caller, request: Request)
         await to_thread.run_sync(
             lambda: _drop_version(_store(request), original_key(fid), body.version))
         raise _size_mismatch()
-    if outcome is ConfirmOutcome.QUEUED:
-        # Only the confirmed version is kept (a presigned URL may have been used more
-        # than once); off the answer's path, since the card is already queued.
+    if outcome is ConfirmOutcome.QUEUED and not _store(request).inline_head:
+        # Only the confirmed version is kept: a presigned URL may have been used more than
+        # once. Off the answer's path, since the card is already queued. (The local store
+        # takes uploads only through put_content, which already keeps just the latest.)
         _background(request, lambda: _drop_versions(_store(request), original_key(fid),
                                                     keep=body.version))
     if fresh is None:  # confirmed before with this version (maybe concurrently): as it is now

@@ -137,7 +137,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         limit = self.limit_concurrency
-        if limit is not None and (len(self.connections) > limit or len(self.tasks) >= limit):
+        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
             # uvicorn's own check (limit_concurrency) would answer a bare text/plain 503;
             # the same decision, answered like every other error of this API.
             self._refusal = 503

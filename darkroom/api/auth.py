@@ -73,19 +73,20 @@ async def principal(
         # A key this process does not know costs a database lookup. Each client address
         # may send `unknown_key_rate_per_minute` keys that turn out not to exist; past
         # that it is answered without a lookup, so guessing keys costs the database a
-        # bounded number of lookups per address. The lookup takes its token first (so
-        # concurrent guesses cannot all slip through) and a key found gives it back.
+        # bounded number of lookups per address. Only a miss is charged: a client with a
+        # valid key may open many connections at once, and each looks its key up once.
+        # (Guesses in flight together are all looked up: at most the connection limit.)
         limiter: RateLimiter = request.app.state.unknown_keys
         address = request.client.host if request.client else "?"
-        wait = limiter.spend(address)
+        wait = limiter.retry_after(address)
         if wait:
             raise Problem(429, "too_many_requests",
                           "Too many requests with unknown keys; try again later.",
                           headers={"Retry-After": str(wait)})
         found = await find_key(request.app.state.pool, key)
         if found is None:
+            limiter.spend(address)
             raise Problem(401, "unauthorized", "The API key is not valid.", headers=_CHALLENGE)
-        limiter.refund(address)
         cache.put(key_hash, found)
     return found
 

@@ -204,9 +204,3 @@ class RateLimiter:
         while len(self._buckets) > self.size:
             self._buckets.popitem(last=False)
         return 0
-
-    def refund(self, name: str) -> None:
-        """Give back a token `spend` took for `name` (the event did not count after all)."""
-        entry = self._buckets.get(name)
-        if entry is not None:
-            self._buckets[name] = (min(self.burst, self._level(name) + 1.0), self._clock())

@@ -7,11 +7,32 @@ INSERT INTO archive_files (id, owner, filename, content_type, size_bytes, origin
 VALUES (%(id)s, %(owner)s, %(filename)s, %(content_type)s, %(size)s, %(original_key)s)
 RETURNING *;
 
+-- name: create_file_keyed
+-- A new card that may carry a claimed sha256 and an idempotency key. The key's row is
+-- inserted first: when the owner already used the key (or a concurrent create with it
+-- commits first), no card is made and the caller reads the key's card instead.
+WITH keyed AS (
+    INSERT INTO idempotency_keys (owner, key_hash, request_hash, file_id)
+    SELECT %(owner)s, %(key_hash)s::bytea, %(request_hash)s::bytea, %(id)s
+    WHERE %(key_hash)s::bytea IS NOT NULL
+    ON CONFLICT (owner, key_hash) DO NOTHING
+    RETURNING file_id
+)
+INSERT INTO archive_files (id, owner, filename, content_type, size_bytes, original_key,
+                           original_sha256)
+SELECT %(id)s, %(owner)s, %(filename)s, %(content_type)s, %(size)s, %(original_key)s,
+       %(sha256)s
+WHERE %(key_hash)s::bytea IS NULL OR EXISTS (SELECT 1 FROM keyed)
+RETURNING *;
+
 -- name: confirm
 -- pending -> queued for exactly this version; the NOTIFY is delivered at COMMIT.
+-- A card created with a claimed sha256 moves only when the caller passes the digest it
+-- computed from the stored bytes and it is the claimed one: an unverified or lying
+-- digest never reaches the queue, and only verified ones enter known_originals.
 -- With a stored size, only an upload of exactly the declared size moves the card.
 WITH target AS (
-    SELECT id, status, original_version, size_bytes
+    SELECT id, status, original_version, original_sha256, size_bytes
     FROM archive_files
     WHERE id = %(id)s AND owner = %(owner)s AND status <> 'deleting'
     FOR UPDATE
@@ -21,11 +42,17 @@ WITH target AS (
         updated_at = now()
     FROM target t
     WHERE f.id = t.id AND t.status = 'pending'
+      AND (t.original_sha256 IS NULL OR t.original_sha256 = %(sha256)s::text)
       AND (%(size)s::bigint IS NULL OR t.size_bytes = %(size)s::bigint)
     RETURNING f.*
+), known AS (
+    INSERT INTO known_originals (file_id, owner, sha256)
+    SELECT id, owner, original_sha256 FROM moved WHERE original_sha256 IS NOT NULL
+    ON CONFLICT (file_id) DO NOTHING
 )
 -- The card as it is now (when it moved), so the API answers without reading it again.
 SELECT m.*, t.status AS previous_status, t.original_version AS previous_version,
+       t.original_sha256 AS claimed_sha256, t.size_bytes AS declared_size,
        m.id IS NOT NULL AS moved,
        CASE WHEN m.id IS NOT NULL THEN pg_notify('darkroom_jobs', '') END AS notified
 FROM target t LEFT JOIN moved m ON m.id = t.id;
@@ -398,20 +425,15 @@ DELETE FROM worker_pauses WHERE worker = %(worker)s;
 -- cannot both fit under a quota that only one of them fits under. Held until COMMIT.
 SELECT pg_advisory_xact_lock(hashtextextended('darkroom.quota:' || %(owner)s, 0));
 
--- name: create_file_within_quota
--- create_file, only if the owner's live cards (pending ones included: their bytes are
--- stored or about to be) stay within the quotas (0: none). No row: over a quota.
-WITH used AS (
-    SELECT count(*) AS files, coalesce(sum(size_bytes), 0) AS bytes
-    FROM archive_files
-    WHERE owner = %(owner)s AND status <> 'deleting'
-)
-INSERT INTO archive_files (id, owner, filename, content_type, size_bytes, original_key)
-SELECT %(id)s, %(owner)s, %(filename)s, %(content_type)s, %(size)s, %(original_key)s
-FROM used
-WHERE (%(quota_files)s::bigint = 0 OR used.files + 1 <= %(quota_files)s::bigint)
-  AND (%(quota_bytes)s::bigint = 0 OR used.bytes + %(size)s::bigint <= %(quota_bytes)s::bigint)
-RETURNING *;
+-- name: owner_within_quota
+-- Whether one more card of `size` declared bytes keeps the owner within the quotas (0:
+-- none). Live cards count, pending ones included: their bytes are stored or about to be.
+-- Run after lock_owner_quota, in the same transaction as the creation.
+SELECT (%(quota_files)s::bigint = 0 OR count(*) + 1 <= %(quota_files)s::bigint)
+   AND (%(quota_bytes)s::bigint = 0
+        OR coalesce(sum(size_bytes), 0) + %(size)s::bigint <= %(quota_bytes)s::bigint) AS fits
+FROM archive_files
+WHERE owner = %(owner)s AND status <> 'deleting';
 
 -- name: expire_pending
 -- pending -> deleting for cards left unconfirmed past the TTL; the purge of deleted cards

@@ -96,9 +96,7 @@ def start_api(
     **overrides: Any,
 ) -> tuple[ServerThread, Api]:
     port = free_port()
-    # Absolute upload URLs, as a deployment with DARKROOM_PUBLIC_URL gives them.
-    options: dict[str, Any] = {"max_upload_bytes": MAX_UPLOAD,
-                               "public_url": f"http://127.0.0.1:{port}"}
+    options: dict[str, Any] = {"max_upload_bytes": MAX_UPLOAD}
     options.update(overrides)
     settings = load_settings(
         database_url=db_url, storage_url=storage_url, data_dir=str(tmp_path / "data"), **options

@@ -364,7 +364,7 @@ def test_security_headers_and_upload_urls(
         db_url: str, tmp_path: Path, request: pytest.FixtureRequest,
         monkeypatch: pytest.MonkeyPatch) -> None:
     server, api = start_api(db_url, _storage_url("local", tmp_path, request, monkeypatch),
-                            tmp_path, "local", public_url="")
+                            tmp_path, "local")
     try:
         key = api.make_key()
         with api.client(key) as c:
@@ -484,3 +484,26 @@ def test_rate_limiter_refills_and_stays_bounded() -> None:
     limiter.spend("c")  # past `size` names: the least recently seen ("a") is forgotten
     assert limiter.spend("a") == 0
     assert RateLimiter(0).spend("x") == 0  # 0: no limit
+
+
+def test_import_follows_relative_upload_urls(
+        db_url: str, tmp_path: Path, request: pytest.FixtureRequest,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without DARKROOM_PUBLIC_URL the local store's upload URL is relative; `darkroom
+    import` resolves it against the API's URL it was given."""
+    from darkroom.importer import main as import_main
+    from tests.api.test_importer import image_bytes
+
+    server, api = start_api(db_url, _storage_url("local", tmp_path, request, monkeypatch),
+                            tmp_path, "local")
+    try:
+        key = api.make_key("importer")
+        tree = tmp_path / "photos"
+        tree.mkdir()
+        (tree / "a.png").write_bytes(image_bytes("PNG"))
+        settings = load_settings(api_url=api.url, api_key=key)
+        assert import_main(settings, directory=str(tree), wait=False, concurrency=1) == 0
+        with api.client(key) as c:
+            assert [i["status"] for i in c.get("/v1/files").json()["items"]] == ["queued"]
+    finally:
+        server.stop()

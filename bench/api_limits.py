@@ -23,8 +23,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.api import System, free_port
+from bench.api import System
 from bench.loadgen import LoadClient
+from bench.net import free_port
 from darkroom.keys import create_key
 
 

@@ -11,9 +11,13 @@ from pathlib import Path
 
 import httpx
 import psycopg
+import pytest
 
 from tests.conftest import CORPUS
 from tests.support.services import free_port, wait_for
+
+# A fleet of real processes: not in `make test-fast`.
+pytestmark = pytest.mark.fleet
 
 
 def test_up_serves_a_photo_to_ready_and_stops_cleanly(tmp_path: Path, db_url: str) -> None:

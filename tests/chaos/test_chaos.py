@@ -9,6 +9,9 @@ import pytest
 
 from bench.chaos import run
 
+# A fleet of real processes: not in `make test-fast`.
+pytestmark = pytest.mark.fleet
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)

@@ -27,6 +27,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from tests.support.faults import FaultProxy
 from tests.support.services import DarkroomProcess, Harness, free_port, small_photos, wait_for
 
+# A fleet of real processes: not in `make test-fast`.
+pytestmark = pytest.mark.fleet
+
 FILES = 200
 
 

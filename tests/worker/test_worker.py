@@ -14,6 +14,9 @@ import pytest
 from tests.conftest import CORPUS
 from tests.support.services import Harness, free_port, wait_for
 
+# A fleet of real processes: not in `make test-fast`.
+pytestmark = pytest.mark.fleet
+
 PHOTOS = sorted(p for p in CORPUS.iterdir() if p.suffix in {".jpg", ".png"})
 
 

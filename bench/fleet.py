@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,7 @@ def simulate(barrier: Any, *args: Any) -> dict[str, Any]:
     result = loop.run_until_complete(_simulate(barrier, *args))
     # The abandoned connections complain, as they are collected, about their closed loop.
     sys.unraisablehook = lambda _unraisable: None
+    warnings.filterwarnings("ignore", category=RuntimeWarning)
     return result
 
 
@@ -305,7 +307,12 @@ def main() -> int:
                         help="job-statement connections per simulator process")
     parser.add_argument("--database-url", help="a superuser URL (default: embedded)")
     parser.add_argument("--write-doc", action="store_true")
+    parser.add_argument("--from-json", action="store_true",
+                        help="run nothing: redraw and rewrite the doc from bench/out/fleet.json")
     args = parser.parse_args()
+    if args.from_json:
+        write_doc(json.loads((OUT / "fleet.json").read_text()))
+        return 0
     started = time.time()
     per_image, per_image_source = cpu_per_image()
     tmp = tempfile.mkdtemp(prefix="dr-fleet-")
@@ -425,6 +432,8 @@ def draw(result: dict[str, Any]) -> str:
               label="ideal (slots ÷ mean image time)")
     left.plot(slots, [r["jobs_per_s"] for r in rows], "o-", label="jobs/s completed")
     left.set_xscale("log")
+    left.set_xticks(slots, [f"{n:,}" for n in slots])
+    left.minorticks_off()
     left.set_xlabel("worker slots")
     left.set_ylabel("jobs/s")
     left.legend(loc="upper left")

@@ -12,6 +12,15 @@ from psycopg_pool import AsyncConnectionPool
 from darkroom.config import Settings
 from darkroom.db import embedded
 
+# A server behind a silent partition (frames dropped, no reset) would hold a statement
+# until the kernel gives up on the connection, some 15 minutes. These bound it: data
+# unacknowledged for 15 s, or an idle connection unanswered for 10 + 3 x 5 s, fails the
+# connection, so the caller's own retry or error path runs (bench/hosts.py cuts links
+# this way). libpq ignores them on Unix sockets.
+TCP_LIMITS: dict[str, Any] = {"tcp_user_timeout": 15_000, "keepalives": 1,
+                              "keepalives_idle": 10, "keepalives_interval": 5,
+                              "keepalives_count": 3}
+
 
 def database_url(settings: Settings) -> str:
     """The configured database, or the embedded one in the data dir."""
@@ -36,7 +45,7 @@ async def open_pool(conninfo: str, *, min_size: int = 1, max_size: int = 8,
         max_size=max_size,
         name=name,
         open=False,
-        kwargs={"autocommit": True, "row_factory": dict_row},
+        kwargs={"autocommit": True, "row_factory": dict_row, **TCP_LIMITS},
         check=check_if_suspect,
     )
     await pool.open(wait=True, timeout=30)

@@ -13,13 +13,14 @@ from darkroom.config import Settings
 from darkroom.db import embedded
 
 # A server behind a silent partition (frames dropped, no reset) would hold a statement
-# until the kernel gives up on the connection, some 15 minutes. These bound it: data
-# unacknowledged for 15 s, or an idle connection unanswered for 10 + 3 x 5 s, fails the
-# connection, so the caller's own retry or error path runs (bench/hosts.py cuts links
-# this way). libpq ignores them on Unix sockets.
-TCP_LIMITS: dict[str, Any] = {"tcp_user_timeout": 15_000, "keepalives": 1,
-                              "keepalives_idle": 10, "keepalives_interval": 5,
-                              "keepalives_count": 3}
+# until the kernel gives up on the connection, some 15 minutes, and a new connection
+# for two. These bound it: a connect that takes 5 s, data unacknowledged for 8 s, or an
+# idle connection unanswered for 10 + 3 x 5 s fails, so the caller's own retry or error
+# path runs (the API answers 503 before a client's usual 10 s timeout; bench/hosts.py
+# cuts links this way). libpq ignores the TCP ones on Unix sockets.
+TCP_LIMITS: dict[str, Any] = {"connect_timeout": 5, "tcp_user_timeout": 8_000,
+                              "keepalives": 1, "keepalives_idle": 10,
+                              "keepalives_interval": 5, "keepalives_count": 3}
 
 
 def database_url(settings: Settings) -> str:

@@ -207,7 +207,7 @@ def _queue(pool: Any, name: str) -> Queue:
 
 def darkroom_seed_jobs(url: str, n: int) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects")
+        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects CASCADE")
         conn.execute(
             "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
             " original_key, original_version, status)"
@@ -284,7 +284,7 @@ SEED_COMPLETE = """UPDATE archive_files SET status='ready',derived_key=%(key)s,
 def seed_prepare(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(SEED_SCHEMA)
-        conn.execute("TRUNCATE archive_files")
+        conn.execute("TRUNCATE archive_files CASCADE")
 
 
 def seed_seed_jobs(url: str, n: int) -> None:
@@ -684,7 +684,7 @@ def darkroom_latency(server: Server, plan: Plan) -> dict[str, Any]:
     url = server.db_url("bench_darkroom")
     n = int(plan.latency_rate * plan.latency_seconds)
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects")
+        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects CASCADE")
         ids = [r[0] for r in conn.execute(
             "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
             " original_key) SELECT 'bench', 'f' || i, 'image/jpeg', 1, 'originals/' || i"
@@ -758,7 +758,7 @@ def _fill_queued(conn: psycopg.Connection[Any], queued: int) -> None:
 def darkroom_fill(url: str, finished: int, queued: int) -> None:
     """`finished` ready cards (older) and `queued` due ones, loaded in bulk."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects")
+        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects CASCADE")
         conn.execute(
             "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
             " original_key, original_version, status, attempts, derived_key, derived_version,"

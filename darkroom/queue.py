@@ -17,23 +17,36 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from psycopg.rows import tuple_row
+import psycopg
+from psycopg.rows import class_row
 from psycopg_pool import AsyncConnectionPool
 
 from darkroom.db.queries import QUERIES
 from darkroom.errors import TRANSIENT_CODES, DarkroomError, ErrorCode
+from darkroom.layout import derived_key, original_key
 
 if TYPE_CHECKING:
     from darkroom.config import Settings
 
+__all__ = ["ClaimUnknown", "ConfirmOutcome", "Derived", "Lease", "LeaseLost", "Queue",
+           "backoff_delay", "derived_key", "original_key"]
+
 NOTIFY_CHANNEL = "darkroom_jobs"
 STATUSES = ("pending", "queued", "processing", "ready", "rejected", "deleting")
+
+
+class ClaimUnknown(DarkroomError):
+    """A claim's answer was lost: it may have leased rows. `Queue.adopt_claim` finds them."""
+
+    def __init__(self, claim_id: uuid.UUID) -> None:
+        super().__init__(f"the outcome of claim {str(claim_id)[:8]} is unknown")
+        self.claim_id = claim_id
 
 
 class LeaseLost(DarkroomError):
@@ -79,6 +92,7 @@ class ConfirmOutcome(StrEnum):
     ALREADY = "already"  # the same version was confirmed before: nothing changed
     CONFLICT = "conflict"  # confirmed before with another version
     NOT_FOUND = "not_found"
+    DIGEST_REQUIRED = "digest_required"  # pending, with a claimed digest not (yet) matched
 
 
 def backoff_delay(
@@ -132,13 +146,13 @@ class Queue:
             cur = await conn.execute(QUERIES[name], params, prepare=True)
             return list(await cur.fetchall()) if cur.description else []
 
-    async def _tuples(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        """`_rows` as plain tuples, for the hot path: no dict per row."""
+    async def _leases(self, name: str, params: dict[str, Any]) -> list[Lease]:
+        """Rows of a statement that answers leases, built by column name."""
         async with self.pool.connection() as conn:
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = conn.cursor(row_factory=class_row(Lease))
             await cur.execute(QUERIES[name], params, prepare=True)
-            rows: list[tuple[Any, ...]] = await cur.fetchall()
-            return rows
+            leases: list[Lease] = await cur.fetchall()
+            return leases
 
     # --- cards -----------------------------------------------------------------------
 
@@ -155,20 +169,47 @@ class Queue:
         })
         return rows[0]
 
+    async def create_file_keyed(
+        self, *, owner: str, filename: str, content_type: str, size: int,
+        file_id: uuid.UUID | None = None, sha256: str | None = None,
+        key_hash: bytes | None = None, request_hash: bytes | None = None,
+    ) -> dict[str, Any] | None:
+        """`create_file` with a claimed digest and an idempotency key (both optional).
+
+        None when the owner already holds `key_hash` (made by an earlier or a concurrent
+        create): no card is made, and the caller answers the key's card instead.
+        """
+        file_id = file_id or uuid.uuid4()
+        rows = await self._rows("create_file_keyed", {
+            "id": file_id, "owner": owner, "filename": filename,
+            "content_type": content_type, "size": size,
+            "original_key": original_key(file_id), "sha256": sha256,
+            "key_hash": key_hash, "request_hash": request_hash,
+        })
+        return rows[0] if rows else None
+
     async def confirm(self, file_id: uuid.UUID, owner: str, version: str) -> ConfirmOutcome:
         """pending -> queued for exactly `version`, with NOTIFY; idempotent for the same version."""
         return (await self.confirm_card(file_id, owner, version))[0]
 
     async def confirm_card(
-        self, file_id: uuid.UUID, owner: str, version: str
+        self, file_id: uuid.UUID, owner: str, version: str, sha256: str | None = None
     ) -> tuple[ConfirmOutcome, dict[str, Any] | None]:
-        """`confirm`, plus the queued card when this call moved it (else None)."""
-        rows = await self._rows("confirm", {"id": file_id, "owner": owner, "version": version})
+        """`confirm`, plus the queued card when this call moved it (else None).
+
+        A card created with a claimed digest moves only with `sha256`, the digest of the
+        stored bytes of `version`, equal to the claim: otherwise the answer is
+        DIGEST_REQUIRED and its row's `claimed_sha256` is the claim.
+        """
+        rows = await self._rows("confirm", {"id": file_id, "owner": owner, "version": version,
+                                            "sha256": sha256})
         if not rows:
             return ConfirmOutcome.NOT_FOUND, None
         row = rows[0]
         if row["moved"]:
             return ConfirmOutcome.QUEUED, row
+        if row["previous_status"] == "pending":
+            return ConfirmOutcome.DIGEST_REQUIRED, row
         if row["previous_version"] == version:
             return ConfirmOutcome.ALREADY, None
         return ConfirmOutcome.CONFLICT, None
@@ -202,18 +243,30 @@ class Queue:
 
         Rows that were already started `max_attempts` times are moved to
         rejected/attempts_exhausted by the same statement and are not returned.
+        Raises `ClaimUnknown` when the statement may have committed but its answer was
+        lost: the caller adopts what it leased (`adopt_claim`) instead of leaving those
+        rows to wait for their lease to expire with an attempt spent.
         """
         if n <= 0:
             return []
-        rows = await self._tuples("claim", {
-            "n": n, "max_attempts": self.max_attempts,
-            "lease_seconds": self.lease_seconds, "worker": self.worker,
-        })
-        # Each row is a Lease's fields in order, then the status (see the claim's SELECT).
-        return [Lease(*r[:-1]) for r in rows if r[-1] == "processing"]
+        claim_id = uuid.uuid4()
+        try:
+            return await self._leases("claim", {
+                "n": n, "max_attempts": self.max_attempts, "claim": claim_id,
+                "lease_seconds": self.lease_seconds, "worker": self.worker,
+            })
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            raise ClaimUnknown(claim_id) from exc
+
+    async def adopt_claim(self, claim_id: uuid.UUID) -> list[Lease]:
+        """The leases a claim made whose answer was lost (none if it never committed)."""
+        return await self._leases("adopt_claim", {"claim": claim_id, "worker": self.worker})
 
     async def heartbeat(self, leases: Sequence[Lease]) -> set[uuid.UUID]:
-        """Extend every lease by `lease_seconds`; answers the file ids whose lease is lost."""
+        """Extend every lease by `lease_seconds`; answers the tokens whose lease is lost.
+
+        An attempt that already ended by its own statement is not reported lost.
+        """
         if not leases:
             return set()
         rows = await self._rows("heartbeat", {
@@ -221,7 +274,7 @@ class Queue:
             "tokens": [lease.token for lease in leases],
             "lease_seconds": self.lease_seconds, "worker": self.worker,
         })
-        return {r["id"] for r in rows}
+        return {r["token"] for r in rows}
 
     async def register_attempt_object(self, lease: Lease, key: str) -> None:
         """Record the key an attempt is about to write, before it writes it."""
@@ -229,10 +282,12 @@ class Queue:
                          {"key": key, "id": lease.file_id, "token": lease.token})
 
     async def complete_many(self, results: Sequence[tuple[Lease, Derived]]) -> set[uuid.UUID]:
-        """Fenced commit of several attempts in one statement; answers the ids not published.
+        """Fenced commit of several attempts in one statement; answers the tokens not published.
 
         Each row is still fenced by its own token: a lost one records `lease_lost` and
-        registers its object as an orphan, and never counts as success.
+        registers its object as an orphan, and never counts as success. A repeat of a
+        commit that went through is recognized by the card's key (unique to the attempt)
+        and answered as published.
         """
         if not results:
             return set()
@@ -247,7 +302,7 @@ class Queue:
             "sizes": [d.size for _, d in results],
             "worker": self.worker,
         })
-        return {r["id"] for r in rows}
+        return {r["token"] for r in rows}
 
     async def complete(self, lease: Lease, derived: Derived) -> None:
         """Publish one result; raises `LeaseLost` when the attempt lost its right to."""
@@ -258,7 +313,8 @@ class Queue:
         """Record a failed attempt; answers the card's new status (`queued` or `rejected`).
 
         Transient codes requeue with backoff and full jitter while attempts remain; a
-        transient failure of the last attempt rejects with that code. Raises `LeaseLost`.
+        transient failure of the last attempt rejects with that code. A repeat of a failure
+        that was recorded answers what it did. Raises `LeaseLost`.
         """
         transient = code in TRANSIENT_CODES
         delay = (
@@ -275,8 +331,19 @@ class Queue:
             raise LeaseLost(lease.file_id, lease.token)
         return str(rows[0]["status"])
 
+    async def defer(self, lease: Lease, code: ErrorCode, delay: float) -> None:
+        """Hand a card back after `delay` with its attempt given back: the store failed,
+        not the file. Raises `LeaseLost`; a repeat that went through is success."""
+        rows = await self._rows("defer", {
+            "id": lease.file_id, "token": lease.token, "delay": delay,
+            "error_code": str(code), "worker": self.worker,
+        })
+        if not rows:
+            raise LeaseLost(lease.file_id, lease.token)
+
     async def release(self, leases: Sequence[Lease]) -> set[uuid.UUID]:
-        """Hand unfinished leases back (queued, due now); answers the ids released."""
+        """Hand unfinished leases back (queued, due now); answers the ids released
+        (a repeat of a hand-back that went through counts as released)."""
         if not leases:
             return set()
         rows = await self._rows("release", {
@@ -286,24 +353,28 @@ class Queue:
         })
         return {r["id"] for r in rows}
 
-    async def purge_deleted(
-        self, *, guard_seconds: float, limit: int,
-        delete_bytes: Callable[[uuid.UUID, str], Awaitable[None]],
-    ) -> int:
-        """deleting -> gone, for a batch of cards deleted over `guard_seconds` ago.
+    async def take_deleted(self, *, guard_seconds: float, limit: int,
+                           retry_seconds: float) -> list[tuple[uuid.UUID, str]]:
+        """A batch of cards deleted over `guard_seconds` ago, for one sweeper.
 
-        Each card's row stays locked (SKIP LOCKED for other sweepers) while
-        `delete_bytes(file_id, original_key)` removes every byte of it; only then is the
-        card itself removed. A pass cut short leaves its rows for the next one.
+        Taking them commits at once (their next try moves `retry_seconds` ahead), so no
+        lock is held while their bytes are deleted; a card whose bytes could not all be
+        deleted is taken again after `retry_seconds`.
         """
-        async with self.pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(QUERIES["take_deleted"],
-                                     {"guard_seconds": guard_seconds, "limit": limit})
-            rows = await cur.fetchall()
-            for row in rows:
-                await delete_bytes(row["id"], row["original_key"])
-                await conn.execute(QUERIES["purge_card"], {"id": row["id"]})
-            return len(rows)
+        rows = await self._rows("take_deleted", {
+            "guard_seconds": guard_seconds, "limit": limit, "retry_seconds": retry_seconds})
+        return [(r["id"], r["original_key"]) for r in rows]
+
+    async def purge_card(self, file_id: uuid.UUID) -> None:
+        """deleting -> gone, once every byte of the card is deleted. Safe to repeat."""
+        await self._rows("purge_card", {"id": file_id})
+
+    async def pause_worker(self, reason: str) -> None:
+        """Record (or refresh) that this worker stopped claiming; safe to repeat."""
+        await self._rows("pause_worker", {"worker": self.worker, "reason": reason})
+
+    async def resume_worker(self) -> None:
+        await self._rows("resume_worker", {"worker": self.worker})
 
     # --- health ----------------------------------------------------------------------
 
@@ -320,13 +391,6 @@ class Queue:
             "rejected_share_24h": row["rejected_share_24h"],
             "completed_last_minute": int(row["completed_last_minute"]),
             "lease_lost_total": int(row["lease_lost_total"]),
+            "paused_workers": list(row["paused_workers"]),
         }
 
-
-def original_key(file_id: uuid.UUID) -> str:
-    return f"originals/{file_id}"
-
-
-def derived_key(lease: Lease) -> str:
-    """Unique to the attempt: two attempts never write the same bytes' key."""
-    return f"derived/{lease.file_id}/{lease.token}.webp"

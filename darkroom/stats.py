@@ -49,5 +49,7 @@ def render(stats: dict[str, Any]) -> str:
         f"completed last minute  {stats['completed_last_minute']}",
         f"worker demand (slots)  {stats['worker_demand']}",
         f"lease lost (total)     {stats['lease_lost_total']}",
+        "paused workers         " + (", ".join(stats["paused_workers"]) or "none")
+        + ("  (object store failing)" if stats["paused_workers"] else ""),
     ]
     return "\n".join(lines)

@@ -12,15 +12,20 @@ from psycopg_pool import AsyncConnectionPool
 from darkroom.config import Settings
 from darkroom.db import embedded
 
-# A server behind a silent partition (frames dropped, no reset) would hold a statement
-# until the kernel gives up on the connection, some 15 minutes, and a new connection
-# for two. These bound it: a connect that takes 5 s, data unacknowledged for 8 s, or an
-# idle connection unanswered for 10 + 3 x 5 s fails, so the caller's own retry or error
-# path runs (the API answers 503 before a client's usual 10 s timeout; bench/hosts.py
-# cuts links this way). libpq ignores the TCP ones on Unix sockets.
-TCP_LIMITS: dict[str, Any] = {"connect_timeout": 5, "tcp_user_timeout": 8_000,
-                              "keepalives": 1, "keepalives_idle": 10,
-                              "keepalives_interval": 5, "keepalives_count": 3}
+# Every pooled connection notices a dead peer and bounds every statement, so a half-open
+# socket (a NAT timeout, a failover, a cut link) becomes an ordinary error in tens of
+# seconds instead of a wait for ever: TCP keepalives probe an idle socket, the user timeout
+# bounds unacknowledged sends, and the server ends a statement or an idle transaction that
+# runs too long. (libpq ignores the TCP settings on a Unix socket.)
+SESSION_OPTIONS: dict[str, Any] = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+    "options": "-c statement_timeout=60000 -c idle_in_transaction_session_timeout=60000",
+}
 
 
 def database_url(settings: Settings) -> str:
@@ -46,7 +51,7 @@ async def open_pool(conninfo: str, *, min_size: int = 1, max_size: int = 8,
         max_size=max_size,
         name=name,
         open=False,
-        kwargs={"autocommit": True, "row_factory": dict_row, **TCP_LIMITS},
+        kwargs={"autocommit": True, "row_factory": dict_row, **SESSION_OPTIONS},
         check=check_if_suspect,
     )
     await pool.open(wait=True, timeout=30)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import BinaryIO, Protocol, runtime_checkable
 
 # Bodies are read in pieces of this size so an upload never sits whole in memory.
@@ -42,6 +43,8 @@ class ObjectVersion:
     key: str
     version: str
     size: int
+    # When the version was written (UTC): reconciliation leaves young objects alone.
+    modified: datetime | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,14 @@ class ObjectStore(Protocol):
 
     def head(self, key: str, version: str) -> ObjectInfo:
         """Size and content type of exactly this version."""
+        ...
+
+    def digest(self, key: str, version: str) -> str:
+        """The sha256 (lowercase hex) of exactly this version's bytes.
+
+        From a checksum the store verified when the bytes arrived, where it keeps one;
+        otherwise by reading the bytes in pieces (never the whole object in memory).
+        """
         ...
 
     def delete(self, key: str, version: str | None = None) -> None:

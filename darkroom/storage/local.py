@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import logging
 import os
 import re
@@ -24,6 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
@@ -269,6 +271,19 @@ class LocalStore:
             raise StorageUnavailable("the local object store could not read") from exc
         return ObjectInfo(key, version, size, self._content_type(sidecar))
 
+    def digest(self, key: str, version: str) -> str:
+        paths = self._version_paths(key, version)
+        if paths is None:
+            raise ObjectMissing("object version not found")
+        try:
+            with open(paths[0], "rb") as f:
+                return hashlib.file_digest(f, "sha256").hexdigest()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+            raise ObjectMissing("object version not found") from exc
+        except OSError as exc:
+            log.warning("local digest of %s@%s failed: %s", key, version, exc)
+            raise StorageUnavailable("the local object store could not read") from exc
+
     def _content_type(self, sidecar: Path) -> str:
         try:
             return validate_content_type(_read_noatime(sidecar).decode("ascii"))
@@ -289,7 +304,7 @@ class LocalStore:
             yield from self._walk(base / name, key_base + name)
 
     def _walk(self, directory: Path, key: str) -> Iterator[ObjectVersion]:
-        versions: list[tuple[str, int]] = []
+        versions: list[tuple[str, int, float]] = []
         subdirs: list[str] = []
         try:
             with os.scandir(directory) as entries:
@@ -299,13 +314,14 @@ class LocalStore:
                             if not entry.name.startswith(("@", ".")):
                                 subdirs.append(entry.name)
                         elif m := _DATA_FILE.fullmatch(entry.name):
-                            versions.append((m.group(1), entry.stat().st_size))
+                            st = entry.stat()
+                            versions.append((m.group(1), st.st_size, st.st_mtime))
                     except FileNotFoundError:
                         continue  # deleted while we were looking: it is simply gone
         except (FileNotFoundError, NotADirectoryError):
             return
-        for version, size in sorted(versions, reverse=True):
-            yield ObjectVersion(key, version, size)
+        for version, size, mtime in sorted(versions, reverse=True):
+            yield ObjectVersion(key, version, size, datetime.fromtimestamp(mtime, UTC))
         for name in sorted(subdirs):
             yield from self._walk(directory / name, f"{key}/{name}")
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import hashlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +27,26 @@ from darkroom.storage import ObjectStore
 T = TypeVar("T")
 
 
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def small_photos(count: int) -> list[bytes]:
+    """`count` distinct small JPEGs cut from the corpus: real photographs, quick to derive."""
+    import pyvips
+
+    corpus = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
+    sources = sorted(corpus.glob("*.jpg"))
+    out = []
+    for i in range(count):
+        image = pyvips.Image.thumbnail(str(sources[i % len(sources)]), 96 + i % 97)
+        out.append(image.write_to_buffer(".jpg[Q=80]"))
+    return out
+
+
 def wait_for(check: Callable[[], T], *, timeout: float = 60.0, interval: float = 0.05,
               what: str = "condition") -> T:
     """Poll `check` until it answers something truthy, or fail after `timeout` seconds."""
@@ -39,7 +61,11 @@ def wait_for(check: Callable[[], T], *, timeout: float = 60.0, interval: float =
 
 
 class DarkroomProcess:
-    """One `darkroom …` subprocess with its own log file."""
+    """One `darkroom …` subprocess with its own log file.
+
+    Every one is stopped when the test process exits, however it exits (a failed
+    assertion, a timeout, a Ctrl-C), so a run never leaves a worker or an API behind.
+    """
 
     def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
@@ -47,6 +73,7 @@ class DarkroomProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "darkroom.cli", *args], env=env,
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        _running.add(self)
 
     @property
     def pid(self) -> int:
@@ -69,9 +96,19 @@ class DarkroomProcess:
             with_suppress(lambda: os.killpg(self.proc.pid, signal.SIGKILL))
             self.proc.wait(timeout=30)
         self._log.close()
+        _running.discard(self)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+_running: set[DarkroomProcess] = set()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for proc in list(_running):
+        proc.stop()
 
 
 def with_suppress(call: Callable[[], Any]) -> None:
@@ -143,6 +180,21 @@ class Harness:
                                               content_type="image/jpeg")
             assert await q.confirm(card["id"], owner, version) is ConfirmOutcome.QUEUED
             return uuid.UUID(str(card["id"]))
+
+        return self._with_queue(go)
+
+    def upload_many(self, photos: list[bytes], owner: str = "tester") -> list[uuid.UUID]:
+        """`upload` for many photos over one connection pool."""
+        async def go(q: Queue) -> list[uuid.UUID]:
+            ids = []
+            for i, data in enumerate(photos):
+                card = await q.create_file(owner=owner, filename=f"p{i}.jpg",
+                                           content_type="image/jpeg", size=len(data))
+                version = await asyncio.to_thread(self.store.put, card["original_key"], data,
+                                                  content_type="image/jpeg")
+                assert await q.confirm(card["id"], owner, version) is ConfirmOutcome.QUEUED
+                ids.append(uuid.UUID(str(card["id"])))
+            return ids
 
         return self._with_queue(go)
 

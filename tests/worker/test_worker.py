@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,10 @@ import httpx
 import pytest
 
 from tests.conftest import CORPUS
-from tests.support.services import Harness, wait_for
+from tests.support.services import Harness, free_port, wait_for
+
+# A fleet of real processes: not in `make test-fast`.
+pytestmark = pytest.mark.fleet
 
 PHOTOS = sorted(p for p in CORPUS.iterdir() if p.suffix in {".jpg", ".png"})
 
@@ -21,11 +23,6 @@ PHOTOS = sorted(p for p in CORPUS.iterdir() if p.suffix in {".jpg", ".png"})
 def photo(i: int = 0) -> bytes:
     return PHOTOS[i % len(PHOTOS)].read_bytes()
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def sweep_once(h: Harness) -> str:
@@ -180,11 +177,14 @@ def test_outages_postgres_restart_and_frozen_s3(harness: Harness, postgres: obje
     wait_for(lambda: harness.reconnect() and harness.statuses(ids).get("ready", 0) >= 4,
              timeout=120, what="progress after the restart")
     with seaweed.frozen():
-        wait_for(lambda: harness.events(kind="retry_scheduled"), timeout=60,
-                 what="a storage_unavailable retry")
+        # The store is down, not the files: cards go back with their attempt given back,
+        # and the workers stop claiming and say so.
+        wait_for(lambda: harness.events(kind="deferred"), timeout=60,
+                 what="a card handed back for the store")
+        wait_for(lambda: harness.db.execute("SELECT count(*) AS n FROM worker_pauses")
+                 .fetchone()["n"] > 0, timeout=60, what="a worker paused")
     wait_for(lambda: harness.all_finished(ids), timeout=240, what="all finished")
     assert harness.statuses(ids) == {"ready": 12}
-    assert any(e["error_code"] == "storage_unavailable"
-               for e in harness.events(kind="retry_scheduled"))
+    assert all(e["error_code"] == "storage_unavailable" for e in harness.events(kind="deferred"))
     for file_id in ids:
         harness.assert_published_once(file_id)

@@ -634,14 +634,14 @@ def plot(result: HostsOutcome, path: Path) -> None:
 START, END = "<!-- hosts:start -->", "<!-- hosts:end -->"
 
 
-def report(result: HostsOutcome, seed: int, path: Path) -> None:
+def report(result: HostsOutcome, seed: int, path: Path, files: int) -> None:
     o, hf, t = result.outcome, result.faults, result.outcome.tally
     plot(result, path.parent / "img" / "hosts.png")
     lines = [
         START,
         "## Multi-host rehearsal (bench/hosts.py)",
         "",
-        f"`sudo .venv/bin/python -m bench.hosts --files {o.files} --seed {seed}` on "
+        f"`sudo .venv/bin/python -m bench.hosts --files {files} --seed {seed}` on "
         f"{os.cpu_count()} cores: seven network namespaces on one bridge (db, store, api, "
         f"w1–w3 with one slot each, sweep), each with its own address; lease {LEASE:g} s, "
         f"max attempts {MAX_ATTEMPTS}. Faults are network faults: a link set down, or a "
@@ -650,7 +650,8 @@ def report(result: HostsOutcome, seed: int, path: Path) -> None:
         "",
         "| figure | value |",
         "| --- | --- |",
-        f"| files uploaded and confirmed | {o.files} (hostile: {o.hostile}) |",
+        f"| files uploaded and confirmed | {o.files} (hostile: {o.hostile}; probes "
+        f"during the database cut: {o.files - files}) |",
         f"| w1 link down | {hf.link_cut_seconds:.1f} s, holding {hf.link_cut_leases_held} "
         "lease(s) |",
         f"| store unreachable from w2 only | {hf.store_cut_seconds:.1f} s |",
@@ -709,7 +710,7 @@ def main() -> None:
     print(json.dumps({**result.outcome.as_dict(), "hosts": vars(result.faults)},
                      indent=2, default=str))
     if args.report:
-        report(result, args.seed, args.report)
+        report(result, args.seed, args.report, args.files)
     raise SystemExit(1 if result.outcome.problems else 0)
 
 

@@ -43,7 +43,7 @@ from darkroom.errors import StorageError
 from darkroom.layout import DERIVED, ORIGINALS, derived_prefix, parse_key
 from darkroom.queue import Queue
 from darkroom.services import prepare
-from darkroom.storage import ObjectStore
+from darkroom.storage import LocalStore, ObjectStore
 from darkroom.storage.base import ObjectVersion
 from darkroom.uploads import KEY_RETENTION_SECONDS
 
@@ -387,6 +387,34 @@ async def _with_sweeper(settings: Settings,
         await pool.close()
 
 
+class PendingExpiry:
+    """Unconfirmed cards past `DARKROOM_PENDING_TTL_SECONDS` become deleted cards
+    (`Queue.expire_pending`); the `deleted` unit then purges them with their bytes."""
+
+    name = "pending"
+
+    def __init__(self, queue: Queue, ttl_seconds: float) -> None:
+        self.queue = queue
+        self.ttl_seconds = ttl_seconds
+
+    async def run_once(self) -> int:
+        ids = await self.queue.expire_pending(ttl_seconds=self.ttl_seconds, limit=BATCH)
+        for file_id in ids:
+            metrics.SWEEP_DONE.labels(self.name).inc()
+            log.info("pending card expired", extra={"file_id": str(file_id)})
+        return len(ids)
+
+
+def remove_stale_temporaries(store: ObjectStore) -> None:
+    """The local store's leftovers of puts a crash cut short (once per sweeper start:
+    it walks the whole store)."""
+    if isinstance(store, LocalStore):
+        try:
+            store.remove_stale_temporaries()
+        except OSError as exc:
+            log.warning("stale temporary files not removed", extra={"error": type(exc).__name__})
+
+
 async def run_sweeper(settings: Settings, *, once: bool,
                       stop: asyncio.Event | None = None) -> SweepReport:
     stop = stop or asyncio.Event()
@@ -396,9 +424,15 @@ async def run_sweeper(settings: Settings, *, once: bool,
             loop.add_signal_handler(sig, stop.set)
 
     async def body(sweeper: Sweeper) -> SweepReport:
+        await asyncio.to_thread(remove_stale_temporaries, sweeper.deleted.store)
+        expiry = PendingExpiry(sweeper.deleted.queue, settings.pending_ttl_seconds)
         if once:
+            while await expiry.run_once():
+                pass
             return await sweeper.sweep_once()
-        await sweeper.run(stop, interval_seconds=settings.sweep_interval_seconds)
+        await asyncio.gather(
+            sweeper.run(stop, interval_seconds=settings.sweep_interval_seconds),
+            run_unit(expiry, stop, interval_seconds=settings.sweep_interval_seconds))
         return SweepReport()
 
     report: SweepReport = await _with_sweeper(settings, body)

@@ -6,7 +6,9 @@
 A simulated worker behaves as `darkroom worker` does towards the database, and does
 nothing else: it claims as many cards as it has free slots (`Queue.claim(free)`, so one
 at a time once it is running), registers the attempt's object key, "derives" by sleeping
-a uniformly drawn image time, and publishes with the fenced `Queue.complete`; one
+a uniformly drawn image time, and publishes with the fenced `Queue.complete_many` of its
+one result (the worker's completer batches only jobs that finish together, rare with
+a few slots and image times spread over seconds); one
 `Queue.heartbeat` per worker every lease/3 extends all its leases. Slots are asyncio tasks,
 spread over a few processes that share connection pools (a real fleet has a pool per
 worker; PostgreSQL's work per statement is the same). The backlog is seeded large enough
@@ -44,8 +46,8 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from bench.cpu import TICK, machine_ticks, process_ticks
-from bench.queue import Server, darkroom_seed_jobs, machine, noop_result, run_processes
+from bench.cpu import TICK, machine, machine_ticks, process_ticks
+from bench.queue import Server, darkroom_seed_jobs, noop_result, run_processes
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
 from darkroom.db.migrations import migrate

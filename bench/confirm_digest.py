@@ -38,7 +38,9 @@ from typing import Any
 
 import httpx
 
-from bench.api import CORPUS, System, free_port, stop, tiny_jpeg
+from bench.api import CORPUS, System, stop, tiny_jpeg
+from bench.net import free_port
+from bench.stats import percentile
 from darkroom.db.connection import open_pool
 from darkroom.keys import create_key
 from darkroom.queue import Queue
@@ -86,7 +88,7 @@ def measure(base_url: str, key: str, staged: list[tuple[str, str, str]]) -> dict
     for variant, values in times.items():
         values.sort()
         out[variant] = {"median_ms": round(statistics.median(values), 2),
-                        "p90_ms": round(values[int(0.9 * (len(values) - 1))], 2)}
+                        "p90_ms": round(percentile(values, 0.9), 2)}
     out["ratio_median"] = round(out["digest"]["median_ms"] / out["plain"]["median_ms"], 2)
     return out
 

@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psycopg
-from prometheus_client import start_http_server
 
-from darkroom import metrics
+from darkroom import health, metrics
 from darkroom.breaker import StoreBreaker
+from darkroom.completer import Completer
 from darkroom.config import ConfigError, Settings
 from darkroom.db.connection import open_pool
 from darkroom.derive import Limits
@@ -112,6 +112,8 @@ class Worker:
         # By lease token: one entry per attempt, never per file.
         self.jobs: dict[uuid.UUID, Job] = {}
         self.breaker = StoreBreaker(self._probe_store, on_change=self._record_pause)
+        # Fenced commits, batched: one statement for the results that finish together.
+        self.completer = Completer(queue, self._db)
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.skip_grace = asyncio.Event()
@@ -124,7 +126,8 @@ class Worker:
             decoder.start()
         helpers = [asyncio.create_task(self._listen(), name="listen"),
                    asyncio.create_task(self._heartbeat(), name="heartbeat"),
-                   asyncio.create_task(self.breaker.run(), name="store-breaker")]
+                   asyncio.create_task(self.breaker.run(), name="store-breaker"),
+                   asyncio.create_task(self.completer.run(), name="completer")]
         try:
             while not self.stopping.is_set():
                 if self.breaker.is_open:
@@ -283,7 +286,8 @@ class Worker:
                               width=result.width, height=result.height, size=result.size,
                               thumb=stored, thumbhash=result.thumbhash)
             with _stage("commit"):
-                await self._db(lambda: self.queue.complete(lease, derived))
+                if not await self.completer.complete(lease, derived):
+                    raise LeaseLost(lease.file_id, lease.token)
             log.info("ready", extra={**job.log_extra(), "bytes": result.size})
             return "ready"
         except LeaseLost:
@@ -455,7 +459,8 @@ class _stage:
 
 
 async def run_worker(settings: Settings, *, concurrency: int, name: str,
-                     stop: asyncio.Event | None = None) -> None:
+                     stop: asyncio.Event | None = None,
+                     pulse: health.LoopPulse | None = None) -> None:
     """Run one worker until `stop` is set (or SIGTERM/SIGINT, when on the main thread)."""
     conninfo, store = await prepare(settings)
     pool = await open_pool(conninfo, min_size=1, max_size=4, name=f"worker-{name}")
@@ -466,12 +471,14 @@ async def run_worker(settings: Settings, *, concurrency: int, name: str,
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.request_stop)
     watcher = asyncio.create_task(_stop_when(stop, worker)) if stop else None
+    ticking = asyncio.create_task(pulse.run(), name="pulse") if pulse else None
     log.info("worker started", extra={"worker": name, "slots": concurrency})
     try:
         await worker.run()
     finally:
-        if watcher:
-            watcher.cancel()
+        for task in (watcher, ticking):
+            if task:
+                task.cancel()
         await pool.close()
         log.info("worker stopped", extra={"worker": name})
 
@@ -486,14 +493,20 @@ def default_name() -> str:
 
 
 def main(settings: Settings, *, concurrency: int | None, name: str | None,
-         metrics_port: int | None) -> int:
+         metrics_port: int | None, metrics_host: str = "127.0.0.1") -> int:
     from darkroom import logs
 
     logs.setup()
-    if metrics_port is not None:
-        start_http_server(metrics_port, addr="127.0.0.1")
     slots = concurrency or os.cpu_count() or 1
     if slots < 1:
         raise ConfigError("--concurrency must be at least 1")
-    asyncio.run(run_worker(settings, concurrency=slots, name=name or default_name()))
+    pulse = health.LoopPulse()
+    if metrics_port is not None:
+        try:
+            health.serve(metrics_host, metrics_port, pulse)
+        except OSError as exc:
+            raise ConfigError(f"--metrics-port: cannot listen on {metrics_host}:"
+                              f"{metrics_port} ({exc.strerror})") from None
+    asyncio.run(run_worker(settings, concurrency=slots, name=name or default_name(),
+                           pulse=pulse))
     return 0

@@ -17,7 +17,6 @@ ACCEPTED_TYPES = (
     "image/jpeg", "image/png", "image/webp", "image/gif",
     "image/heic", "image/heif", "image/avif", "image/tiff",
 )
-VISIBLE_STATUSES = ("pending", "queued", "processing", "ready", "rejected")
 ImageType = Literal[
     "image/jpeg", "image/png", "image/webp", "image/gif",
     "image/heic", "image/heif", "image/avif", "image/tiff",

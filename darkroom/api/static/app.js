@@ -5,7 +5,7 @@
 // cursor as the user scrolls, each card paints its thumbhash at once and fetches its small
 // thumb only when it comes near the viewport, and status changes arrive over ONE
 // server-sent event stream (GET /v1/events) instead of a timer per card.
-import { thumbHashToDataURL } from "./thumbhash.js";
+import { thumbHashToRGBA } from "./thumbhash.js";
 
 const KEY_STORAGE = "darkroom.apiKey";
 const ACCEPTED = ["image/jpeg", "image/png", "image/webp", "image/gif",
@@ -208,12 +208,19 @@ function apiErrorText(error) {
   return "Something went wrong with this upload. Please try again.";
 }
 
+// The thumbhash painted on a canvas: colour at once, before any thumb is fetched. (A canvas
+// rather than a data: URL, which the page's Content-Security-Policy does not allow.)
 function placeholderFor(card, el) {
   const ph = $('[data-testid="placeholder"]', el);
   if (card.thumbhash && !ph.dataset.hash) {
     try {
       const bytes = Uint8Array.from(atob(card.thumbhash), (c) => c.charCodeAt(0));
-      ph.style.backgroundImage = `url(${thumbHashToDataURL(bytes)})`;
+      const { w, h, rgba } = thumbHashToRGBA(bytes);
+      const canvas = document.createElement("canvas");
+      canvas.width = w;
+      canvas.height = h;
+      canvas.getContext("2d").putImageData(new ImageData(new Uint8ClampedArray(rgba), w, h), 0, 0);
+      ph.replaceChildren(canvas);
       ph.dataset.hash = "1";
       ph.classList.add("hashed");
     } catch (_) { /* a bad hash only costs the colour */ }

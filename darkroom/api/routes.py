@@ -20,8 +20,8 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 
 from darkroom.api.auth import Admin, Caller, admin, bearer, principal
-from darkroom.api.limits import RateLimiter
 from darkroom.api.events import Hub
+from darkroom.api.limits import RateLimiter
 from darkroom.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from darkroom.api.metrics import render
 from darkroom.api.problems import (

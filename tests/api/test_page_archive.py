@@ -177,6 +177,13 @@ def test_two_thousand_cards(archive: Archive, tmp_path: Path) -> None:
             assert 0 < len(thumbs) < 60 and previews == []
             assert sum("/v1/files?" in u for u in requests) == 1
             assert sum(u.endswith("/v1/events") for u in requests) == 1
+            # Every ready card of the page paints its thumbhash, fetched thumb or not.
+            hashed = page.evaluate(
+                "document.querySelectorAll('[data-status=\"ready\"] .placeholder.hashed canvas')"
+                ".length")
+            assert hashed == page.evaluate(
+                "document.querySelectorAll('[data-testid=\"card\"][data-status=\"ready\"]')"
+                ".length") > 50
             page.screenshot(path=str(shots / "page-grid.png"))
 
             # An idle minute on the page's clock: a handful of requests at most, none per card.

@@ -65,6 +65,11 @@ PROTECTIONS = (
     "seccomp",
 )
 
+# Inactive by design, not a gap: root needs no user namespace, others keep their uid.
+BY_DESIGN = {
+    "user_namespace": "not needed: started as root",
+    "unprivileged_uid": "not root: keeps the worker's own uid",
+}
 # The uid and gid a child started as root runs as.
 NOBODY = 65534
 # Headroom over the descriptors and threads the child has when it locks down: libvips
@@ -181,7 +186,7 @@ def enter_namespaces(jail: Jail) -> None:
     """Own network and mount namespaces. Must run while the process is single-threaded."""
     flags = _CLONE_NEWNET | _CLONE_NEWNS
     if os.geteuid() == 0:
-        jail.off("user_namespace", "not needed: started as root")
+        jail.off("user_namespace", BY_DESIGN["user_namespace"])
     else:
         uid, gid = os.getuid(), os.getgid()
         try:
@@ -254,7 +259,7 @@ def lock_down(jail: Jail, *, cpu_seconds: int, cpu_lifetime_seconds: int,
         except OSError as exc:
             jail.off("unprivileged_uid", exc)
     else:
-        jail.off("unprivileged_uid", "not root: keeps the worker's own uid")
+        jail.off("unprivileged_uid", BY_DESIGN["unprivileged_uid"])
     _set_limits(jail, cpu_seconds, cpu_lifetime_seconds, tasks + threads + _THREAD_HEADROOM,
                 extra_fds)
     try:

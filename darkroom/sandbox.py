@@ -41,6 +41,8 @@ import logging
 import math
 import os
 import signal
+import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -53,7 +55,7 @@ from typing import IO, Any, BinaryIO
 
 from darkroom.derive import Derivative, Limits, check_size
 from darkroom.errors import DeriveError, ErrorCode
-from darkroom.jail import PROTECTIONS, Jail, enter_namespaces, lock_down, per_job_cpu
+from darkroom.jail import BY_DESIGN, PROTECTIONS, Jail, enter_namespaces, lock_down, per_job_cpu
 
 log = logging.getLogger("darkroom.sandbox")
 
@@ -61,8 +63,11 @@ _FRAME = struct.Struct("!II")
 # Bounds on what either side accepts, so a confused peer cannot make us allocate wildly.
 _MAX_META = 64 * 1024
 _MAX_OUTPUT = 256 * 1024 * 1024
-# Only tests set this: the child then announces each job by writing one byte to the
-# named path (a FIFO, so the test blocks instead of sleeping) and hangs forever.
+# Only tests set this: the child then hangs forever on each job, announced by one byte
+# written to the named path. A FIFO (the test blocks reading it instead of sleeping) is
+# opened by the child before it locks down and written when the job arrives; any other
+# path is created by the parent once the job is on the child's pipe, because the jailed
+# child may not create files.
 TEST_HANG_ENV = "DARKROOM_SANDBOX_TEST_HANG"
 # Only tests set this: instead of decoding, the child plays a compromised decoder and
 # tries the named attack (`HOSTILE_ACTIONS`), answering what happened as the detail.
@@ -121,6 +126,29 @@ def child_environment(concurrency: int) -> dict[str, str]:
         if name in os.environ:
             env[name] = os.environ[name]
     return env
+
+
+def jail_log_fields(memory_mb: int = 1024) -> tuple[int, dict[str, Any]]:
+    """The worker's one start-up line about the jail: log level and structured fields.
+
+    One boolean field per protection, plus `inactive` naming each missing one and why.
+    WARNING when a protection is missing for any reason but a by-design one.
+    """
+    report = probe_jail(memory_mb)
+    active: dict[str, bool] = report.get("active", {})
+    reasons: dict[str, str] = report.get("inactive_reasons", {})
+    fields: dict[str, Any] = {f"jail_{name}": bool(active.get(name)) for name in PROTECTIONS}
+    missing = [name for name in PROTECTIONS if not active.get(name)]
+    fields["inactive"] = "; ".join(f"{name}: {reasons.get(name, 'unknown')}" for name in missing)
+    gaps = [name for name in missing if reasons.get(name) != BY_DESIGN.get(name)]
+    return (logging.WARNING if gaps else logging.INFO), fields
+
+
+def _is_fifo(path: str) -> bool:
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _cpu_budget(timeout: float, concurrency: int) -> int:
@@ -204,6 +232,7 @@ class DecoderProcess:
         # Only the benchmark turns this off, to measure what the jail costs.
         self.jail = jail
         self._cpu_budget = _cpu_budget(timeout, concurrency)
+        self._hang_path: str | None = None
         self._limits_json = json.dumps(dataclasses.asdict(limits)).encode()
         self._job_lock = threading.Lock()  # one request on the pipe at a time
         self._lock = threading.Lock()  # guards every field below
@@ -267,6 +296,7 @@ class DecoderProcess:
             self._reap_locked(block=True)
 
     def _spawn(self) -> subprocess.Popen[bytes]:
+        self._hang_path = os.environ.get(TEST_HANG_ENV)
         argv = [sys.executable, "-m", "darkroom.sandbox", str(self.memory_mb), str(self.nice),
                 str(self.concurrency), str(self._cpu_budget)]
         if not self.jail:
@@ -382,6 +412,9 @@ class DecoderProcess:
             stdin.write(self._limits_json)
             stdin.write(data)
             stdin.flush()
+            if self._hang_path and not _is_fifo(self._hang_path):
+                with open(self._hang_path, "wb") as marker:
+                    marker.write(b"1")
             meta_len, payload_len = _FRAME.unpack(_read_exact(stdout, _FRAME.size))
             if meta_len > _MAX_META or payload_len > _MAX_OUTPUT:
                 raise _ChildGone(f"bad frame {meta_len}/{payload_len}")
@@ -540,16 +573,17 @@ def _child_main(memory_mb: int, nice: int = 0, concurrency: int = 1, cpu_seconds
         from darkroom.derive import _vips, derive
 
         _vips()  # pay for libvips before the first job, not inside its time limit
-    hang_fd = hostile = None
-    if os.environ.get(TEST_HANG_ENV):
-        # Opened now, while files may still be opened for writing; O_RDWR never blocks.
+    hang = bool(os.environ.get(TEST_HANG_ENV))
+    hang_fd = None
+    if hang and _is_fifo(os.environ[TEST_HANG_ENV]):
+        # O_RDWR never blocks on a FIFO, and keeps the byte for a reader that comes later.
         hang_fd = os.open(os.environ[TEST_HANG_ENV], os.O_RDWR | os.O_NONBLOCK)
     hostile = os.environ.get(TEST_HOSTILE_ENV)
     _watch_parent()
     if jailed:
-        extra = (out.fileno(),) if hang_fd is None else (out.fileno(), hang_fd)
         lock_down(jail, cpu_seconds=cpu_seconds, cpu_lifetime_seconds=CPU_LIFETIME_SECONDS,
-                  threads=concurrency, extra_fds=extra)
+                  threads=concurrency,
+                  extra_fds=(out.fileno(),) if hang_fd is None else (out.fileno(), hang_fd))
     if probe:
         _respond_raw(out, json.dumps(jail.report).encode())
         return 0
@@ -570,8 +604,9 @@ def _child_main(memory_mb: int, nice: int = 0, concurrency: int = 1, cpu_seconds
             # Out of step with the parent: no way to resynchronise the stream.
             print(f"darkroom.sandbox: protocol error: {exc}", file=sys.stderr)
             return 2
-        if hang_fd is not None:
-            os.write(hang_fd, b"1")
+        if hang:
+            if hang_fd is not None:
+                os.write(hang_fd, b"1")
             while True:
                 signal.pause()
         if jailed:
@@ -603,8 +638,6 @@ def _respond_raw(out: BinaryIO, data: bytes) -> None:
 
 def _hostile(action: str) -> str:
     """Test only: what a compromised decoder would try. Returns what happened."""
-    import socket
-
     def attempt(what: str, call: Any) -> str:
         try:
             got = call()
@@ -624,7 +657,8 @@ def _hostile(action: str) -> str:
         port = int(os.environ.get(TEST_HOSTILE_ENV + "_PORT", "0"))
 
         def connect() -> str:
-            with socket.create_connection(("127.0.0.1", port), timeout=5):
+            with socket.socket() as sock:
+                sock.connect(("127.0.0.1", port))
                 return "connected"
 
         return attempt("socket", lambda: socket.socket().close()) + "; " + attempt(

@@ -72,10 +72,13 @@ BY_DESIGN = {
 }
 # The uid and gid a child started as root runs as.
 NOBODY = 65534
-# Headroom over the descriptors and threads the child has when it locks down: libvips
-# starts up to VIPS_CONCURRENCY workers (and a few helpers) on the first decode.
+# Descriptors: the child needs its pipes and the files Python may read for a traceback.
 _FD_LIMIT = 64
-_THREAD_HEADROOM = 16
+# RLIMIT_NPROC counts every task of the uid, and the children of all slots (of every
+# worker on the host) share `nobody`: a sibling started later must not leave this child
+# unable to start the libvips threads it needs. fork is refused by seccomp anyway; this
+# bounds a thread bomb (so does RLIMIT_AS: every thread reserves a stack).
+_THREAD_HEADROOM = 256
 
 # Linux ABI numbers Python's os module does not export on 3.11.
 _CLONE_NEWNS = 0x00020000

@@ -543,7 +543,11 @@ def _start_jail(memory_mb: int, nice: int, jailed: bool) -> Jail:
         jail.off("pipes_only", "inherited descriptors")
     # Mode 0111 from `_empty_dir`: nobody (and, once seccomp forbids chmod, not even its
     # owner) may list or create anything there. Root could, but root drops to nobody.
-    if not os.listdir(".") and not os.stat(".").st_mode & 0o222:
+    try:
+        listed = os.listdir(".")
+    except PermissionError:
+        listed = []  # its owner, not root: 0111 hides even the (empty) listing
+    if not listed and not os.stat(".").st_mode & 0o222:
         jail.on("empty_working_directory")
     else:
         jail.off("empty_working_directory", "working directory not empty or writable")

@@ -6,6 +6,12 @@ worker. One `DecoderProcess` owns one child (`python -m darkroom.sandbox`, start
 Popen rather than fork so a threaded asyncio parent is never forked) and reuses it across
 jobs, because starting Python and libvips per image would cost more than many decodes.
 
+The child is also a jail (`darkroom/jail.py`, `docs/SECURITY.md`): it starts with an
+empty environment, an empty working directory and only its three pipes, and before its
+first image it enters its own network and mount namespaces, drops root, sets its
+resource limits, `no_new_privs` and a seccomp allow-list. A compromised decoder holds no
+secret and can reach nothing; what it tries ends, like a crash, in an error code.
+
 Wire protocol over the child's stdin/stdout, one request and one response at a time:
 
     request:  !II (json length, image length) + JSON limits + image bytes

@@ -257,3 +257,16 @@ def test_allow_list_is_grouped_and_never_allows_what_it_kills() -> None:
     for dangerous in ("socket", "connect", "execve", "ptrace", "fork", "vfork", "unshare",
                       "mount", "setns", "chmod", "unlink", "bpf", "ioctl"):
         assert dangerous not in allowed
+
+
+def test_child_is_replaced_between_jobs_before_its_lifetime_cpu_runs_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import darkroom.sandbox as sandbox
+
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) as proc:
+        proc.derive(DUNE)
+        first = child_pid(proc)
+        # Any CPU used now counts as within one job's budget of the hard limit.
+        monkeypatch.setattr(sandbox, "CPU_LIFETIME_SECONDS", proc._cpu_budget)
+        assert proc.derive(DUNE).width == 1680  # the job itself is not affected
+        assert child_pid(proc) != first

@@ -97,11 +97,23 @@ def _empty_dir() -> str:
     global _EMPTY_DIR
     with _EMPTY_DIR_LOCK:
         if _EMPTY_DIR is None or not os.path.isdir(_EMPTY_DIR):
-            path = tempfile.mkdtemp(prefix="darkroom-decoder-")
+            _remove_stale_dirs()
+            path = tempfile.mkdtemp(prefix=f"darkroom-decoder-{os.getpid()}-")
             os.chmod(path, 0o111)
             atexit.register(_remove_dir, path)
             _EMPTY_DIR = path
         return _EMPTY_DIR
+
+
+def _remove_stale_dirs() -> None:
+    """Remove the empty directories of workers that died without cleaning up (kill -9)."""
+    for path in Path(tempfile.gettempdir()).glob("darkroom-decoder-*-*"):
+        pid = path.name.split("-")[2]
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        with contextlib.suppress(OSError):
+            if path.lstat().st_uid == os.getuid():
+                path.rmdir()  # only ever removes an empty directory
 
 
 def _remove_dir(path: str) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import re
 import socket
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -302,3 +304,25 @@ def test_child_is_replaced_between_jobs_before_its_lifetime_cpu_runs_out(
         monkeypatch.setattr(sandbox, "CPU_LIFETIME_SECONDS", proc._cpu_budget)
         assert proc.derive(DUNE).width == 1680  # the job itself is not affected
         assert child_pid(proc) != first
+
+
+def test_working_directory_of_a_killed_worker_is_removed_by_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import darkroom.sandbox as sandbox
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(sandbox, "_EMPTY_DIR", None)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    stale = tmp_path / f"darkroom-decoder-{dead}-x1"
+    stale.mkdir(mode=0o111)
+    alive = tmp_path / f"darkroom-decoder-{os.getpid()}-x2"
+    alive.mkdir(mode=0o111)
+    fresh = Path(sandbox._empty_dir())
+    assert fresh.parent == tmp_path and not any(fresh.iterdir())
+    assert fresh.stat().st_mode & 0o777 == 0o111
+    assert not stale.exists()
+    assert alive.exists()  # its worker still runs
+    monkeypatch.setattr(sandbox, "_EMPTY_DIR", None)  # the atexit hook removes `fresh`
+    fresh.rmdir()
+    alive.rmdir()

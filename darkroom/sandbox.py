@@ -78,7 +78,7 @@ TEST_HANG_ENV = "DARKROOM_SANDBOX_TEST_HANG"
 # Only tests set this: instead of decoding, the child plays a compromised decoder and
 # tries the named attack (`HOSTILE_ACTIONS`), answering what happened as the detail.
 TEST_HOSTILE_ENV = "DARKROOM_SANDBOX_TEST_HOSTILE"
-HOSTILE_ACTIONS = ("environ", "socket", "write", "exec", "fork")
+HOSTILE_ACTIONS = ("environ", "socket", "write", "exec", "fork", "ptrace")
 _TEST_ENVS = (
     TEST_HANG_ENV, TEST_HOSTILE_ENV, TEST_HOSTILE_ENV + "_PORT", TEST_HOSTILE_ENV + "_PATH"
 )
@@ -700,6 +700,12 @@ def _hostile(action: str) -> str:
             return pid
 
         return attempt("fork", fork)
+    if action == "ptrace":
+        import ctypes  # already loaded by the jail, so importable after lock-down
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        attached = libc.ptrace(16, os.getppid(), None, None)  # PTRACE_ATTACH the worker
+        return f"ptrace: {'attached' if attached == 0 else 'refused'}"
     return f"unknown action {action}"
 
 

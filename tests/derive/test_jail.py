@@ -263,6 +263,13 @@ def test_hostile_exec_kills_the_child_and_the_next_file_is_fine(
         assert proc.pid != first
 
 
+def test_hostile_ptrace_of_the_worker_kills_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    with hostile(monkeypatch, "ptrace") as proc:
+        detail = attack(proc).detail
+    assert "SIGSYS" in detail
+    assert status(os.getpid())["TracerPid"] == "0"
+
+
 def test_hostile_fork_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     with hostile(monkeypatch, "fork") as proc:
         detail = attack(proc).detail

@@ -140,6 +140,8 @@ class Jail:
 
     active: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(PROTECTIONS, False))
     reasons: dict[str, str] = field(default_factory=dict)
+    # A private mount namespace is ready for the /proc cover, laid in `lock_down()`.
+    private_mounts: bool = False
 
     def on(self, name: str) -> None:
         self.active[name] = True
@@ -227,7 +229,7 @@ def _private_mounts(jail: Jail) -> None:
     except OSError as exc:
         jail.off("mount_namespace_proc_hidden", exc)
     else:
-        jail.reasons["mount_namespace_proc_hidden"] = "pending"
+        jail.private_mounts = True
 
 
 def _own_uid_tasks(uid: int) -> int:
@@ -246,7 +248,7 @@ def lock_down(jail: Jail, *, cpu_seconds: int, cpu_lifetime_seconds: int,
     """Close every door. Call after all imports and library initialisation."""
     run_as = NOBODY if os.geteuid() == 0 else os.getuid()
     tasks = _own_uid_tasks(run_as) + len(os.listdir("/proc/self/task"))
-    if jail.reasons.get("mount_namespace_proc_hidden") == "pending":
+    if jail.private_mounts:
         try:
             _mount("none", "/proc", "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
                    "size=4k,nr_inodes=1,mode=555")

@@ -83,7 +83,8 @@ _TEST_ENVS = (
     TEST_HANG_ENV, TEST_HOSTILE_ENV, TEST_HOSTILE_ENV + "_PORT", TEST_HOSTILE_ENV + "_PATH"
 )
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
-# A child is replaced before it has used this much CPU in all (its hard RLIMIT_CPU).
+# A child is replaced before it has used this much CPU in all (its hard RLIMIT_CPU), or
+# ten jobs' worth when jobs may take longer.
 CPU_LIFETIME_SECONDS = 3_600
 _EMPTY_DIR: str | None = None
 _EMPTY_DIR_LOCK = threading.Lock()
@@ -172,6 +173,10 @@ def _is_fifo(path: str) -> bool:
 def _cpu_budget(timeout: float, concurrency: int) -> int:
     """CPU seconds one job may use: its wall-clock limit on every libvips thread."""
     return math.ceil(timeout * max(1, concurrency)) + 1
+
+
+def _cpu_lifetime(budget: int) -> int:
+    return max(CPU_LIFETIME_SECONDS, 10 * budget)
 
 
 def _child_cpu_seconds(pid: int) -> float:
@@ -344,7 +349,8 @@ class DecoderProcess:
         if self._proc is not None and (
             self._proc.poll() is not None
             # Replaced before its hard RLIMIT_CPU could end it in the middle of a job.
-            or _child_cpu_seconds(self._proc.pid) > CPU_LIFETIME_SECONDS - self._cpu_budget
+            or _child_cpu_seconds(self._proc.pid)
+            > _cpu_lifetime(self._cpu_budget) - self._cpu_budget
         ):
             self._retire_locked()
         if self._proc is None:
@@ -603,7 +609,7 @@ def _child_main(memory_mb: int, nice: int = 0, concurrency: int = 1, cpu_seconds
     hostile = os.environ.get(TEST_HOSTILE_ENV)
     _watch_parent()
     if jailed:
-        lock_down(jail, cpu_seconds=cpu_seconds, cpu_lifetime_seconds=CPU_LIFETIME_SECONDS,
+        lock_down(jail, cpu_seconds=cpu_seconds, cpu_lifetime_seconds=_cpu_lifetime(cpu_seconds),
                   threads=concurrency,
                   extra_fds=(out.fileno(),) if hang_fd is None else (out.fileno(), hang_fd))
     if probe:

@@ -308,9 +308,19 @@ def test_child_is_replaced_between_jobs_before_its_lifetime_cpu_runs_out(
         proc.derive(DUNE)
         first = child_pid(proc)
         # Any CPU used now counts as within one job's budget of the hard limit.
-        monkeypatch.setattr(sandbox, "CPU_LIFETIME_SECONDS", proc._cpu_budget)
+        monkeypatch.setattr(sandbox, "_cpu_lifetime", lambda budget: budget)
         assert proc.derive(DUNE).width == 1680  # the job itself is not affected
         assert child_pid(proc) != first
+
+
+def test_a_long_time_limit_does_not_replace_the_child_every_job() -> None:
+    with DecoderProcess(LIMITS, timeout=3_600.0, memory_mb=1024) as proc:
+        proc.derive(DUNE)
+        first = child_pid(proc)
+        proc.derive(DUNE)
+        assert child_pid(proc) == first
+        _, hard = limit(first, "Max cpu time")
+        assert int(hard) >= 10 * 3_601
 
 
 def test_working_directory_of_a_killed_worker_is_removed_by_the_next(

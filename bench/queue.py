@@ -2,7 +2,7 @@
 
 One run, one PostgreSQL server, a fresh database per system. Measures
   1. no-op throughput (claim -> fenced complete) at 1, 4 and 16 worker processes; darkroom
-     on the worker's own path (`Queue.complete` per job, slots refilled as they free up),
+     on the worker's own path (the worker's `Completer`, slots refilled as they free up),
      and once with batched completions (`complete_many`) as the reference,
   2. idle enqueue -> start latency at a steady 50 jobs/s, darkroom, PgQueuer,
      Procrastinate and the seed in turn, in the same run,
@@ -39,7 +39,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -54,6 +54,8 @@ from bench.results import QueueClaim, QueueLatency, QueueResult, QueueThroughput
 from bench.runs import BY_NAME
 from bench.sections import BATCHED, queue_section
 from bench.stats import latency_summary
+from darkroom.completer import Completer
+from darkroom.completer import running as completer_running
 from darkroom.db.connection import open_pool
 from darkroom.db.migrations import migrate
 from darkroom.db.queries import QUERIES
@@ -61,13 +63,13 @@ from darkroom.queue import Derived, Lease, Queue, derived_key
 
 OUT = Path(__file__).resolve().parent / "out" / "queue.json"
 WORKER_COUNTS = (1, 4, 16)
-# Job slots per worker process (`darkroom worker --concurrency`). The worker commits each
-# job on its own (`Queue.complete`), so slots beyond its pool of 4 connections only queue
-# for a connection; 4 and 32 bracket that.
+# Job slots per worker process (`darkroom worker --concurrency`). The worker's completer
+# commits the jobs that finish together in one statement, so more slots mean larger
+# batches; 4 and 32 bracket a small and a large worker.
 DARKROOM_SLOTS = (4, 32)
 WORKER_POOL = 4
-# The reference: one claim(100) and one complete_many per 100 jobs, which the worker does
-# not do; the same-run ratio to it says what batching completions would buy.
+# The reference: one claim(100) and one complete_many per 100 jobs, the most batching any
+# path can do; the same-run ratio to it says what the worker's path leaves on the table.
 DARKROOM_BATCH = 100
 # PgQueuer's batch_size is its main throughput knob (default 10); the best one is
 # whichever wins in this run, so several are tried.
@@ -219,21 +221,32 @@ def darkroom_seed_jobs(url: str, n: int) -> None:
 
 async def drain_like_worker(queue: Queue, slots: int) -> int:
     """The worker's own loop with no-op jobs: claim as many leases as there are free
-    slots, run each as its own task that commits through `Queue.complete` (one fenced
-    statement per job, as `Worker._run_job` does), claim again as slots free up; until
-    the queue is empty. Answers the jobs done."""
+    slots, run each as its own task that commits through the worker's `Completer` (the
+    fenced commits of the jobs that finish together go in one statement, as
+    `Worker._attempt` does), claim again as slots free up; until the queue is empty.
+    Answers the jobs done."""
+    async def job(lease: Lease) -> None:
+        if not await completer.complete(lease, noop_result(lease)):
+            raise RuntimeError("a lease was lost in a no-op run")
+
+    async def direct(call: Callable[[], Awaitable[set[uuid.UUID]]]) -> set[uuid.UUID]:
+        return await call()
+
+    completer = Completer(queue, direct)
     running: set[asyncio.Task[None]] = set()
     done = 0
-    while True:
-        free = slots - len(running)
-        for lease in await queue.claim(free) if free else []:
-            running.add(asyncio.create_task(queue.complete(lease, noop_result(lease))))
-        if not running:
-            return done
-        finished, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-        for task in finished:
-            task.result()  # LeaseLost in a no-op run is a failure of the run
-        done += len(finished)
+    async with completer_running(completer):
+        while True:
+            free = slots - len(running)
+            for lease in await queue.claim(free) if free else []:
+                running.add(asyncio.create_task(job(lease)))
+            if not running:
+                return done
+            finished, running = await asyncio.wait(running,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                task.result()
+            done += len(finished)
 
 
 async def drain_batched(queue: Queue, batch: int) -> int:
@@ -517,7 +530,7 @@ class Adapter:
 
 
 def adapters(quick: bool = False) -> list[Adapter]:
-    out = [Adapter("darkroom", f"{k} slots, Queue.complete per job (the worker's path)",
+    out = [Adapter("darkroom", f"{k} slots, the worker's Completer (the worker's path)",
                    "bench_darkroom", darkroom_seed_jobs, darkroom_drain,
                    lambda url, i, k=k: (url, k, f"w{i}"),  # type: ignore[misc]
                    darkroom_done)

@@ -30,8 +30,9 @@ RETURNING *;
 -- A card created with a claimed sha256 moves only when the caller passes the digest it
 -- computed from the stored bytes and it is the claimed one: an unverified or lying
 -- digest never reaches the queue, and only verified ones enter known_originals.
+-- With a stored size, only an upload of exactly the declared size moves the card.
 WITH target AS (
-    SELECT id, status, original_version, original_sha256
+    SELECT id, status, original_version, original_sha256, size_bytes
     FROM archive_files
     WHERE id = %(id)s AND owner = %(owner)s AND status <> 'deleting'
     FOR UPDATE
@@ -42,6 +43,7 @@ WITH target AS (
     FROM target t
     WHERE f.id = t.id AND t.status = 'pending'
       AND (t.original_sha256 IS NULL OR t.original_sha256 = %(sha256)s::text)
+      AND (%(size)s::bigint IS NULL OR t.size_bytes = %(size)s::bigint)
     RETURNING f.*
 ), known AS (
     INSERT INTO known_originals (file_id, owner, sha256)
@@ -50,7 +52,8 @@ WITH target AS (
 )
 -- The card as it is now (when it moved), so the API answers without reading it again.
 SELECT m.*, t.status AS previous_status, t.original_version AS previous_version,
-       t.original_sha256 AS claimed_sha256, m.id IS NOT NULL AS moved,
+       t.original_sha256 AS claimed_sha256, t.size_bytes AS declared_size,
+       m.id IS NOT NULL AS moved,
        CASE WHEN m.id IS NOT NULL THEN pg_notify('darkroom_jobs', '') END AS notified
 FROM target t LEFT JOIN moved m ON m.id = t.id;
 
@@ -416,3 +419,56 @@ ON CONFLICT (worker) DO UPDATE SET reason = EXCLUDED.reason, seen_at = now();
 
 -- name: resume_worker
 DELETE FROM worker_pauses WHERE worker = %(worker)s;
+
+-- name: lock_owner_quota
+-- Serializes the creations of one owner while quotas are on, so two concurrent creations
+-- cannot both fit under a quota that only one of them fits under. Held until COMMIT.
+SELECT pg_advisory_xact_lock(hashtextextended('darkroom.quota:' || %(owner)s, 0));
+
+-- name: owner_within_quota
+-- Whether one more card of `size` declared bytes keeps the owner within the quotas (0:
+-- none). Live cards count, pending ones included: their bytes are stored or about to be.
+-- Run after lock_owner_quota, in the same transaction as the creation.
+SELECT (%(quota_files)s::bigint = 0 OR count(*) + 1 <= %(quota_files)s::bigint)
+   AND (%(quota_bytes)s::bigint = 0
+        OR coalesce(sum(size_bytes), 0) + %(size)s::bigint <= %(quota_bytes)s::bigint) AS fits
+FROM archive_files
+WHERE owner = %(owner)s AND status <> 'deleting';
+
+-- name: expire_pending
+-- pending -> deleting for cards left unconfirmed past the TTL; the purge of deleted cards
+-- then removes their bytes and rows. A confirm that commits first wins: the re-checked
+-- status no longer matches, and the card is not touched.
+WITH due AS (
+    SELECT id FROM archive_files
+    WHERE status = 'pending'
+      AND created_at < now() - make_interval(secs => %(ttl_seconds)s::float8)
+    ORDER BY created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), expired AS (
+    UPDATE archive_files f
+    SET status = 'deleting', deleted_at = now(), updated_at = now()
+    FROM due d
+    WHERE f.id = d.id AND f.status = 'pending'
+    RETURNING f.id, f.attempts
+), logged AS (
+    INSERT INTO archive_events (file_id, kind, attempt, worker)
+    SELECT id, 'expired', attempts, %(worker)s FROM expired
+)
+SELECT id FROM expired;
+
+-- name: worker_demand
+-- Worker slots the queue could use right now: cards being processed plus cards claimable
+-- now (due queued rows and expired leases are both in these two sets). An autoscaler
+-- divides it by the slots of one worker to get the workers wanted (KEDA's postgresql
+-- trigger with targetQueryValue = slots per worker; deploy/kubernetes/worker.yaml runs
+-- this exact text). In-flight cards count, so the fleet does not shrink under running
+-- jobs. Counted through the two partial indexes and capped: past 100,000 every fleet is
+-- at its maximum anyway, and the count stays cheap under any backlog.
+SELECT count(*)::float8 AS demand FROM (
+    (SELECT 1 FROM archive_files WHERE status = 'processing' LIMIT 100000)
+    UNION ALL
+    (SELECT 1 FROM archive_files WHERE status = 'queued' AND available_at <= now()
+     LIMIT 100000)
+    LIMIT 100000) d;

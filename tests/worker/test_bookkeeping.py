@@ -38,6 +38,7 @@ async def test_reclaiming_its_own_card_runs_one_attempt_and_keeps_the_slots(
     worker = Worker(settings, queue, store, listen_conninfo=db_url, concurrency=2)
     for decoder in worker.idle_decoders:
         decoder.start()
+    completer = asyncio.create_task(worker.completer.run())
     try:
         worker._start(stale)
         worker._start(fresh)
@@ -53,5 +54,6 @@ async def test_reclaiming_its_own_card_runs_one_attempt_and_keeps_the_slots(
         kinds = [e["kind"] for e in await queue.events(fresh.file_id)]
         assert kinds == ["claimed", "claimed", "ready"]
     finally:
+        completer.cancel()
         for decoder in worker.idle_decoders:
             decoder.close()

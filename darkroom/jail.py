@@ -187,6 +187,25 @@ def _prctl(option: int, arg: int = 0) -> int:
     return int(result)
 
 
+_PR_SET_DUMPABLE, _PR_GET_DUMPABLE = 4, 3
+
+
+def shield_parent() -> bool:
+    """Make the calling worker non-dumpable; answers whether it now is.
+
+    For a child that shares the worker's uid and sees its `/proc` (no user namespace for
+    a mount namespace, say in a default container): a non-dumpable process's
+    `/proc/<pid>/environ`, `mem` and `maps` belong to root, so the child cannot read the
+    secrets there. ssh-agent does the same for its keys. The cost: the worker cannot be
+    attached to by a debugger of the same uid, nor dump core.
+    """
+    try:
+        _prctl(_PR_SET_DUMPABLE, 0)
+        return _prctl(_PR_GET_DUMPABLE) == 0
+    except OSError:
+        return False
+
+
 def enter_namespaces(jail: Jail) -> None:
     """Own network and mount namespaces. Must run while the process is single-threaded."""
     flags = _CLONE_NEWNET | _CLONE_NEWNS

@@ -61,7 +61,15 @@ from typing import IO, Any, BinaryIO
 
 from darkroom.derive import Derivative, Limits, check_size
 from darkroom.errors import DeriveError, ErrorCode
-from darkroom.jail import BY_DESIGN, PROTECTIONS, Jail, enter_namespaces, lock_down, per_job_cpu
+from darkroom.jail import (
+    BY_DESIGN,
+    PROTECTIONS,
+    Jail,
+    enter_namespaces,
+    lock_down,
+    per_job_cpu,
+    shield_parent,
+)
 
 log = logging.getLogger("darkroom.sandbox")
 
@@ -149,6 +157,7 @@ def child_environment(concurrency: int) -> dict[str, str]:
 
 def jail_log_fields(memory_mb: int = 1024) -> tuple[int, dict[str, Any]]:
     """The worker's one start-up line about the jail: log level and structured fields.
+    Call it from the worker process itself: it may make that process non-dumpable.
 
     One boolean field per protection, plus `inactive` naming each missing one and why.
     WARNING when a protection is missing for any reason but a by-design one.
@@ -159,6 +168,11 @@ def jail_log_fields(memory_mb: int = 1024) -> tuple[int, dict[str, Any]]:
     fields: dict[str, Any] = {f"jail_{name}": bool(active.get(name)) for name in PROTECTIONS}
     missing = [name for name in PROTECTIONS if not active.get(name)]
     fields["inactive"] = "; ".join(f"{name}: {reasons.get(name, 'unknown')}" for name in missing)
+    # A child with the worker's uid that can see the worker's /proc could read its
+    # environment and memory: then the worker itself becomes non-dumpable.
+    exposed = not active.get("mount_namespace_proc_hidden") and not active.get(
+        "unprivileged_uid")
+    fields["worker_not_dumpable"] = shield_parent() if exposed else False
     gaps = [name for name in missing if reasons.get(name) != BY_DESIGN.get(name)]
     return (logging.WARNING if gaps else logging.INFO), fields
 

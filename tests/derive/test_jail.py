@@ -343,3 +343,13 @@ def test_working_directory_of_a_killed_worker_is_removed_by_the_next(
     monkeypatch.setattr(sandbox, "_EMPTY_DIR", None)  # the atexit hook removes `fresh`
     fresh.rmdir()
     alive.rmdir()
+
+
+def test_an_exposed_worker_makes_itself_non_dumpable() -> None:
+    # Where the child would share the worker's uid and see its /proc, the worker's
+    # environ and mem become root's (checked here through the kernel's own answer).
+    code = ("import ctypes; from darkroom.jail import shield_parent; print(shield_parent(), "
+            "ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.split() == ["True", "0"]

@@ -202,8 +202,9 @@ def test_probes_ask_the_right_endpoints(docs: list[dict[str, Any]]) -> None:
     assert [p["containerPort"] for p in api["ports"]] == [int(port)]
     [worker] = containers(one(docs, "Deployment", "darkroom-worker"))
     metrics_port = worker["args"][worker["args"].index("--metrics-port") + 1]
-    assert f"127.0.0.1:{metrics_port}/metrics" in " ".join(
-        worker["livenessProbe"]["exec"]["command"])
+    assert worker["args"][worker["args"].index("--metrics-host") + 1] == "0.0.0.0"
+    assert worker["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert [p["containerPort"] for p in worker["ports"]] == [int(metrics_port)]
 
 
 def test_selectors_match_their_pods(docs: list[dict[str, Any]]) -> None:

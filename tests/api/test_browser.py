@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from tests.api.conftest import Api
-from tests.conftest import CORPUS
 from tests.support.cut_proxy import CutProxy
+from tests.support.services import CORPUS
 
 pytestmark = pytest.mark.browser
 

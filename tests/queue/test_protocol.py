@@ -14,7 +14,7 @@ import pytest
 from darkroom.db.queries import QUERIES
 from darkroom.errors import ErrorCode
 from darkroom.queue import ConfirmOutcome, Derived, LeaseLost, backoff_delay, derived_key
-from tests.conftest import make_queue
+from tests.support.services import make_queue
 
 
 async def new_queued(q: Any, n: int = 1, owner: str = "alice") -> list[uuid.UUID]:

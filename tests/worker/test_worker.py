@@ -11,8 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import CORPUS
-from tests.support.services import Harness, free_port, wait_for
+from tests.support.services import CORPUS, Harness, free_port, wait_for
 
 # A fleet of real processes: not in `make test-fast`.
 pytestmark = pytest.mark.fleet

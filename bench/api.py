@@ -57,7 +57,6 @@ from bench.cpu import TICK, machine, machine_ticks, process_ticks
 from bench.loadgen import ERRORS as LOAD_ERRORS
 from bench.loadgen import LoadClient
 from bench.markdown import targets_table
-from bench.net import free_port
 from bench.provenance import Source
 from bench.results import ApiResult, load, save
 from bench.runs import BY_NAME
@@ -69,6 +68,7 @@ from darkroom.db.migrations import migrate
 from darkroom.keys import create_key
 from darkroom.queue import ConfirmOutcome, Queue
 from darkroom.storage import open_store
+from tests.support.services import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT.parent / "shared" / "corpus"

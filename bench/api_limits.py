@@ -25,8 +25,8 @@ import httpx
 
 from bench.api import System
 from bench.loadgen import LoadClient
-from bench.net import free_port
 from darkroom.keys import create_key
+from tests.support.services import free_port
 
 
 def start(system: System, pythonpath: str | None, port: int, name: str

@@ -39,13 +39,13 @@ from typing import Any
 import httpx
 
 from bench.api import CORPUS, System, stop, tiny_jpeg
-from bench.net import free_port
 from bench.stats import percentile
 from darkroom.db.connection import open_pool
 from darkroom.keys import create_key
 from darkroom.queue import Queue
 from darkroom.storage import open_store
 from tests.support.seaweed import SeaweedServer
+from tests.support.services import free_port
 
 OWNER = "bench"
 

@@ -6,7 +6,9 @@
 Prints a Markdown table and writes bench/out/derive.json. Every figure is measured in the
 same run: the pipeline against its own components (decode+resize alone, encode alone),
 against Pillow doing the same job, two decoder processes against one, the child's peak
-RSS on a 17.9 MP JPEG, and the time to reject a decompression bomb.
+RSS on a 17.9 MP JPEG, and the time to reject a decompression bomb. The decoder jail
+(issue 12) is measured against the child without it ("today's child", `jail=False`):
+start-up to the first answer and per-image CPU, interleaved in the same run.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from tests.derive.images import png_header_only, png_zlib_bomb  # noqa: E402
 
 LIMITS = Limits()
 BIG_NAME = "Elephants_5640x3172.jpg"
-TARGETS = {"ratio": 0.90, "two_vs_one": 1.8, "rss_mb": 200.0, "bomb_ms": 50.0}
+TARGETS = {"ratio": 0.90, "two_vs_one": 1.8, "rss_mb": 200.0, "bomb_ms": 50.0,
+           "jail_ratio": 0.95}
 
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -286,6 +289,30 @@ def formats_section(paths: list[Path], rounds: int, out: Path) -> int:
     return 0
 
 
+def start_up_ms(rounds: int, tiny: bytes) -> dict[str, float]:
+    """Spawning a child until its first answer (a 64 px JPEG), jailed and not: wall time,
+    and the child's own CPU time, which unlike wall time does not move with outside load.
+
+    Alternated, so load from outside hits both alike; best and median of `rounds`.
+    """
+    samples: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for name, jail in (("jailed", True), ("unjailed", False)):
+            started = time.perf_counter()
+            with DecoderProcess(LIMITS, timeout=120.0, memory_mb=1024, jail=jail) as proc:
+                proc.derive(tiny)
+                wall = (time.perf_counter() - started) * 1000
+                cpu = child_cpu_seconds(proc.pid or 0) * 1000
+            samples.setdefault(f"{name}", []).append(wall)
+            samples.setdefault(f"{name}_cpu", []).append(cpu)
+    result: dict[str, float] = {}
+    for name, values in samples.items():
+        values.sort()
+        result[f"{name}_best"] = values[0]
+        result[f"{name}_median"] = values[len(values) // 2]
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", default=str(ROOT.parent / "shared" / "corpus"))
@@ -312,6 +339,11 @@ def main() -> int:
     one.derive(corpus[0])
     assert one.pid is not None
     child_pid = one.pid
+    # Today's child before issue 12: same process, same protocol, no jail.
+    bare = DecoderProcess(LIMITS, timeout=120.0, memory_mb=1024, jail=False)
+    bare.derive(corpus[0])
+    assert bare.pid is not None
+    bare_pid = bare.pid
 
     def each(fn: Callable[[Any], object], items: list[Any]) -> Callable[[], None]:
         return lambda: [fn(item) for item in items] and None
@@ -322,6 +354,9 @@ def main() -> int:
         "encode": Timing(each(encode, decoded), cpu),
         "pipeline_in_process": Timing(each(lambda d: derive(d, LIMITS), corpus), cpu),
         "pipeline_child": Timing(each(one.derive, corpus), lambda: child_cpu_seconds(child_pid)),
+        "pipeline_child_unjailed": Timing(
+            each(bare.derive, corpus), lambda: child_cpu_seconds(bare_pid)
+        ),
         "pillow": Timing(each(pillow_job, corpus), cpu),
         "pillow_encode": Timing(each(pillow_encode, decoded), cpu),
     }
@@ -335,6 +370,9 @@ def main() -> int:
     bomb_rejection_ms = bomb_ms(one, bomb, 5)
     header_rejection_ms = bomb_ms(one, png_header_only(100_000, 100_000), 5)
     one.close()
+    bare.close()
+    tiny_image = _vips().Image.black(64, 64, bands=3).jpegsave_buffer()
+    start_up = start_up_ms(max(rounds * 3, 9), tiny_image)
 
     with DecoderProcess(LIMITS, timeout=120.0, memory_mb=1024) as a, DecoderProcess(
         LIMITS, timeout=120.0, memory_mb=1024
@@ -365,6 +403,7 @@ def main() -> int:
     ips_wall = {name: n / timing.wall_s for name, timing in timings.items()}
     component_limit = n / (t_decode + t_encode)
     ratio = ips["pipeline_child"] / component_limit
+    unjailed_ratio = ips["pipeline_child_unjailed"] / component_limit
     two_vs_one = ips_two / ips_one
     result: dict[str, Any] = {
         "corpus": [p.name for p in paths],
@@ -376,6 +415,15 @@ def main() -> int:
         "pipeline_to_limit_ratio_wall": ips_wall["pipeline_child"]
         / (n / (timings["decode_resize"].wall_s + timings["encode"].wall_s)),
         "pipeline_in_process_to_limit_ratio": ips["pipeline_in_process"] / component_limit,
+        "pipeline_unjailed_to_limit_ratio": unjailed_ratio,
+        "jail": {
+            "start_up_ms": start_up,
+            "cpu_per_image_ms": {
+                "jailed": timings["pipeline_child"].cpu_s / n * 1000,
+                "unjailed": timings["pipeline_child_unjailed"].cpu_s / n * 1000,
+            },
+            "jailed_vs_unjailed": ips["pipeline_child"] / ips["pipeline_child_unjailed"],
+        },
         "pyvips_vs_pillow": ips["pipeline_child"] / ips["pillow"],
         "one_process_ips": ips_one,
         "two_processes_ips": ips_two,
@@ -417,6 +465,19 @@ def main() -> int:
             rate("pipeline_child"),
             f"{ratio:.0%} of limit (wall {result['pipeline_to_limit_ratio_wall']:.0%}); "
             f"target ≥ 90 %: {mark(ratio >= TARGETS['ratio'])}",
+        ),
+        (
+            "pipeline, child without the jail (before issue 12)",
+            rate("pipeline_child_unjailed"),
+            f"{unjailed_ratio:.0%} of limit; jailed/unjailed "
+            f"{result['jail']['jailed_vs_unjailed']:.1%}; jailed ≥ 95 % of limit: "
+            f"{mark(ratio >= TARGETS['jail_ratio'])}",
+        ),
+        (
+            "child start-up to first answer, jailed vs not",
+            f"{start_up['jailed_median']:.0f} vs {start_up['unjailed_median']:.0f} ms",
+            f"wall, median; child CPU {start_up['jailed_cpu_median']:.0f} vs "
+            f"{start_up['unjailed_cpu_median']:.0f} ms",
         ),
         ("Pillow, same job", rate("pillow"), f"pyvips {result['pyvips_vs_pillow']:.2f}× Pillow"),
         (

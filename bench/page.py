@@ -32,8 +32,8 @@ import psycopg
 from darkroom.db.connection import open_pool
 from darkroom.queue import Derived, Queue, derived_key
 from tests.api.conftest import start_api
-from tests.api.test_browser import CHROMIUM_ARGS, chromium_binary
-from tests.api.test_page_archive import FIRST_SCREEN_DONE, _fill
+from tests.support.archive import FIRST_SCREEN_DONE, fill
+from tests.support.browser import CHROMIUM_ARGS, chromium_binary
 from tests.support.postgres import TestPostgres
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,7 +139,7 @@ def main() -> int:
             tmp = Path(tempfile.mkdtemp(prefix="darkroom-bench-page-"))
             server, api = start_api(db_url, (tmp / "objects").as_uri(), tmp, "local")
             try:
-                asyncio.run(_fill(api, "archive"))
+                asyncio.run(fill(api.db_url, api.store, "archive"))
                 pages = page_rounds(api.url, api.make_key("archive"), args.rounds)
             finally:
                 server.stop()

@@ -196,6 +196,7 @@ def derive_section(src: Source, worker: Source | None) -> tuple[list[str], list[
     names = [("decode_resize", "decode + resize alone (pyvips)"),
              ("encode", "encode alone (WebP)"),
              ("pipeline_child", "pipeline, child process (production)"),
+             ("pipeline_child_unjailed", "pipeline, child without the jail (before issue 12)"),
              ("pipeline_in_process", "pipeline, in process"),
              ("pillow", "Pillow, same job"),
              ("pillow_encode", "encode alone, Pillow's libwebp")]
@@ -213,6 +214,20 @@ def derive_section(src: Source, worker: Source | None) -> tuple[list[str], list[
               table_line("reject a 30,000² zlib bomb",
                          f"{num(d.get('bomb_rejection_ms'), '.2f')} ms (100,000² PNG header: "
                          f"{num(d.get('header_100k_rejection_ms'), '.2f')} ms)")]
+    jail = d.get("jail") or {}
+    if jail:
+        up = jail.get("start_up_ms") or {}
+        cpu = jail.get("cpu_per_image_ms") or {}
+        lines += [table_line("decoder jail, child start-up to first answer (median)",
+                             f"{num(up.get('jailed_median'), '.0f')} ms jailed vs "
+                             f"{num(up.get('unjailed_median'), '.0f')} ms without, wall; "
+                             f"child CPU {num(up.get('jailed_cpu_median'), '.0f')} vs "
+                             f"{num(up.get('unjailed_cpu_median'), '.0f')} ms"),
+                  table_line("decoder jail, child CPU per image",
+                             f"{num(cpu.get('jailed'), '.1f')} ms jailed vs "
+                             f"{num(cpu.get('unjailed'), '.1f')} ms without "
+                             f"(jailed rate {num(jail.get('jailed_vs_unjailed'), '.1%')} "
+                             "of the unjailed)")]
     targets = []
     if "pipeline_child" in ips and limit:
         r = ips["pipeline_child"] / limit
@@ -221,6 +236,13 @@ def derive_section(src: Source, worker: Source | None) -> tuple[list[str], list[
                               f"{ips['pipeline_child']:.2f} / {limit:.2f} img/s per core = "
                               f"**{r:.0%}** (wall clock: {r_wall})",
                               r >= t["ratio"]))
+    if "pipeline_child" in ips and "pipeline_child_unjailed" in ips and limit:
+        r = ips["pipeline_child"] / limit
+        targets.append(Target(
+            f"jailed pipeline keeps ≥ {t['jail_ratio']:.0%} of the component limit",
+            f"{ips['pipeline_child']:.2f} / {limit:.2f} img/s per core = **{r:.0%}** "
+            f"(without the jail: {ips['pipeline_child_unjailed'] / limit:.0%})",
+            r >= t["jail_ratio"]))
     if d.get("two_processes_ips") and d.get("one_process_ips"):
         r = d["two_processes_ips"] / d["one_process_ips"]
         targets.append(Target(f"two processes ≥ {t['two_vs_one']}× one",

@@ -34,7 +34,6 @@ import psycopg
 from psycopg.rows import dict_row
 
 from bench.markdown import targets_table
-from bench.net import free_port
 from bench.provenance import Source
 from bench.results import SoakResult, SoakVerdict, save
 from bench.runs import BY_NAME
@@ -43,6 +42,7 @@ from bench.stats import percentile
 from darkroom.db import embedded
 from darkroom.db.migrations import migrate
 from darkroom.db.queries import QUERIES
+from tests.support.services import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out" / "soak.json"

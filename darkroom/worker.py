@@ -60,7 +60,7 @@ from darkroom.queue import (
     Queue,
     backoff_delay,
 )
-from darkroom.sandbox import DecoderProcess
+from darkroom.sandbox import DecoderProcess, jail_log_fields
 from darkroom.services import prepare
 from darkroom.storage import ObjectStore
 
@@ -471,6 +471,9 @@ async def run_worker(settings: Settings, *, concurrency: int, name: str,
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.request_stop)
     watcher = asyncio.create_task(_stop_when(stop, worker)) if stop else None
+    # Once, at start: exactly which of the decoder jail's protections this host allows.
+    level, fields = await asyncio.to_thread(jail_log_fields, settings.derive_memory_mb)
+    log.log(level, "decoder jail", extra={"worker": name, **fields})
     ticking = asyncio.create_task(pulse.run(), name="pulse") if pulse else None
     log.info("worker started", extra={"worker": name, "slots": concurrency})
     try:

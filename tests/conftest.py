@@ -1,17 +1,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from darkroom.db.connection import open_pool
-from darkroom.queue import Queue
 from tests.support.postgres import TestPostgres
 from tests.support.seaweed import SeaweedServer
-
-CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
+from tests.support.services import CORPUS, make_queue  # noqa: F401 - for fixtures
 
 
 @pytest.fixture(scope="session")
@@ -34,14 +31,6 @@ def empty_db_url(postgres: TestPostgres) -> Iterator[str]:
     with postgres.database(migrated=False) as url:
         yield url
 
-
-def make_queue(pool: Any, **overrides: Any) -> Queue:
-    options: dict[str, Any] = {
-        "lease_seconds": 30.0, "max_attempts": 3,
-        "retry_base_seconds": 0.0, "retry_cap_seconds": 0.0, "worker": "test",
-    }
-    options.update(overrides)
-    return Queue(pool, **options)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CORPUS
+from tests.support.services import CORPUS
 
 STATS_KEYS = {"counts", "oldest_claimable_age_seconds", "expired_leases", "rejected_share_1h",
               "rejected_share_24h", "completed_last_minute", "lease_lost_total"}

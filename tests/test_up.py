@@ -13,8 +13,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.conftest import CORPUS
-from tests.support.services import free_port, wait_for
+from tests.support.services import CORPUS, free_port, wait_for
 
 # A fleet of real processes: not in `make test-fast`.
 pytestmark = pytest.mark.fleet

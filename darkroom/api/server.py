@@ -27,6 +27,9 @@ from darkroom.api.problems import PROBLEM_MEDIA_TYPE, problem_body
 # The request line plus every header, in bytes. Browsers send a few KiB at most; large
 # cookies are the usual reason for more, and this API sets none.
 MAX_HEADER_BYTES = 16 * 1024
+# An answer that comes before a body of at most this size has arrived reads the rest of
+# it as usual (the connection stays usable); a larger one is drained unparsed.
+SMALL_BODY_BYTES = 64 * 1024
 # After an answer, an idle keep-alive connection is closed this soon.
 KEEP_ALIVE_SECONDS = 5
 
@@ -71,6 +74,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._read_timer: asyncio.TimerHandle | None = None
         self._in_body = False
         self._lingering = False
+        self._declared_length: int | None = None
 
     # --- timers ---------------------------------------------------------------------
 
@@ -117,6 +121,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         self._head_bytes = 0
         self._in_body = False
+        self._declared_length = None
         if self._read_timer is None:  # a keep-alive connection's next request begins
             self._arm()
         super().on_message_begin()
@@ -133,6 +138,8 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count(len(name) + len(value) + 4)
+        if name.lower() == b"content-length" and value.strip().isdigit():
+            self._declared_length = int(value)
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
@@ -155,6 +162,13 @@ class GuardedProtocol(HttpToolsProtocol):
         answered_early = self._in_body
         super().on_response_complete()
         self._disarm()  # idle now, or lingering: uvicorn's keep-alive timer takes over
+        small = (self._declared_length is not None
+                 and self._declared_length <= SMALL_BODY_BYTES)
+        if answered_early and small:
+            # A small body still on its way (a client sends its head and its body in two
+            # writes): read it to its end as usual, so the connection stays good for the
+            # client's next request; the read timer still bounds the wait for it.
+            return
         if answered_early and not self.transport.is_closing():
             # Answered before the request's body was read (413, 401, ...). Closing now,
             # with the client still sending, would make the kernel reset the connection,

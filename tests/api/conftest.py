@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,14 +25,9 @@ from darkroom.config import Settings, load_settings
 from darkroom.keys import create_key
 from darkroom.storage import ObjectStore, open_store
 from tests.support.seaweed import SeaweedServer
+from tests.support.services import free_port
 
 MAX_UPLOAD = 200_000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ServerThread:

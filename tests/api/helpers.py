@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import httpx
+from PIL import Image
 
 from darkroom.config import Settings
 from darkroom.db.connection import open_pool
@@ -111,3 +113,36 @@ def poll(check: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05
         if time.monotonic() > deadline:
             raise AssertionError("condition not met before the deadline")
         time.sleep(interval)
+
+PROBLEM = "application/problem+json"
+
+
+def assert_problem(r: httpx.Response, status: int, slug: str | None = None) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith(PROBLEM)
+    body = r.json()
+    assert body["status"] == status
+    assert isinstance(body["title"], str) and body["title"]
+    assert body["type"].startswith("https://darkroom.dev/problems/")
+    if slug:
+        assert body["type"].endswith("/" + slug)
+    # Never a path, a URL, SQL or a traceback in an error.
+    text = r.text
+    for leak in (
+        "/tmp",
+        "file://",
+        "s3://",
+        "http://",
+        "Traceback",
+        "SELECT",
+        "psycopg",
+        "archive_files",
+    ):
+        assert leak not in text, (leak, text)
+    return dict(body)
+
+
+def image_bytes(fmt: str, size: tuple[int, int] = (40, 30)) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", size, (200, 120, 40)).save(out, format=fmt)
+    return out.getvalue()

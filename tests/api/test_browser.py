@@ -4,9 +4,7 @@ become ready with its preview and the other rejected in words, delete one."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,35 +13,14 @@ import httpx
 import pytest
 
 from tests.api.conftest import Api
-from tests.conftest import CORPUS
+from tests.support.browser import CHROMIUM_ARGS, chromium_binary
 from tests.support.cut_proxy import CutProxy
+from tests.support.services import CORPUS
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SCREENSHOT = Path("/tmp/darkroom-page.png")
 PHOTO = CORPUS / "Dune.jpg"
-
-
-def chromium_binary() -> str | None:
-    for candidate in (
-        os.environ.get("DARKROOM_CHROMIUM"),
-        "/usr/bin/chromium",
-        shutil.which("chromium"),
-        shutil.which("chromium-browser"),
-    ):
-        if candidate and Path(candidate).is_file():
-            return candidate
-    return None
 
 
 def test_upload_watch_view_and_delete(

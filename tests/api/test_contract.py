@@ -11,35 +11,18 @@ from typing import Any
 import httpx
 
 from tests.api.conftest import MAX_UPLOAD, Api
-from tests.api.helpers import JPEG, confirmed, create, make_ready, put_original, upload
+from tests.api.helpers import (
+    JPEG,
+    assert_problem,
+    confirmed,
+    create,
+    make_ready,
+    put_original,
+    upload,
+)
 
-PROBLEM = "application/problem+json"
 WEBP = b"RIFF\x1a\x00\x00\x00WEBPVP8L" + b"\x01" * 14
 
-
-def assert_problem(r: httpx.Response, status: int, slug: str | None = None) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    assert r.headers["content-type"].startswith(PROBLEM)
-    body = r.json()
-    assert body["status"] == status
-    assert isinstance(body["title"], str) and body["title"]
-    assert body["type"].startswith("https://darkroom.dev/problems/")
-    if slug:
-        assert body["type"].endswith("/" + slug)
-    # Never a path, a URL, SQL or a traceback in an error.
-    text = r.text
-    for leak in (
-        "/tmp",
-        "file://",
-        "s3://",
-        "http://",
-        "Traceback",
-        "SELECT",
-        "psycopg",
-        "archive_files",
-    ):
-        assert leak not in text, (leak, text)
-    return dict(body)
 
 
 # --- the happy path ----------------------------------------------------------------------

@@ -13,8 +13,7 @@ from typing import Any
 import httpx
 
 from tests.api.conftest import Api, start_api
-from tests.api.helpers import JPEG, confirmed, make_ready, upload
-from tests.api.test_contract import assert_problem
+from tests.api.helpers import JPEG, assert_problem, confirmed, make_ready, upload
 
 WEBP = b"RIFF\x1a\x00\x00\x00WEBPVP8L" + b"\x01" * 14
 

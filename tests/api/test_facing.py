@@ -20,9 +20,9 @@ import pytest
 
 from darkroom.config import load_settings
 from darkroom.storage import LocalStore, open_store
-from tests.api.conftest import _storage_url, free_port, start_api
+from tests.api.conftest import _storage_url, start_api
 from tests.api.helpers import JPEG, create, put_original, upload
-from tests.support.services import DarkroomProcess, Harness, wait_for
+from tests.support.services import DarkroomProcess, Harness, free_port, wait_for
 
 PROBLEM = "application/problem+json"
 
@@ -492,7 +492,7 @@ def test_import_follows_relative_upload_urls(
     """Without DARKROOM_PUBLIC_URL the local store's upload URL is relative; `darkroom
     import` resolves it against the API's URL it was given."""
     from darkroom.importer import main as import_main
-    from tests.api.test_importer import image_bytes
+    from tests.api.helpers import image_bytes
 
     server, api = start_api(db_url, _storage_url("local", tmp_path, request, monkeypatch),
                             tmp_path, "local")

@@ -18,13 +18,8 @@ from darkroom.cli import main as cli_main
 from darkroom.config import load_settings
 from darkroom.importer import Bar, find_images, main, sniff
 from tests.api.conftest import Api
+from tests.api.helpers import image_bytes
 from tests.support.services import wait_for
-
-
-def image_bytes(fmt: str, size: tuple[int, int] = (40, 30)) -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", size, (200, 120, 40)).save(out, format=fmt)
-    return out.getvalue()
 
 
 def make_tree(root: Path) -> None:

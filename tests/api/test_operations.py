@@ -19,9 +19,9 @@ import pytest
 from darkroom.errors import StorageUnavailable
 from darkroom.keys import hash_key
 from darkroom.storage import LocalStore, ObjectStore
-from tests.api.conftest import Api, free_port, start_api
-from tests.api.helpers import JPEG, create, poll, upload
-from tests.api.test_contract import assert_problem
+from tests.api.conftest import Api, start_api
+from tests.api.helpers import JPEG, assert_problem, create, poll, upload
+from tests.support.services import free_port
 
 
 class FaultyStore:

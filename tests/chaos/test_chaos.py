@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import run
+from tests.support.chaos import run
 
 # A fleet of real processes: not in `make test-fast`.
 pytestmark = pytest.mark.fleet

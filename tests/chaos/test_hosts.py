@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.hosts import LEASE, Network, run
+from tests.support.hosts import LEASE, Network, run
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from darkroom.db.queries import QUERIES
 from darkroom.errors import ErrorCode
 from darkroom.queue import ConfirmOutcome, Derived, derived_key
 from darkroom.stats import worker_demand
-from tests.conftest import make_queue
+from tests.support.services import make_queue
 
 ROOT = Path(__file__).resolve().parents[2]
 KUSTOMIZATION = ROOT / "deploy" / "kubernetes"

@@ -2,8 +2,8 @@
 
 Tests that need a job to be *in flight* use the child's test hook: with
 DARKROOM_SANDBOX_TEST_HANG naming a FIFO, the child writes one byte to it when a job
-arrives and then hangs. Opening the FIFO for reading blocks until that moment, so no test
-sleeps or polls to wait for the child.
+arrives and then hangs. Reading the FIFO blocks until that moment, so no test sleeps or
+polls to wait for the child.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from darkroom.queue import (
     derived_key,
     thumb_key,
 )
-from tests.conftest import make_queue
+from tests.support.services import make_queue
 
 
 async def new_queued(q: Any, n: int = 1, owner: str = "alice") -> list[uuid.UUID]:

@@ -26,6 +26,10 @@ from darkroom.storage import ObjectStore
 
 T = TypeVar("T")
 
+# Real photographs (shared/corpus, beside the repository).
+CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
+
+
 
 def free_port() -> int:
     """A TCP port on loopback that nothing listens on right now."""
@@ -38,8 +42,7 @@ def small_photos(count: int) -> list[bytes]:
     """`count` distinct small JPEGs cut from the corpus: real photographs, quick to derive."""
     import pyvips
 
-    corpus = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
-    sources = sorted(corpus.glob("*.jpg"))
+    sources = sorted(CORPUS.glob("*.jpg"))
     out = []
     for i in range(count):
         image = pyvips.Image.thumbnail(str(sources[i % len(sources)]), 96 + i % 97)
@@ -257,3 +260,11 @@ class Harness:
         return sorted(f"{o.key}@{o.version}" for prefix in
                       (f"originals/{file_id}", f"derived/{file_id}/")
                       for o in self.store.list(prefix))
+
+def make_queue(pool: Any, **overrides: Any) -> Queue:
+    options: dict[str, Any] = {
+        "lease_seconds": 30.0, "max_attempts": 3,
+        "retry_base_seconds": 0.0, "retry_cap_seconds": 0.0, "worker": "test",
+    }
+    options.update(overrides)
+    return Queue(pool, **options)

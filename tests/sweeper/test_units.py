@@ -23,9 +23,8 @@ from darkroom.sweeper import (
     Sweeper,
     run_unit,
 )
-from tests.conftest import make_queue
 from tests.support.faults import FaultProxy
-from tests.support.services import wait_for
+from tests.support.services import make_queue, wait_for
 
 
 class RefusingStore:

@@ -11,7 +11,7 @@ import psycopg
 
 from darkroom.completer import Completer, running
 from darkroom.queue import Derived, Lease, derived_key
-from tests.conftest import make_queue
+from tests.support.services import make_queue
 
 
 async def new_queued(q: Any, n: int) -> None:

@@ -11,9 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import CORPUS
 from tests.derive import images as im
-from tests.support.services import Harness, free_port, wait_for
+from tests.support.services import CORPUS, Harness, free_port, wait_for
 
 # A fleet of real processes: not in `make test-fast`.
 pytestmark = pytest.mark.fleet
@@ -205,3 +204,31 @@ def test_outages_postgres_restart_and_frozen_s3(harness: Harness, postgres: obje
     assert all(e["error_code"] == "storage_unavailable" for e in harness.events(kind="deferred"))
     for file_id in ids:
         harness.assert_published_once(file_id)
+
+
+@pytest.mark.parametrize("attack", ["environ", "exec"])
+def test_compromised_decoder_is_an_ordinary_failure_and_the_jail_is_logged_once(
+        harness: Harness, attack: str) -> None:
+    """A decoder that tries to steal secrets or run a shell fails the file, not the worker."""
+    ids = [harness.upload(photo(i)) for i in range(2)]
+    w = harness.worker(concurrency=1, sandbox_test_hostile=attack)
+    wait_for(lambda: harness.all_finished(ids), timeout=120, what="hostile files finished")
+    assert harness.statuses(ids) == {"rejected": 2}
+    assert {harness.card(i)["error_code"] for i in ids} == {"processing_failed"}
+    assert w.proc.poll() is None  # the worker itself carries on
+    log = w.log()
+    for name in ("DARKROOM_DATABASE_URL", "AWS_SECRET_ACCESS_KEY"):
+        secret = harness.env.get(name)
+        if secret:
+            assert secret not in log
+    entries = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    jail = [entry for entry in entries if entry["msg"] == "decoder jail"]
+    assert len(jail) == 1
+    assert jail[0]["jail_seccomp"] is True and jail[0]["jail_no_new_privs"] is True
+    assert jail[0]["jail_empty_environment"] is True
+    failed = [entry for entry in entries if entry["msg"] == "attempt failed"]
+    assert len(failed) == 2
+    if attack == "exec":
+        assert all("SIGSYS" in entry["detail"] for entry in failed)
+    else:
+        assert all("parent environ: refused" in entry["detail"] for entry in failed)

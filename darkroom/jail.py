@@ -1,0 +1,367 @@
+"""The decoder jail: what the decoder child gives up before it reads its first image.
+
+`darkroom.sandbox` makes the child a crash boundary; this module makes it a jail, so that
+a memory-safety bug in a decoder (libwebp's CVE-2023-4863 was one) hands an attacker a
+process that holds no secret and can reach nothing. Layers, in the order the child
+applies them (`docs/SECURITY.md` says what each stops and what it does not):
+
+1. Started by the parent with an empty environment, an empty working directory it may
+   not write, and no descriptor but its three pipes (`DecoderProcess._spawn`).
+2. `enter_namespaces()`, first thing, while the child is single-threaded: its own network
+   namespace (no interface but a down loopback) and mount namespace — directly as root,
+   through a user namespace otherwise.
+3. The child imports Python modules and initialises libvips: everything that reads files
+   happens here, before the doors close.
+4. `lock_down()`: `/proc` is covered by an empty read-only tmpfs (other processes'
+   `environ` and `mem` disappear), root drops to `nobody`, the resource limits are set,
+   `PR_SET_NO_NEW_PRIVS`, and finally the seccomp allow-list (`SYSCALLS`) for every
+   thread at once (TSYNC).
+
+Where the kernel refuses a layer (no user namespaces, no seccomp, libseccomp missing) the
+child goes on with the others; `Jail.report` says exactly which are active, and the worker
+logs it once at start (`darkroom.sandbox.probe_jail`).
+
+The seccomp filter uses libseccomp through `pyseccomp`, never hand-written BPF. Anything
+not on the allow-list fails with EPERM, so a library that merely probes for a feature goes
+on and the child still answers; the calls only an exploit makes (execve, ptrace, reading
+another process's memory) kill the child outright with SIGSYS.
+
+Adding a decoder (HEIC, AVIF, TIFF): load its library and plugins before `lock_down()`
+(in `sandbox._child_main`, beside `_vips()`), then run its test corpus through the jailed
+child; a syscall it still needs at decode time goes into `SYSCALLS` under a group named
+for the reason, never into the default action.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import resource
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Imported now: once the child drops to nobody it may not read the interpreter's files
+# (a Python under /root, say), so nothing may be imported late.
+try:
+    import pyseccomp
+except (ImportError, OSError, RuntimeError) as exc:  # libseccomp.so.2 missing
+    pyseccomp = None
+    _SECCOMP_MISSING = f"libseccomp unavailable: {exc}"
+
+# Every protection, by the name the worker's log line and docs/SECURITY.md use.
+PROTECTIONS = (
+    "empty_environment",
+    "empty_working_directory",
+    "pipes_only",
+    "network_namespace",
+    "mount_namespace_proc_hidden",
+    "user_namespace",
+    "unprivileged_uid",
+    "rlimits",
+    "no_new_privs",
+    "seccomp",
+)
+
+# Inactive by design, not a gap: root needs no user namespace, others keep their uid.
+BY_DESIGN = {
+    "user_namespace": "not needed: started as root",
+    "unprivileged_uid": "not root: keeps the worker's own uid",
+}
+# The uid and gid a child started as root runs as.
+NOBODY = 65534
+# Descriptors: the child needs its pipes and the files Python may read for a traceback.
+_FD_LIMIT = 64
+# RLIMIT_NPROC counts every task of the uid, and the children of all slots (of every
+# worker on the host) share `nobody`: a sibling started later must not leave this child
+# unable to start the libvips threads it needs. fork is refused by seccomp anyway; this
+# bounds a thread bomb (so does RLIMIT_AS: every thread reserves a stack).
+_THREAD_HEADROOM = 256
+
+# Linux ABI numbers Python's os module does not export on 3.11.
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWNET = 0x40000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REC, _MS_PRIVATE = 0x4000, 1 << 18
+_PR_SET_NAME, _PR_GET_NAME = 15, 16
+_PR_SET_NO_NEW_PRIVS, _PR_GET_NO_NEW_PRIVS = 38, 39
+_CLONE_THREAD = 0x00010000
+_O_TMPFILE_BIT = getattr(os, "O_TMPFILE", 0o20200000) & ~os.O_DIRECTORY
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND | _O_TMPFILE_BIT
+
+# The seccomp allow-list, one group per reason. Calls with argument conditions (opening
+# files, clone, signals, prctl, prlimit) are added in `_seccomp_filter`.
+SYSCALLS: dict[str, tuple[str, ...]] = {
+    # The allocator and libvips' tile caches.
+    "memory": ("brk", "mmap", "munmap", "mremap", "mprotect", "madvise", "membarrier"),
+    # libvips' worker threads and Python's GIL; new threads only (see clone below).
+    "threads": (
+        "futex", "futex_waitv", "set_robust_list", "get_robust_list", "rseq",
+        "set_tid_address", "gettid", "sched_yield", "sched_getaffinity", "exit",
+        "exit_group", "restart_syscall",
+    ),
+    "signals": (
+        "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "sigaltstack", "rt_sigsuspend",
+        "pause",
+    ),
+    "time": (
+        "clock_gettime", "clock_getres", "clock_nanosleep", "nanosleep", "gettimeofday",
+        "time", "getrusage", "times",
+    ),
+    # The request and response pipes, stderr, and files already open read-only.
+    "descriptors": (
+        "read", "readv", "pread64", "preadv", "preadv2", "write", "writev", "close",
+        "fstat", "lseek", "fcntl", "dup", "dup2", "dup3", "poll", "ppoll", "select",
+        "pselect6",
+    ),
+    # Python's lazy imports and error formatting read source files; nothing may write.
+    "read_only_files": (
+        "stat", "lstat", "newfstatat", "statx", "access", "faccessat", "faccessat2",
+        "readlink", "readlinkat", "getcwd", "getdents64",
+    ),
+    "identity": (
+        "getpid", "getppid", "getuid", "geteuid", "getgid", "getegid", "getresuid",
+        "getresgid", "getgroups", "uname", "getrandom", "sysinfo", "getpriority",
+        "getrlimit",
+    ),
+}
+# Only an exploit makes these: the child dies with SIGSYS instead of getting an error.
+KILLED: tuple[str, ...] = (
+    "execve", "execveat", "ptrace", "process_vm_readv", "process_vm_writev",
+)
+
+
+@dataclass
+class Jail:
+    """What the child has applied so far: protection name → active, and why not."""
+
+    active: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(PROTECTIONS, False))
+    reasons: dict[str, str] = field(default_factory=dict)
+    # A private mount namespace is ready for the /proc cover, laid in `lock_down()`.
+    private_mounts: bool = False
+
+    def on(self, name: str) -> None:
+        self.active[name] = True
+        self.reasons.pop(name, None)
+
+    def off(self, name: str, why: str | BaseException) -> None:
+        self.active[name] = False
+        if isinstance(why, OSError) and why.errno is not None:
+            why = errno.errorcode.get(why.errno, str(why.errno))
+        self.reasons[name] = str(why)[:200]
+
+    @property
+    def report(self) -> dict[str, Any]:
+        return {"active": dict(self.active), "inactive_reasons": dict(self.reasons)}
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int) -> None:
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def _unshare(flags: int) -> None:
+    _check(_libc.unshare(ctypes.c_int(flags)))
+
+
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+    _check(_libc.mount(
+        source.encode(), target.encode(), fstype.encode() if fstype else None,
+        ctypes.c_ulong(flags), data.encode() if data else None,
+    ))
+
+
+def _prctl(option: int, arg: int = 0) -> int:
+    result = _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), ctypes.c_ulong(0),
+                         ctypes.c_ulong(0), ctypes.c_ulong(0))
+    if result < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return int(result)
+
+
+_PR_SET_DUMPABLE, _PR_GET_DUMPABLE = 4, 3
+
+
+def shield_parent() -> bool:
+    """Make the calling worker non-dumpable; answers whether it now is.
+
+    For a child that shares the worker's uid and sees its `/proc` (no user namespace for
+    a mount namespace, say in a default container): a non-dumpable process's
+    `/proc/<pid>/environ`, `mem` and `maps` belong to root, so the child cannot read the
+    secrets there. ssh-agent does the same for its keys. The cost: the worker cannot be
+    attached to by a debugger of the same uid, nor dump core.
+    """
+    try:
+        _prctl(_PR_SET_DUMPABLE, 0)
+        return _prctl(_PR_GET_DUMPABLE) == 0
+    except OSError:
+        return False
+
+
+def enter_namespaces(jail: Jail) -> None:
+    """Own network and mount namespaces. Must run while the process is single-threaded."""
+    flags = _CLONE_NEWNET | _CLONE_NEWNS
+    if os.geteuid() == 0:
+        jail.off("user_namespace", BY_DESIGN["user_namespace"])
+    else:
+        uid, gid = os.getuid(), os.getgid()
+        try:
+            _unshare(_CLONE_NEWUSER | flags)
+            # Map our own ids only, so files look the same from inside.
+            Path("/proc/self/setgroups").write_text("deny")
+            Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
+            Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
+        except OSError as exc:
+            jail.off("user_namespace", exc)
+            jail.off("network_namespace", "needs root or a user namespace")
+            jail.off("mount_namespace_proc_hidden", "needs root or a user namespace")
+            return
+        jail.on("user_namespace")
+        jail.on("network_namespace")
+        _private_mounts(jail)
+        return
+    try:
+        _unshare(_CLONE_NEWNET)
+        jail.on("network_namespace")
+    except OSError as exc:
+        jail.off("network_namespace", exc)
+    try:
+        _unshare(_CLONE_NEWNS)
+    except OSError as exc:
+        jail.off("mount_namespace_proc_hidden", exc)
+        return
+    _private_mounts(jail)
+
+
+def _private_mounts(jail: Jail) -> None:
+    # Without this a shared root would carry our /proc cover to the host.
+    try:
+        _mount("none", "/", None, _MS_REC | _MS_PRIVATE, None)
+    except OSError as exc:
+        jail.off("mount_namespace_proc_hidden", exc)
+    else:
+        jail.private_mounts = True
+
+
+def _own_uid_tasks(uid: int) -> int:
+    """Processes and threads whose owner is `uid`: RLIMIT_NPROC counts them all."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if entry.stat().st_uid == uid:
+                    count += max(1, os.stat(f"/proc/{entry.name}/task").st_nlink - 2)
+    return count
+
+
+def lock_down(jail: Jail, *, cpu_seconds: int, cpu_lifetime_seconds: int,
+              threads: int, extra_fds: tuple[int, ...] = ()) -> None:
+    """Close every door. Call after all imports and library initialisation."""
+    run_as = NOBODY if os.geteuid() == 0 else os.getuid()
+    tasks = _own_uid_tasks(run_as) + len(os.listdir("/proc/self/task"))
+    if jail.private_mounts:
+        try:
+            _mount("none", "/proc", "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                   "size=4k,nr_inodes=1,mode=555")
+            jail.on("mount_namespace_proc_hidden")
+        except OSError as exc:
+            jail.off("mount_namespace_proc_hidden", exc)
+    if os.geteuid() == 0:
+        try:
+            os.setgroups([])
+            os.setresgid(NOBODY, NOBODY, NOBODY)
+            os.setresuid(NOBODY, NOBODY, NOBODY)
+            jail.on("unprivileged_uid")
+        except OSError as exc:
+            jail.off("unprivileged_uid", exc)
+    else:
+        jail.off("unprivileged_uid", BY_DESIGN["unprivileged_uid"])
+    _set_limits(jail, cpu_seconds, cpu_lifetime_seconds, tasks + threads + _THREAD_HEADROOM,
+                extra_fds)
+    try:
+        _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+        jail.on("no_new_privs")
+    except OSError as exc:
+        jail.off("no_new_privs", exc)
+    if pyseccomp is None:
+        jail.off("seccomp", _SECCOMP_MISSING)
+        return
+    try:
+        _seccomp_filter().load()
+        jail.on("seccomp")
+    except (OSError, RuntimeError) as exc:  # the kernel refused the filter
+        jail.off("seccomp", exc)
+
+
+def _set_limits(jail: Jail, cpu_seconds: int, cpu_lifetime_seconds: int, nproc: int,
+                extra_fds: tuple[int, ...]) -> None:
+    used = int(sum(os.times()[:2]))
+    highest_fd = max((2, *extra_fds))
+    try:
+        # CPU: the hard limit bounds the child's life (the parent replaces it before it
+        # gets there); the soft one is moved before each job by `per_job_cpu`.
+        resource.setrlimit(resource.RLIMIT_CPU,
+                           (used + cpu_seconds, used + cpu_lifetime_seconds + cpu_seconds))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+        nofile = max(_FD_LIMIT, highest_fd + 8)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        jail.on("rlimits")
+    except (OSError, ValueError) as exc:
+        jail.off("rlimits", exc)
+
+
+def per_job_cpu(cpu_seconds: int) -> None:
+    """Give the next job `cpu_seconds` of CPU (soft RLIMIT_CPU; SIGXCPU past it)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = int(sum(os.times()[:2])) + cpu_seconds
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    with contextlib.suppress(OSError, ValueError):
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def _seccomp_filter() -> Any:
+    sc = pyseccomp
+    syscall_filter = sc.SyscallFilter(sc.ERRNO(errno.EPERM))
+    # Every thread, including libvips' and the parent watcher already running.
+    syscall_filter.set_attr(sc.Attr.CTL_TSYNC, 1)
+
+    def add(action: int, name: str, *args: Any) -> None:
+        if sc.resolve_syscall(sc.Arch.NATIVE, name) < 0:
+            return  # not a syscall on this architecture (dup2 on arm64, say)
+        syscall_filter.add_rule(action, name, *args)
+
+    for names in SYSCALLS.values():
+        for name in names:
+            add(sc.ALLOW, name)
+    for name in KILLED:
+        add(sc.KILL_PROCESS, name)
+    # Files: read-only opens only. openat2 hides its flags in a struct seccomp cannot
+    # read, so it answers ENOSYS and glibc falls back to openat.
+    read_only = sc.Arg(1, sc.MASKED_EQ, _WRITE_FLAGS, 0)
+    add(sc.ALLOW, "open", read_only)
+    add(sc.ALLOW, "openat", sc.Arg(2, sc.MASKED_EQ, _WRITE_FLAGS, 0))
+    add(sc.ERRNO(errno.ENOSYS), "openat2")
+    # Threads but no processes: clone must carry CLONE_THREAD (fork and vfork are
+    # EPERM). clone3's flags are in a struct too; ENOSYS makes glibc use clone.
+    add(sc.ALLOW, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, _CLONE_THREAD))
+    add(sc.ERRNO(errno.ENOSYS), "clone3")
+    # Signals to itself only (abort, Python's signal handling), never to a neighbour.
+    pid = os.getpid()
+    for name in ("kill", "tgkill"):
+        add(sc.ALLOW, name, sc.Arg(0, sc.EQ, pid))
+    # Thread names (glib names libvips' workers) and its own resource limits only.
+    for option in (_PR_SET_NAME, _PR_GET_NAME, _PR_GET_NO_NEW_PRIVS):
+        add(sc.ALLOW, "prctl", sc.Arg(0, sc.EQ, option))
+    add(sc.ALLOW, "prlimit64", sc.Arg(0, sc.EQ, 0))
+    return syscall_filter

@@ -221,6 +221,16 @@ def _open_heic(vips: Any, data: bytes, limits: Limits) -> Any:
     return image
 
 
+def warm_up() -> None:
+    """Load libvips and thumbhash before the first job, outside its time limit.
+
+    pillow-heif is left to the first HEIC: its libheif, libde265 and x265 mappings would
+    count against every child's address-space limit, HEIC or not.
+    """
+    _vips()
+    import fast_thumbhash  # noqa: F401 - loaded for its side effect only
+
+
 def _load_header(vips: Any, kind: str, data: bytes, jpeg_shrink: int = 1) -> Any:
     """Open with the sniffed format's own loader; libvips reads only the header here."""
     common: dict[str, Any] = {"access": "sequential", "fail_on": "error"}

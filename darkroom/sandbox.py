@@ -628,9 +628,10 @@ def _child_main(memory_mb: int, nice: int = 0, concurrency: int = 1, cpu_seconds
     )
 
     if not probe:
-        from darkroom.derive import _vips, derive
+        from darkroom.derive import derive, warm_up
 
-        _vips()  # pay for libvips before the first job, not inside its time limit
+        # Pay for libvips and thumbhash before the first job, not inside its time limit.
+        warm_up()
     hang = bool(os.environ.get(TEST_HANG_ENV))
     hang_fd = None
     if hang and _is_fifo(os.environ[TEST_HANG_ENV]):

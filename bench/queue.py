@@ -86,6 +86,11 @@ class Plan:
 
 FULL = Plan(jobs=20_000, slow_jobs=4_000, repeats=5, finished_rows=1_000_000,
             queued_rows=20_000, claims=300, latency_seconds=10.0, backlog_rows=200_000)
+# A short check of the throughput target after a protocol change (`--short --only
+# darkroom,pgqueuer --skip latency,claim`): fewer jobs and worker counts, same repeats.
+SHORT = Plan(jobs=10_000, slow_jobs=1_000, repeats=3, finished_rows=1_000_000,
+             queued_rows=20_000, claims=300, latency_seconds=10.0, backlog_rows=200_000,
+             workers=(1, 4))
 # Spawning 16 workers costs seconds on 2 cores; the smoke test stops at 4.
 QUICK = Plan(jobs=2_000, slow_jobs=300, repeats=1, finished_rows=100_000,
              queued_rows=2_000, claims=40, latency_seconds=2.0, backlog_rows=20_000,
@@ -1023,6 +1028,8 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, < 1 minute")
+    parser.add_argument("--short", action="store_true",
+                        help="10,000 jobs, 1 and 4 workers, 3 repeats (a quick target check)")
     parser.add_argument("--database-url", help="a PostgreSQL server to use (a superuser "
                         "URL: a database per system is created on it)")
     parser.add_argument("--only", help="comma-separated systems for the throughput part")
@@ -1030,7 +1037,7 @@ def main() -> None:
                         "throughput,latency,claim")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    plan = QUICK if args.quick else FULL
+    plan = QUICK if args.quick else SHORT if args.short else FULL
     skip = set(filter(None, args.skip.split(",")))
     only = set(args.only.split(",")) if args.only else None
 

@@ -73,6 +73,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return main(_settings(args), once=args.once)
 
 
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    from darkroom.sweeper import reconcile_main
+
+    return reconcile_main(_settings(args), dry_run=args.dry_run)
+
+
 def cmd_api(args: argparse.Namespace) -> int:
     from darkroom.api.app import serve
 
@@ -129,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("sweep", cmd_sweep, "delete orphaned objects and purge deleted files")
     p.add_argument("--once", action="store_true", help="one pass, then exit")
+
+    p = add("reconcile", cmd_reconcile,
+            "delete stored objects that no card or orphan record accounts for")
+    p.add_argument("--dry-run", action="store_true", help="list them; delete nothing")
 
     p = add("stats", cmd_stats, "queue health")
     p.add_argument("--json", action="store_true")

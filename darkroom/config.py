@@ -34,6 +34,11 @@ class Settings(BaseSettings):
     derivative_max_edge: int = Field(2_048, ge=16, le=16_384)
     shutdown_grace_seconds: float = Field(30.0, ge=0, le=3_600)
 
+    # An attempt's whole life: fetch, decode, store, commit. Past it the attempt is given
+    # up and its card goes back to the queue (transient, with backoff), so a stalled store
+    # or a half-open database connection cannot hold a card or a slot for ever.
+    attempt_timeout_seconds: float = Field(300.0, gt=0, le=86_400)
+
     # How long an idle worker waits before polling when no NOTIFY arrives.
     poll_seconds: float = Field(2.0, gt=0, le=3_600)
     # Time limit and address-space limit of one decode in its child process.

@@ -1,8 +1,8 @@
-"""Prometheus instruments of the worker. (The API adds its own request metrics.)"""
+"""Prometheus instruments of the worker and the sweeper. (The API adds its own.)"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 JOBS = Counter(
     "darkroom_jobs_total", "Attempts finished, by outcome",
@@ -23,3 +23,17 @@ HEARTBEATS = Counter("darkroom_heartbeats_total", "Heartbeat statements sent")
 RETRIES = Counter("darkroom_retries_total", "Attempts that ended in a scheduled retry",
                   ["error_code"])
 DB_ERRORS = Counter("darkroom_database_errors_total", "Database calls that failed")
+WORKER_PAUSED = Gauge(
+    "darkroom_worker_paused",
+    "1 while this worker has stopped claiming because the object store is failing")
+ATTEMPT_TIMEOUTS = Counter("darkroom_attempt_timeouts_total",
+                           "Attempts given up at DARKROOM_ATTEMPT_TIMEOUT_SECONDS")
+CLAIMS_ADOPTED = Counter("darkroom_claims_adopted_total",
+                         "Leases of a claim whose answer was lost, found and run")
+SWEEP_ERRORS = Counter("darkroom_sweep_errors_total",
+                       "Sweeper units' failures (database, store), by unit", ["unit"])
+SWEEP_DELETE_FAILURES = Counter(
+    "darkroom_sweep_delete_failures_total",
+    "Objects the sweeper could not delete (retried with backoff), by unit", ["unit"])
+SWEEP_DONE = Counter("darkroom_sweep_items_total", "Items a sweeper unit finished, by unit",
+                     ["unit"])

@@ -17,20 +17,25 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from psycopg.rows import tuple_row
+import psycopg
+from psycopg.rows import class_row
 from psycopg_pool import AsyncConnectionPool
 
 from darkroom.db.queries import QUERIES
 from darkroom.errors import TRANSIENT_CODES, DarkroomError, ErrorCode
+from darkroom.layout import derived_key, original_key
 
 if TYPE_CHECKING:
     from darkroom.config import Settings
+
+__all__ = ["ClaimUnknown", "ConfirmOutcome", "Derived", "Lease", "LeaseLost", "Queue",
+           "backoff_delay", "derived_key", "original_key"]
 
 NOTIFY_CHANNEL = "darkroom_jobs"
 STATUSES = ("pending", "queued", "processing", "ready", "rejected", "deleting")
@@ -45,6 +50,14 @@ class Priority(StrEnum):
 
     INTERACTIVE = "interactive"  # API uploads: someone is watching
     BULK = "bulk"  # `darkroom import --bulk`, `darkroom rederive`
+
+
+class ClaimUnknown(DarkroomError):
+    """A claim's answer was lost: it may have leased rows. `Queue.adopt_claim` finds them."""
+
+    def __init__(self, claim_id: uuid.UUID) -> None:
+        super().__init__(f"the outcome of claim {str(claim_id)[:8]} is unknown")
+        self.claim_id = claim_id
 
 
 class LeaseLost(DarkroomError):
@@ -150,13 +163,13 @@ class Queue:
             cur = await conn.execute(QUERIES[name], params, prepare=True)
             return list(await cur.fetchall()) if cur.description else []
 
-    async def _tuples(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        """`_rows` as plain tuples, for the hot path: no dict per row."""
+    async def _leases(self, name: str, params: dict[str, Any]) -> list[Lease]:
+        """Rows of a statement that answers leases, built by column name."""
         async with self.pool.connection() as conn:
-            cur = conn.cursor(row_factory=tuple_row)
+            cur = conn.cursor(row_factory=class_row(Lease))
             await cur.execute(QUERIES[name], params, prepare=True)
-            rows: list[tuple[Any, ...]] = await cur.fetchall()
-            return rows
+            leases: list[Lease] = await cur.fetchall()
+            return leases
 
     # --- cards -----------------------------------------------------------------------
 
@@ -220,18 +233,30 @@ class Queue:
 
         Rows that were already started `max_attempts` times are moved to
         rejected/attempts_exhausted by the same statement and are not returned.
+        Raises `ClaimUnknown` when the statement may have committed but its answer was
+        lost: the caller adopts what it leased (`adopt_claim`) instead of leaving those
+        rows to wait for their lease to expire with an attempt spent.
         """
         if n <= 0:
             return []
-        rows = await self._tuples("claim", {
-            "n": n, "max_attempts": self.max_attempts,
-            "lease_seconds": self.lease_seconds, "worker": self.worker,
-        })
-        # Each row is a Lease's fields in order, then the status (see the claim's SELECT).
-        return [Lease(*r[:-1]) for r in rows if r[-1] == "processing"]
+        claim_id = uuid.uuid4()
+        try:
+            return await self._leases("claim", {
+                "n": n, "max_attempts": self.max_attempts, "claim": claim_id,
+                "lease_seconds": self.lease_seconds, "worker": self.worker,
+            })
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            raise ClaimUnknown(claim_id) from exc
+
+    async def adopt_claim(self, claim_id: uuid.UUID) -> list[Lease]:
+        """The leases a claim made whose answer was lost (none if it never committed)."""
+        return await self._leases("adopt_claim", {"claim": claim_id, "worker": self.worker})
 
     async def heartbeat(self, leases: Sequence[Lease]) -> set[uuid.UUID]:
-        """Extend every lease by `lease_seconds`; answers the file ids whose lease is lost."""
+        """Extend every lease by `lease_seconds`; answers the tokens whose lease is lost.
+
+        An attempt that already ended by its own statement is not reported lost.
+        """
         if not leases:
             return set()
         rows = await self._rows("heartbeat", {
@@ -239,7 +264,7 @@ class Queue:
             "tokens": [lease.token for lease in leases],
             "lease_seconds": self.lease_seconds, "worker": self.worker,
         })
-        return {r["id"] for r in rows}
+        return {r["token"] for r in rows}
 
     async def register_attempt_object(self, lease: Lease, key: str) -> None:
         """Record the key an attempt is about to write, before it writes it."""
@@ -247,10 +272,12 @@ class Queue:
                          {"key": key, "id": lease.file_id, "token": lease.token})
 
     async def complete_many(self, results: Sequence[tuple[Lease, Derived]]) -> set[uuid.UUID]:
-        """Fenced commit of several attempts in one statement; answers the ids not published.
+        """Fenced commit of several attempts in one statement; answers the tokens not published.
 
         Each row is still fenced by its own token: a lost one records `lease_lost` and
-        registers its object as an orphan, and never counts as success.
+        registers its object as an orphan, and never counts as success. A repeat of a
+        commit that went through is recognized by the card's key (unique to the attempt)
+        and answered as published.
         """
         if not results:
             return set()
@@ -265,7 +292,7 @@ class Queue:
             "sizes": [d.size for _, d in results],
             "worker": self.worker, "fingerprint": self.fingerprint,
         })
-        return {r["id"] for r in rows}
+        return {r["token"] for r in rows}
 
     async def complete(self, lease: Lease, derived: Derived) -> None:
         """Publish one result; raises `LeaseLost` when the attempt lost its right to."""
@@ -276,7 +303,8 @@ class Queue:
         """Record a failed attempt; answers the card's new status (`queued` or `rejected`).
 
         Transient codes requeue with backoff and full jitter while attempts remain; a
-        transient failure of the last attempt rejects with that code. Raises `LeaseLost`.
+        transient failure of the last attempt rejects with that code. A repeat of a failure
+        that was recorded answers what it did. Raises `LeaseLost`.
         """
         transient = code in TRANSIENT_CODES
         delay = (
@@ -293,8 +321,19 @@ class Queue:
             raise LeaseLost(lease.file_id, lease.token)
         return str(rows[0]["status"])
 
+    async def defer(self, lease: Lease, code: ErrorCode, delay: float) -> None:
+        """Hand a card back after `delay` with its attempt given back: the store failed,
+        not the file. Raises `LeaseLost`; a repeat that went through is success."""
+        rows = await self._rows("defer", {
+            "id": lease.file_id, "token": lease.token, "delay": delay,
+            "error_code": str(code), "worker": self.worker,
+        })
+        if not rows:
+            raise LeaseLost(lease.file_id, lease.token)
+
     async def release(self, leases: Sequence[Lease]) -> set[uuid.UUID]:
-        """Hand unfinished leases back (queued, due now); answers the ids released."""
+        """Hand unfinished leases back (queued, due now); answers the ids released
+        (a repeat of a hand-back that went through counts as released)."""
         if not leases:
             return set()
         rows = await self._rows("release", {
@@ -304,24 +343,28 @@ class Queue:
         })
         return {r["id"] for r in rows}
 
-    async def purge_deleted(
-        self, *, guard_seconds: float, limit: int,
-        delete_bytes: Callable[[uuid.UUID, str], Awaitable[None]],
-    ) -> int:
-        """deleting -> gone, for a batch of cards deleted over `guard_seconds` ago.
+    async def take_deleted(self, *, guard_seconds: float, limit: int,
+                           retry_seconds: float) -> list[tuple[uuid.UUID, str]]:
+        """A batch of cards deleted over `guard_seconds` ago, for one sweeper.
 
-        Each card's row stays locked (SKIP LOCKED for other sweepers) while
-        `delete_bytes(file_id, original_key)` removes every byte of it; only then is the
-        card itself removed. A pass cut short leaves its rows for the next one.
+        Taking them commits at once (their next try moves `retry_seconds` ahead), so no
+        lock is held while their bytes are deleted; a card whose bytes could not all be
+        deleted is taken again after `retry_seconds`.
         """
-        async with self.pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(QUERIES["take_deleted"],
-                                     {"guard_seconds": guard_seconds, "limit": limit})
-            rows = await cur.fetchall()
-            for row in rows:
-                await delete_bytes(row["id"], row["original_key"])
-                await conn.execute(QUERIES["purge_card"], {"id": row["id"]})
-            return len(rows)
+        rows = await self._rows("take_deleted", {
+            "guard_seconds": guard_seconds, "limit": limit, "retry_seconds": retry_seconds})
+        return [(r["id"], r["original_key"]) for r in rows]
+
+    async def purge_card(self, file_id: uuid.UUID) -> None:
+        """deleting -> gone, once every byte of the card is deleted. Safe to repeat."""
+        await self._rows("purge_card", {"id": file_id})
+
+    async def pause_worker(self, reason: str) -> None:
+        """Record (or refresh) that this worker stopped claiming; safe to repeat."""
+        await self._rows("pause_worker", {"worker": self.worker, "reason": reason})
+
+    async def resume_worker(self) -> None:
+        await self._rows("resume_worker", {"worker": self.worker})
 
     # --- re-derive -------------------------------------------------------------------
 
@@ -364,6 +407,7 @@ class Queue:
             "rejected_share_24h": row["rejected_share_24h"],
             "completed_last_minute": int(row["completed_last_minute"]),
             "lease_lost_total": int(row["lease_lost_total"]),
+            "paused_workers": list(row["paused_workers"]),
             "backlog": {
                 "by_priority": {
                     p.value: {"waiting": 0, "oldest_wait_seconds": None}
@@ -376,11 +420,3 @@ class Queue:
             "rederive_pending": int(backlog["rederive_pending"]),
         }
 
-
-def original_key(file_id: uuid.UUID) -> str:
-    return f"originals/{file_id}"
-
-
-def derived_key(lease: Lease) -> str:
-    """Unique to the attempt: two attempts never write the same bytes' key."""
-    return f"derived/{lease.file_id}/{lease.token}.webp"

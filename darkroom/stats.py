@@ -45,6 +45,8 @@ def render(stats: dict[str, Any]) -> str:
         f"{_share(stats['rejected_share_24h'])}",
         f"completed last minute  {stats['completed_last_minute']}",
         f"lease lost (total)     {stats['lease_lost_total']}",
+        "paused workers         " + (", ".join(stats["paused_workers"]) or "none")
+        + ("  (object store failing)" if stats["paused_workers"] else ""),
         f"re-derives pending     {stats['rederive_pending']}",
         "",
         "priority     waiting  oldest wait",

@@ -1,12 +1,21 @@
 """The sweeper: deferred clean-up of bytes that no card will ever show.
 
-Two duties, each after a guard interval (so a reader of a just-issued presigned URL, or
-an attempt still finishing its PUT, is not cut off):
-- orphans: derivative objects written by attempts that never published (lease lost,
-  crashed between PUT and commit, revoked) are deleted, every version;
-- deleted files: every version of the original and of every derivative goes, then the
-  card itself.
-It also prunes old events, so the event log stays bounded.
+It is a set of small independent units, each with a run-once entry point that does one
+bounded batch and answers how much it did:
+- `orphans`: derivative objects written by attempts that never published (lease lost,
+  crashed between PUT and commit, revoked) are deleted, every version, after a guard
+  interval; an object a card references is never deleted, whatever its row says;
+- `deleted`: every byte of a deleted card (every version of the original and of every
+  derivative), then the card itself, after the guard interval;
+- `events`: events older than the retention are pruned;
+- `reconcile`: objects under originals/ and derived/ that no card and no orphan row
+  accounts for, older than the guard interval, are deleted (once per interval across all
+  sweepers; `darkroom reconcile [--dry-run]` runs it on demand).
+
+Each unit takes its batch in one committed statement, then calls the store with no lock
+or snapshot held, so several sweepers share the work and a slow store holds no rows. An
+object that cannot be deleted is retried with backoff and reported, never halting the
+rest. A database or store outage pauses a unit, never ends the sweeper.
 """
 
 from __future__ import annotations
@@ -14,20 +23,264 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import signal
+import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
 
+import psycopg
+
+from darkroom import metrics
 from darkroom.config import Settings
 from darkroom.db.connection import open_pool
 from darkroom.db.queries import QUERIES
-from darkroom.errors import StorageUnavailable
+from darkroom.errors import StorageError
+from darkroom.layout import DERIVED, ORIGINALS, derived_prefix, parse_key
 from darkroom.queue import Queue
 from darkroom.services import prepare
 from darkroom.storage import ObjectStore
+from darkroom.storage.base import ObjectVersion
 
 log = logging.getLogger("darkroom.sweeper")
+
 BATCH = 100
+# One batch's time budget: a unit stops taking new items past it (what it took and did not
+# reach is taken again once its next try comes).
+BATCH_SECONDS = 20.0
+# A taken item is not taken again for this long (the time its sweeper has to finish it).
+TAKE_SECONDS = 120.0
+# Failed deletes are retried after base·2^failures seconds, capped.
+RETRY_BASE_SECONDS = 30.0
+RETRY_CAP_SECONDS = 3_600.0
+# Between batches of a unit that still has work, and the longest outage backoff.
+PAUSE_SECONDS = 0.05
+OUTAGE_CAP_SECONDS = 60.0
+RECONCILE_INTERVAL_SECONDS = 3_600.0
+RECONCILE_PAGE = 500
+PRUNE_BATCH = 5_000
+
+# What an outage of the database or the store raises; anything else is logged as a bug,
+# and the unit still goes on after a pause.
+OUTAGES = (psycopg.OperationalError, psycopg.InterfaceError, StorageError, OSError)
+
+
+class Unit(Protocol):
+    """One duty of the sweeper."""
+
+    name: str
+
+    async def run_once(self) -> int:
+        """One bounded batch; answers how many items it finished (0: nothing due)."""
+        ...
+
+
+class Database:
+    """The sweeper's statements, on the queue's pool (the protocol's own go via Queue)."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+
+    async def rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        async with self.queue.pool.connection() as conn:
+            cur = await conn.execute(QUERIES[name], params)
+            return list(await cur.fetchall()) if cur.description else []
+
+    async def rowcount(self, name: str, params: dict[str, Any]) -> int:
+        async with self.queue.pool.connection() as conn:
+            cur = await conn.execute(QUERIES[name], params)
+            return int(cur.rowcount)
+
+
+@dataclass
+class Budget:
+    """A batch's time budget."""
+
+    seconds: float = BATCH_SECONDS
+    start: float = field(default_factory=time.monotonic)
+
+    def spent(self) -> bool:
+        return time.monotonic() - self.start > self.seconds
+
+
+class Orphans:
+    name = "orphans"
+
+    def __init__(self, db: Database, store: ObjectStore, guard_seconds: float) -> None:
+        self.db = db
+        self.store = store
+        self.guard_seconds = guard_seconds
+
+    async def run_once(self) -> int:
+        rows = await self.db.rows("sweep_take_orphans", {
+            "guard_seconds": self.guard_seconds, "limit": BATCH,
+            "retry_seconds": TAKE_SECONDS})
+        budget = Budget()
+        done = 0
+        for row in rows:
+            if budget.spent():
+                break
+            key = row["object_key"]
+            if not row["referenced"]:
+                try:
+                    await asyncio.to_thread(self.store.delete, key)
+                except StorageError as exc:
+                    await self._failed(key, exc)
+                    continue
+            await self.db.rows("sweep_drop_orphan", {"key": key})
+            metrics.SWEEP_DONE.labels(self.name).inc()
+            done += 1
+            log.info("orphan kept: a card references it" if row["referenced"]
+                     else "orphan deleted",
+                     extra={"file_id": str(row["file_id"]), "token": str(row["token"])[:8],
+                            "reason": row["reason"]})
+        return done
+
+    async def _failed(self, key: str, exc: StorageError) -> None:
+        metrics.SWEEP_DELETE_FAILURES.labels(self.name).inc()
+        rows = await self.db.rows("sweep_orphan_failed", {
+            "key": key, "base_seconds": RETRY_BASE_SECONDS, "cap_seconds": RETRY_CAP_SECONDS})
+        log.warning("orphan could not be deleted; retrying later",
+                    extra={"key": key, "error": type(exc).__name__,
+                           "failures": rows[0]["failures"] if rows else None})
+
+
+class DeletedFiles:
+    name = "deleted"
+
+    def __init__(self, queue: Queue, store: ObjectStore, guard_seconds: float) -> None:
+        self.queue = queue
+        self.store = store
+        self.guard_seconds = guard_seconds
+
+    async def run_once(self) -> int:
+        cards = await self.queue.take_deleted(
+            guard_seconds=self.guard_seconds, limit=BATCH, retry_seconds=RETRY_BASE_SECONDS)
+        budget = Budget()
+        done = 0
+        for file_id, original in cards:
+            if budget.spent():
+                break
+            try:
+                await asyncio.to_thread(self._delete_bytes, file_id, original)
+            except StorageError as exc:
+                # The card's next try is already RETRY_BASE_SECONDS ahead.
+                metrics.SWEEP_DELETE_FAILURES.labels(self.name).inc()
+                log.warning("deleted file's bytes could not be deleted; retrying later",
+                            extra={"file_id": str(file_id), "error": type(exc).__name__})
+                continue
+            await self.queue.purge_card(file_id)
+            metrics.SWEEP_DONE.labels(self.name).inc()
+            done += 1
+            log.info("file purged", extra={"file_id": str(file_id)})
+        return done
+
+    def _delete_bytes(self, file_id: uuid.UUID, original: str) -> None:
+        self.store.delete(original)
+        for obj in list(self.store.list(derived_prefix(file_id))):
+            self.store.delete(obj.key, obj.version)
+
+
+class Events:
+    name = "events"
+
+    def __init__(self, db: Database, retention_seconds: float) -> None:
+        self.db = db
+        self.retention_seconds = retention_seconds
+
+    async def run_once(self) -> int:
+        pruned = await self.db.rowcount("sweep_prune_events", {
+            "retention_seconds": self.retention_seconds, "limit": PRUNE_BATCH})
+        metrics.SWEEP_DONE.labels(self.name).inc(pruned)
+        # A short batch means nothing more is due now.
+        return pruned if pruned == PRUNE_BATCH else 0
+
+
+@dataclass
+class ReconcileReport:
+    examined: int = 0
+    unaccounted: list[str] = field(default_factory=list)
+    deleted: int = 0
+
+
+class Reconcile:
+    """Objects nothing accounts for: the reconciliation after a restore, and the net under
+    every other path (an upload that landed after its card was purged, say)."""
+
+    name = "reconcile"
+
+    def __init__(self, db: Database, store: ObjectStore, guard_seconds: float, *,
+                 interval_seconds: float = RECONCILE_INTERVAL_SECONDS) -> None:
+        self.db = db
+        self.store = store
+        self.guard_seconds = guard_seconds
+        self.interval_seconds = interval_seconds
+
+    async def run_once(self) -> int:
+        """Once per interval across all sweepers: the one that takes the turn runs it."""
+        turn = await self.db.rows("sweep_take_turn", {
+            "unit": self.name, "interval_seconds": self.interval_seconds})
+        if not turn:
+            return 0
+        report = await self.run(dry_run=False)
+        # The whole pass is one item: the next one is an interval away.
+        log.info("reconciled", extra={"examined": report.examined, "deleted": report.deleted})
+        return 0
+
+    async def run(self, *, dry_run: bool) -> ReconcileReport:
+        """Every object under the layout's prefixes, a page at a time."""
+        report = ReconcileReport()
+        cutoff = datetime.now(UTC) - timedelta(seconds=self.guard_seconds)
+        for prefix in (ORIGINALS, DERIVED):
+            pages = _pages(self.store, prefix)
+            while True:
+                page = await asyncio.to_thread(next, pages, None)
+                if page is None:
+                    break
+                old = [o for o in page if o.modified is None or o.modified < cutoff]
+                report.examined += len(page)
+                for key, version in await self._unaccounted(old):
+                    report.unaccounted.append(f"{key}@{version}")
+                    if dry_run:
+                        continue
+                    try:
+                        await asyncio.to_thread(self.store.delete, key, version)
+                    except StorageError as exc:
+                        metrics.SWEEP_DELETE_FAILURES.labels(self.name).inc()
+                        log.warning("unaccounted object could not be deleted",
+                                    extra={"key": key, "error": type(exc).__name__})
+                        continue
+                    report.deleted += 1
+                    metrics.SWEEP_DONE.labels(self.name).inc()
+                    log.info("unaccounted object deleted", extra={"key": key})
+        return report
+
+    async def _unaccounted(self, objects: list[ObjectVersion]) -> list[tuple[str, str]]:
+        if not objects:
+            return []
+        parsed = [parse_key(o.key) for o in objects]
+        rows = await self.db.rows("reconcile_unaccounted", {
+            "keys": [o.key for o in objects],
+            "versions": [o.version for o in objects],
+            "file_ids": [p.file_id if p else None for p in parsed],
+            "kinds": [p.kind if p else None for p in parsed],
+            "tokens": [p.token if p else None for p in parsed],
+        })
+        return [(r["object_key"], r["version"]) for r in rows]
+
+
+def _pages(store: ObjectStore, prefix: str) -> Iterator[list[ObjectVersion]]:
+    page: list[ObjectVersion] = []
+    for obj in store.list(prefix):
+        page.append(obj)
+        if len(page) >= RECONCILE_PAGE:
+            yield page
+            page = []
+    if page:
+        yield page
 
 
 @dataclass
@@ -43,92 +296,94 @@ class SweepReport:
 class Sweeper:
     def __init__(self, queue: Queue, store: ObjectStore, *,
                  guard_seconds: float, retention_seconds: float) -> None:
-        self.queue = queue
-        self.pool = queue.pool
-        self.store = store
-        self.guard_seconds = guard_seconds
-        self.retention_seconds = retention_seconds
+        db = Database(queue)
+        self.orphans = Orphans(db, store, guard_seconds)
+        self.deleted = DeletedFiles(queue, store, guard_seconds)
+        self.events = Events(db, retention_seconds)
+        self.reconcile = Reconcile(db, store, guard_seconds)
+        self.units: list[Unit] = [self.orphans, self.deleted, self.events, self.reconcile]
 
     async def sweep_once(self) -> SweepReport:
-        """One full pass: every batch until nothing is due."""
+        """Every batch of the routine units until nothing is due (not reconciliation)."""
         report = SweepReport()
-        while (n := await self._orphan_batch()) > 0:
+        while (n := await self.orphans.run_once()) > 0:
             report.orphans_deleted += n
-        while (n := await self.queue.purge_deleted(
-                guard_seconds=self.guard_seconds, limit=BATCH,
-                delete_bytes=self._delete_file_objects)) > 0:
+        while (n := await self.deleted.run_once()) > 0:
             report.files_purged += n
-        report.events_pruned = await self._prune_events()
+        while (n := await self.events.run_once()) > 0:
+            report.events_pruned += n
         return report
 
-    async def _orphan_batch(self) -> int:
-        async with self.pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(QUERIES["sweep_take_orphans"],
-                                     {"guard_seconds": self.guard_seconds, "limit": BATCH})
-            rows = await cur.fetchall()
-            for row in rows:
-                await asyncio.to_thread(self.store.delete, row["object_key"])
-                await conn.execute(QUERIES["sweep_drop_orphan"], {"key": row["object_key"]})
-                log.info("orphan deleted", extra={"file_id": str(row["file_id"]),
-                                                  "token": str(row["token"])[:8],
-                                                  "reason": row["reason"]})
-            return len(rows)
+    async def run(self, stop: asyncio.Event, *, interval_seconds: float) -> None:
+        """Every unit in its own loop until `stop`; none ends the others."""
+        await asyncio.gather(*(run_unit(unit, stop, interval_seconds=interval_seconds)
+                               for unit in self.units))
 
-    async def _delete_file_objects(self, file_id: uuid.UUID, original_key: str) -> None:
-        def delete() -> None:
-            self.store.delete(original_key)
-            for obj in list(self.store.list(f"derived/{file_id}/")):
-                self.store.delete(obj.key, obj.version)
 
-        await asyncio.to_thread(delete)
-        log.info("file purged", extra={"file_id": str(file_id)})
+async def run_unit(unit: Unit, stop: asyncio.Event, *, interval_seconds: float,
+                   rng: random.Random | None = None) -> None:
+    """A unit's loop: batches back to back while it has work, then a jittered wait; an
+    outage pauses it with a growing backoff, and nothing but `stop` ends it."""
+    rng = rng or random.Random()
+    outage = 0
+    while not stop.is_set():
+        try:
+            done = await unit.run_once()
+            outage = 0
+            wait = PAUSE_SECONDS if done else interval_seconds * rng.uniform(0.5, 1.5)
+        except OUTAGES as exc:
+            outage += 1
+            wait = min(OUTAGE_CAP_SECONDS, 2.0 ** outage) * rng.uniform(0.5, 1.0)
+            metrics.SWEEP_ERRORS.labels(unit.name).inc()
+            log.warning("sweeper unit paused by an outage",
+                        extra={"unit": unit.name, "error": type(exc).__name__,
+                               "retry_in": round(wait, 1)})
+        except Exception:
+            outage += 1
+            wait = min(OUTAGE_CAP_SECONDS, 2.0 ** outage)
+            metrics.SWEEP_ERRORS.labels(unit.name).inc()
+            log.exception("sweeper unit failed", extra={"unit": unit.name})
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=wait)
 
-    async def _prune_events(self) -> int:
-        total = 0
-        while True:
-            async with self.pool.connection() as conn:
-                cur = await conn.execute(QUERIES["sweep_prune_events"], {
-                    "retention_seconds": self.retention_seconds, "limit": 5_000})
-            pruned = int(cur.rowcount)
-            total += pruned
-            if pruned < 5_000:
-                return total
+
+async def _with_sweeper(settings: Settings,
+                        body: Callable[[Sweeper], Awaitable[Any]]) -> Any:
+    conninfo, store = await prepare(settings)
+    pool = await open_pool(conninfo, min_size=1, max_size=2, name="sweeper", fail_fast=False)
+    try:
+        sweeper = Sweeper(Queue.from_settings(pool, settings, worker="sweeper"), store,
+                          guard_seconds=settings.sweep_guard_seconds,
+                          retention_seconds=settings.event_retention_days * 86_400)
+        return await body(sweeper)
+    finally:
+        await pool.close()
 
 
 async def run_sweeper(settings: Settings, *, once: bool,
                       stop: asyncio.Event | None = None) -> SweepReport:
-    conninfo, store = await prepare(settings)
-    pool = await open_pool(conninfo, min_size=1, max_size=2, name="sweeper")
-    sweeper = Sweeper(Queue.from_settings(pool, settings, worker="sweeper"), store,
-                      guard_seconds=settings.sweep_guard_seconds,
-                      retention_seconds=settings.event_retention_days * 86_400)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     with contextlib.suppress(ValueError, NotImplementedError):  # not the main thread
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-    total = SweepReport()
-    try:
-        while True:
-            try:
-                report = await sweeper.sweep_once()
-            except (StorageUnavailable, OSError) as exc:
-                log.warning("sweep interrupted; the next pass finishes it",
-                            extra={"error": type(exc).__name__})
-                report = SweepReport()
-            total.orphans_deleted += report.orphans_deleted
-            total.files_purged += report.files_purged
-            total.events_pruned += report.events_pruned
-            if report:
-                log.info("sweep", extra=vars(report))
-            if once:
-                return total
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=settings.sweep_interval_seconds)
-            if stop.is_set():
-                return total
-    finally:
-        await pool.close()
+
+    async def body(sweeper: Sweeper) -> SweepReport:
+        if once:
+            return await sweeper.sweep_once()
+        await sweeper.run(stop, interval_seconds=settings.sweep_interval_seconds)
+        return SweepReport()
+
+    report: SweepReport = await _with_sweeper(settings, body)
+    return report
+
+
+async def reconcile(settings: Settings, *, dry_run: bool) -> ReconcileReport:
+    async def body(sweeper: Sweeper) -> ReconcileReport:
+        return await sweeper.reconcile.run(dry_run=dry_run)
+
+    report: ReconcileReport = await _with_sweeper(settings, body)
+    return report
 
 
 def main(settings: Settings, *, once: bool) -> int:
@@ -139,4 +394,17 @@ def main(settings: Settings, *, once: bool) -> int:
     if once:
         print(f"orphans deleted: {report.orphans_deleted}, files purged: "
               f"{report.files_purged}, events pruned: {report.events_pruned}")
+    return 0
+
+
+def reconcile_main(settings: Settings, *, dry_run: bool) -> int:
+    from darkroom import logs
+
+    logs.setup()
+    report = asyncio.run(reconcile(settings, dry_run=dry_run))
+    for item in report.unaccounted:
+        print(("would delete " if dry_run else "deleted ") + item)
+    verb = "unaccounted" if dry_run else "deleted"
+    print(f"objects examined: {report.examined}, {verb}: "
+          f"{len(report.unaccounted) if dry_run else report.deleted}")
     return 0

@@ -14,6 +14,15 @@ attempt, fenced commit. A separate heartbeat task extends every held lease each 
 a lease found lost kills that job's child at once. On SIGTERM/SIGINT the worker stops
 claiming, lets jobs finish within the grace period, then kills the rest and hands their
 cards back; a second signal skips the grace.
+
+Every database write may commit while its answer is lost. Each is safe to repeat and
+recognized as its own success when repeated (see queue.py); a claim whose answer was lost
+is looked up by the claim id the worker chose, and its leases are run, not left to
+expire. Jobs are tracked by attempt (lease token), never by file: after an outage longer
+than the lease a worker may reclaim its own card while the stale attempt still runs, and
+only the new one may go on. An attempt's whole life is bounded by
+DARKROOM_ATTEMPT_TIMEOUT_SECONDS; a failing object store pauses claiming (breaker.py)
+instead of spending the backlog's attempts.
 """
 
 from __future__ import annotations
@@ -35,16 +44,21 @@ import psycopg
 from prometheus_client import start_http_server
 
 from darkroom import metrics
+from darkroom.breaker import StoreBreaker
 from darkroom.config import ConfigError, Settings
 from darkroom.db.connection import open_pool
 from darkroom.derive import Limits
-from darkroom.errors import (
-    DeriveError,
-    ErrorCode,
-    ObjectMissing,
-    StorageUnavailable,
+from darkroom.errors import DeriveError, ErrorCode, ObjectMissing, StorageError
+from darkroom.layout import derived_key
+from darkroom.queue import (
+    NOTIFY_CHANNEL,
+    ClaimUnknown,
+    Derived,
+    Lease,
+    LeaseLost,
+    Queue,
+    backoff_delay,
 )
-from darkroom.queue import NOTIFY_CHANNEL, Derived, Lease, LeaseLost, Queue, derived_key
 from darkroom.sandbox import DecoderProcess
 from darkroom.services import prepare
 from darkroom.storage import ObjectStore
@@ -54,9 +68,12 @@ T = TypeVar("T")
 
 # Database errors that a restart or a network blip produces; anything else is a bug.
 DB_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
+# How long a stopping worker spends handing its leases back, and then waiting for its
+# cancelled jobs, at most.
+HAND_BACK_SECONDS = 5.0
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     lease: Lease
     decoder: DecoderProcess
@@ -91,7 +108,9 @@ class Worker:
                            memory_mb=settings.derive_memory_mb, nice=settings.derive_nice)
             for _ in range(concurrency)
         ]
+        # By lease token: one entry per attempt, never per file.
         self.jobs: dict[uuid.UUID, Job] = {}
+        self.breaker = StoreBreaker(self._probe_store, on_change=self._record_pause)
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.skip_grace = asyncio.Event()
@@ -103,9 +122,13 @@ class Worker:
         for decoder in self.idle_decoders:
             decoder.start()
         helpers = [asyncio.create_task(self._listen(), name="listen"),
-                   asyncio.create_task(self._heartbeat(), name="heartbeat")]
+                   asyncio.create_task(self._heartbeat(), name="heartbeat"),
+                   asyncio.create_task(self.breaker.run(), name="store-breaker")]
         try:
             while not self.stopping.is_set():
+                if self.breaker.is_open:
+                    await self._wait_for_store()
+                    continue
                 claimed = await self._claim_free_slots()
                 if claimed == 0 or len(self.jobs) >= self.concurrency:
                     await self._sleep_until_woken()
@@ -134,18 +157,53 @@ class Worker:
             return 0
         try:
             leases = await self.queue.claim(free)
+        except ClaimUnknown as unknown:
+            metrics.DB_ERRORS.inc()
+            log.warning("claim's answer lost; looking up what it leased",
+                        extra={"error": type(unknown.__cause__).__name__})
+            claim_id = unknown.claim_id
+            try:
+                leases = await self._db(lambda: self.queue.adopt_claim(claim_id))
+            except DB_ERRORS as exc:
+                # Whatever it leased waits for its lease to expire: nothing is lost.
+                log.warning("could not look up the claim; database unavailable",
+                            extra={"error": type(exc).__name__})
+                await self._pause(self._rng.uniform(0.5, 2.0))
+                return 0
+            metrics.CLAIMS_ADOPTED.inc(len(leases))
         except DB_ERRORS as exc:
             metrics.DB_ERRORS.inc()
             log.warning("claim failed; database unavailable", extra={"error": type(exc).__name__})
             await self._pause(self._rng.uniform(0.5, 2.0))
             return 0
         for lease in leases:
-            job = Job(lease, self.idle_decoders.pop())
-            self.jobs[lease.file_id] = job
-            job.task = asyncio.create_task(self._run_job(job), name=f"job-{lease.file_id}")
-            metrics.CLAIMED.inc()
-            log.info("claimed", extra=job.log_extra())
+            self._start(lease)
         return len(leases)
+
+    def _start(self, lease: Lease) -> None:
+        # After an outage longer than the lease this worker may have reclaimed a card its
+        # own stale attempt still works on. That attempt's lease is gone: stop it, so
+        # exactly one attempt runs for the card. (Its slot frees when its task ends.)
+        for other in self.jobs.values():
+            if other.lease.file_id == lease.file_id and not other.abandoned:
+                log.warning("stale attempt of a reclaimed card; stopping it",
+                            extra=other.log_extra())
+                other.abandon()
+        job = Job(lease, self.idle_decoders.pop())
+        self.jobs[lease.token] = job
+        job.task = asyncio.create_task(self._run_job(job), name=f"job-{lease.file_id}")
+        metrics.CLAIMED.inc()
+        log.info("claimed", extra=job.log_extra())
+
+    async def _wait_for_store(self) -> None:
+        """Claim nothing while the store breaker is open, until it closes or we stop."""
+        closed = asyncio.create_task(self.breaker.wait_closed())
+        stopping = asyncio.create_task(self.stopping.wait())
+        try:
+            await asyncio.wait([closed, stopping], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+            stopping.cancel()
 
     async def _sleep_until_woken(self) -> None:
         # Jittered, so that many idle workers do not poll in lock-step.
@@ -159,18 +217,40 @@ class Worker:
 
     # --- one attempt -------------------------------------------------------------------
 
+    def _timeout_reserve(self) -> float:
+        """Of the attempt timeout, the part kept for recording a timed-out attempt."""
+        return min(30.0, self.settings.attempt_timeout_seconds / 4)
+
     async def _run_job(self, job: Job) -> None:
         outcome = "error"
+        budget = self.settings.attempt_timeout_seconds - self._timeout_reserve()
         try:
-            outcome = await self._attempt(job)
+            try:
+                async with asyncio.timeout(budget):
+                    outcome = await self._attempt(job)
+            except TimeoutError:
+                outcome = await self._timed_out(job)
         except Exception:
             log.exception("attempt crashed", extra=job.log_extra())
         finally:
             metrics.JOBS.labels(outcome).inc()
             metrics.JOB_SECONDS.labels(outcome).observe(time.monotonic() - job.started)
-            del self.jobs[job.lease.file_id]
+            del self.jobs[job.lease.token]
             self.idle_decoders.append(job.decoder)
             self.wake.set()  # a slot is free: claim again at once, so a backlog drains
+
+    async def _timed_out(self, job: Job) -> str:
+        """The attempt outlived its time (a stalled store or database): give it up and
+        queue the card again, within the reserve kept for that."""
+        metrics.ATTEMPT_TIMEOUTS.inc()
+        log.warning("attempt timed out; giving it up", extra=job.log_extra())
+        job.decoder.kill()
+        try:
+            async with asyncio.timeout(self._timeout_reserve()):
+                return await self._fail(job, ErrorCode.PROCESSING_TIMEOUT, "attempt timeout")
+        except (TimeoutError, *DB_ERRORS):
+            # Unrecorded: the lease runs out and another attempt takes the card.
+            return "error"
 
     async def _attempt(self, job: Job) -> str:
         lease = job.lease
@@ -201,8 +281,8 @@ class Worker:
             return "lease_lost"
         except ObjectMissing:
             return await self._fail(job, ErrorCode.ORIGINAL_MISSING, "original missing")
-        except StorageUnavailable as exc:
-            return await self._fail(job, ErrorCode.STORAGE_UNAVAILABLE, str(exc))
+        except StorageError as exc:
+            return await self._store_failed(job, exc)
         except DeriveError as exc:
             if job.abandoned:
                 return "lease_lost"
@@ -223,11 +303,42 @@ class Worker:
                                           "status": status, "detail": detail[:300]})
         return "retry" if status == "queued" else "rejected"
 
-    async def _db(self, call: Callable[[], Awaitable[T]]) -> T:
-        """Retry a fenced statement through a database outage while the lease may hold.
+    async def _store_failed(self, job: Job, exc: StorageError) -> str:
+        """A store error: the file's own only if the store answers a probe. Otherwise the
+        store is down: the card goes back with its attempt given back, and the breaker
+        stops this worker claiming until the store answers again."""
+        if job.abandoned:
+            return "lease_lost"
+        if await self.breaker.store_answers():
+            return await self._fail(job, ErrorCode.STORAGE_UNAVAILABLE, str(exc))
+        delay = backoff_delay(1, self.settings.retry_base_seconds,
+                              self.settings.retry_cap_seconds, self._rng)
+        try:
+            await self._db(lambda: self.queue.defer(job.lease, ErrorCode.STORAGE_UNAVAILABLE,
+                                                    delay))
+        except LeaseLost:
+            metrics.LEASE_LOST.inc()
+            return "lease_lost"
+        log.info("store unavailable; card handed back, attempt not counted",
+                 extra={**job.log_extra(), "retry_in": round(delay, 1)})
+        return "deferred"
 
-        The statement is fenced by its token, so repeating it is safe; after a lease's
-        worth of trying the lease has certainly expired, and the next holder takes over.
+    async def _probe_store(self) -> None:
+        await asyncio.to_thread(self.store.check)
+
+    async def _record_pause(self, paused: bool, reason: str) -> None:
+        async with asyncio.timeout(10):
+            if paused:
+                await self.queue.pause_worker(reason)
+            else:
+                await self.queue.resume_worker()
+
+    async def _db(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Retry a statement through a database outage while the lease may hold.
+
+        Every statement of the protocol is safe to repeat and recognizes a repeat of
+        itself that went through (its answer lost) as success; after a lease's worth of
+        trying the lease has certainly expired, and the next holder takes over.
         """
         deadline = time.monotonic() + self.settings.lease_seconds
         delay = 0.2
@@ -259,8 +370,9 @@ class Worker:
                 log.warning("heartbeat failed", extra={"error": type(exc).__name__})
                 continue
             metrics.HEARTBEATS.inc()
-            for file_id in lost:
-                job = self.jobs.get(file_id)
+            for token in lost:
+                # A job that ended while the heartbeat was in flight is gone from here.
+                job = self.jobs.get(token)
                 if job is not None and not job.abandoned:
                     metrics.LEASE_LOST.inc()
                     log.warning("heartbeat: lease lost; stopping the job", extra=job.log_extra())
@@ -302,16 +414,20 @@ class Worker:
         for job in unfinished:
             job.abandon()
         try:
-            released = await self.queue.release([job.lease for job in unfinished])
-        except DB_ERRORS:
+            # Bounded, so a stop always ends within the grace and a few seconds.
+            async with asyncio.timeout(HAND_BACK_SECONDS):
+                released = await self.queue.release([job.lease for job in unfinished])
+        except (TimeoutError, *DB_ERRORS):
             released = set()
             log.warning("could not hand leases back; they will expire instead")
         for job in unfinished:
             metrics.JOBS.labels("released").inc()
             log.info("handed back" if job.lease.file_id in released else "not handed back",
                      extra=job.log_extra())
-        await asyncio.gather(*(job.task for job in unfinished if job.task),
-                             return_exceptions=True)
+            if job.task is not None:
+                job.task.cancel()
+        await asyncio.wait([job.task for job in unfinished if job.task is not None],
+                           timeout=HAND_BACK_SECONDS)
 
 
 class _stage:

@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 
 # Request bodies up to this size stay in memory while spooled; larger ones go to disk.
 _SPOOL_MEMORY = 1024 * 1024
+# An upload URL never outlives its card's guard interval: a URL still valid after the
+# sweeper purged a deleted card would let bytes land that no card accounts for.
 _PRESIGN_PUT_SECONDS = 900
 _PRESIGN_GET_SECONDS = 300
 _READY_TIMEOUT = 3.0
@@ -169,7 +171,9 @@ async def create_file(body: NewFile, who: Caller, request: Request) -> Response:
     )
     presigned = await to_thread.run_sync(
         lambda: _store(request).presign_put(
-            row["original_key"], content_type=body.content_type, expires=_PRESIGN_PUT_SECONDS
+            row["original_key"], content_type=body.content_type,
+            expires=max(1, min(_PRESIGN_PUT_SECONDS,
+                               int(_settings(request).sweep_guard_seconds))),
         )
     )
     if presigned is not None:

@@ -12,6 +12,21 @@ from psycopg_pool import AsyncConnectionPool
 from darkroom.config import Settings
 from darkroom.db import embedded
 
+# Every pooled connection notices a dead peer and bounds every statement, so a half-open
+# socket (a NAT timeout, a failover, a cut link) becomes an ordinary error in tens of
+# seconds instead of a wait for ever: TCP keepalives probe an idle socket, the user timeout
+# bounds unacknowledged sends, and the server ends a statement or an idle transaction that
+# runs too long. (libpq ignores the TCP settings on a Unix socket.)
+SESSION_OPTIONS: dict[str, Any] = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+    "options": "-c statement_timeout=60000 -c idle_in_transaction_session_timeout=60000",
+}
+
 
 def database_url(settings: Settings) -> str:
     """The configured database, or the embedded one in the data dir."""
@@ -36,7 +51,7 @@ async def open_pool(conninfo: str, *, min_size: int = 1, max_size: int = 8,
         max_size=max_size,
         name=name,
         open=False,
-        kwargs={"autocommit": True, "row_factory": dict_row},
+        kwargs={"autocommit": True, "row_factory": dict_row, **SESSION_OPTIONS},
         check=check_if_suspect,
     )
     await pool.open(wait=True, timeout=30)

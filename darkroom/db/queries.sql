@@ -90,11 +90,12 @@ WITH expired AS (
     SET status       = CASE WHEN f.attempts >= %(max_attempts)s THEN 'rejected' ELSE 'processing' END,
         error_code   = CASE WHEN f.attempts >= %(max_attempts)s THEN 'attempts_exhausted' END,
         attempts     = CASE WHEN f.attempts >= %(max_attempts)s THEN f.attempts ELSE f.attempts + 1 END,
-        -- One strong random draw per claim, not per row: a token is the draw hashed with
-        -- the card's id, so it is as unguessable and as unique (per row and per claim).
-        -- The embedded server reads /dev/urandom for every gen_random_uuid().
+        -- One strong random draw per claim, not per row: the worker draws the claim id,
+        -- and a token is that id hashed with the card's id, so it is as unguessable and as
+        -- unique (per row and per claim). Since the worker knows the claim id, it can find
+        -- what this claim leased when the answer was lost (adopt_claim).
         lease_token  = CASE WHEN f.attempts >= %(max_attempts)s THEN NULL
-                            ELSE md5((SELECT gen_random_uuid()::text) || f.id::text)::uuid END,
+                            ELSE md5(%(claim)s::text || f.id::text)::uuid END,
         lease_until  = CASE WHEN f.attempts >= %(max_attempts)s THEN NULL
                             ELSE now() + make_interval(secs => %(lease_seconds)s::float8) END,
         lease_owner  = %(worker)s,
@@ -111,9 +112,21 @@ WITH expired AS (
            attempts, lease_token, %(worker)s, error_code
     FROM claimed
 )
--- The columns of a Lease, in its order, then the status.
-SELECT id, lease_token, attempts, lease_until, owner, original_key, original_version, status
-FROM claimed;
+-- A Lease, by column name.
+SELECT id AS file_id, lease_token AS token, attempts AS attempt, lease_until, owner,
+       original_key, original_version
+FROM claimed
+WHERE status = 'processing';
+
+-- name: adopt_claim
+-- What a claim leased, for a worker that never heard its answer: the rows whose token is
+-- this claim's and which no one has taken over since. Reads only live leases (there are
+-- never more than worker slots), through archive_files_leased.
+SELECT id AS file_id, lease_token AS token, attempts AS attempt, lease_until, owner,
+       original_key, original_version
+FROM archive_files
+WHERE status = 'processing' AND lease_owner = %(worker)s
+  AND lease_token = md5(%(claim)s::text || id::text)::uuid;
 
 -- name: heartbeat
 -- Extends every lease still held by its token; answers the ids whose lease is lost.
@@ -126,14 +139,23 @@ WITH held AS (
     -- The token is the fence (see complete).
     WHERE f.id = ANY (%(ids)b::uuid[]) AND f.id = h.id AND f.lease_token = h.token
     RETURNING f.id, f.lease_token
+), settled AS (
+    -- An attempt that already ended by its own statement (a heartbeat racing its
+    -- completion) has lost nothing. Read locked, so a completion committing while this
+    -- statement runs is seen (the statement's snapshot may predate it); the rows just
+    -- extended are left out first (the ARRAY runs `extended` to the end).
+    SELECT f.id, f.settled_token FROM archive_files f
+    WHERE f.id = ANY (%(ids)b::uuid[]) AND f.id <> ALL (ARRAY(SELECT id FROM extended))
+    FOR UPDATE
 ), lost AS (
     INSERT INTO archive_events (file_id, kind, token, worker)
     SELECT h.id, 'lease_lost', h.token, %(worker)s
     FROM held h
     WHERE NOT EXISTS (SELECT 1 FROM extended e WHERE e.id = h.id AND e.lease_token = h.token)
-    RETURNING file_id
+      AND NOT EXISTS (SELECT 1 FROM settled f WHERE f.id = h.id AND f.settled_token = h.token)
+    RETURNING file_id, token
 )
-SELECT file_id AS id FROM lost;
+SELECT file_id AS id, token FROM lost;
 
 -- name: register_attempt_object
 -- Before an attempt PUTs its derivative, so that a crash between PUT and commit cannot
@@ -154,7 +176,7 @@ WITH done AS (
     UPDATE archive_files f
     SET status = 'ready', derived_key = d.derived_key, derived_version = d.derived_version,
         sha256 = d.sha256, width = d.width, height = d.height,
-        derived_bytes = d.derived_bytes, error_code = NULL,
+        derived_bytes = d.derived_bytes, error_code = NULL, settled_token = d.token,
         derive_fingerprint = %(fingerprint)s::text,
         lease_token = NULL, lease_until = NULL, finished_at = now(), updated_at = now()
     FROM done d
@@ -178,9 +200,23 @@ WITH done AS (
     SELECT previous_key, id, token, 'superseded' FROM published
     WHERE previous_key IS NOT NULL AND previous_key <> derived_key
     ON CONFLICT (object_key) DO NOTHING
+), unpublished AS (
+    -- The rows not published just above, read locked: so a commit of the same attempt
+    -- that is still finishing (its sender already saw an error) is waited for and seen,
+    -- though this statement's snapshot predates it. The ARRAY runs `published` to the
+    -- end first, so the rows it changed are left out, and nothing is locked when every
+    -- row was published.
+    SELECT f.id, f.derived_key FROM archive_files f
+    WHERE f.id = ANY (%(ids)b::uuid[]) AND f.id <> ALL (ARRAY(SELECT id FROM published))
+    FOR UPDATE
 ), lost AS (
     SELECT d.* FROM done d
     WHERE NOT EXISTS (SELECT 1 FROM published p WHERE p.id = d.id AND p.token = d.token)
+      -- A repeat of a commit that went through (its answer was lost): the card already
+      -- shows this attempt's key, which no other attempt can write. That is success, and
+      -- its object is the card's, never an orphan.
+      AND NOT EXISTS (SELECT 1 FROM unpublished f
+                      WHERE f.id = d.id AND f.derived_key = d.derived_key)
 ), lost_events AS (
     INSERT INTO archive_events (file_id, kind, token, worker)
     SELECT id, 'lease_lost', token, %(worker)s FROM lost
@@ -203,9 +239,19 @@ WITH failed AS (
         available_at = now() + make_interval(secs => %(delay)s::float8),
         finished_at = CASE WHEN %(transient)s AND f.attempts < %(max_attempts)s
                            THEN NULL ELSE now() END,
-        lease_token = NULL, lease_until = NULL, updated_at = now()
+        lease_token = NULL, lease_until = NULL, settled_token = %(token)s, updated_at = now()
     WHERE f.id = %(id)s AND f.lease_token = %(token)s AND f.status = 'processing'
     RETURNING f.id, f.status, f.attempts
+), current AS (
+    -- Read locked, only when the update above changed nothing (see complete).
+    SELECT f.status, f.settled_token FROM archive_files f
+    WHERE f.id = %(id)s AND NOT EXISTS (SELECT 1 FROM failed)
+    FOR UPDATE
+), repeated AS (
+    -- The same failure recorded before, whose answer was lost: answer what it did.
+    SELECT CASE WHEN f.status = 'rejected' THEN 'rejected' ELSE 'queued' END AS status
+    FROM current f
+    WHERE f.settled_token = %(token)s AND f.status <> 'ready'
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker, error_code)
     SELECT id,
@@ -215,9 +261,41 @@ WITH failed AS (
     FROM failed
     UNION ALL
     SELECT %(id)s, 'lease_lost', NULL, %(token)s, %(worker)s, %(error_code)s
-    WHERE NOT EXISTS (SELECT 1 FROM failed)
+    WHERE NOT EXISTS (SELECT 1 FROM failed) AND NOT EXISTS (SELECT 1 FROM repeated)
 )
-SELECT status FROM failed;
+SELECT status FROM failed
+UNION ALL
+SELECT status FROM repeated;
+
+-- name: defer
+-- The object store failed, not the file: back to queued after a delay, and the attempt is
+-- given back, so an outage of the store spends no file's attempts. Repeats are recognized
+-- by the settled token, like fail's.
+WITH deferred AS (
+    UPDATE archive_files f
+    SET status = 'queued', attempts = f.attempts - 1,
+        available_at = now() + make_interval(secs => %(delay)s::float8),
+        lease_token = NULL, lease_until = NULL, settled_token = %(token)s, updated_at = now()
+    WHERE f.id = %(id)s AND f.lease_token = %(token)s
+    RETURNING f.id, f.attempts
+), current AS (
+    -- Read locked, only when the update above changed nothing (see complete).
+    SELECT f.id, f.status, f.settled_token FROM archive_files f
+    WHERE f.id = %(id)s AND NOT EXISTS (SELECT 1 FROM deferred)
+    FOR UPDATE
+), repeated AS (
+    SELECT f.id FROM current f
+    WHERE f.settled_token = %(token)s AND f.status NOT IN ('ready', 'rejected')
+), logged AS (
+    INSERT INTO archive_events (file_id, kind, attempt, token, worker, error_code)
+    SELECT id, 'deferred', attempts, %(token)s, %(worker)s, %(error_code)s FROM deferred
+    UNION ALL
+    SELECT %(id)s, 'lease_lost', NULL, %(token)s, %(worker)s, %(error_code)s
+    WHERE NOT EXISTS (SELECT 1 FROM deferred) AND NOT EXISTS (SELECT 1 FROM repeated)
+)
+SELECT id FROM deferred
+UNION ALL
+SELECT id FROM repeated;
 
 -- name: release
 -- Graceful hand-back: queued and due now, so no one waits for the lease to run out.
@@ -227,7 +305,7 @@ WITH held AS (
 ), released AS (
     UPDATE archive_files f
     SET status = 'queued', available_at = now(), lease_token = NULL, lease_until = NULL,
-        updated_at = now()
+        settled_token = h.token, updated_at = now()
     FROM held h
     -- The token is the fence (see complete).
     WHERE f.id = ANY (%(ids)b::uuid[]) AND f.id = h.id AND f.lease_token = h.token
@@ -235,8 +313,17 @@ WITH held AS (
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker)
     SELECT id, 'released', attempts, token, %(worker)s FROM released
+), current AS (
+    -- Read locked, only the rows not released just above (see complete).
+    SELECT f.id, f.status, f.settled_token FROM archive_files f
+    WHERE f.id = ANY (%(ids)b::uuid[]) AND f.id <> ALL (ARRAY(SELECT id FROM released))
+    FOR UPDATE
 )
-SELECT r.id, pg_notify('darkroom_jobs', '') IS NULL AS notified FROM released r;
+SELECT r.id, pg_notify('darkroom_jobs', '') IS NULL AS notified FROM released r
+UNION ALL
+-- A hand-back repeated after it went through.
+SELECT f.id, false FROM current f JOIN held h ON f.id = h.id
+WHERE f.settled_token = h.token AND f.status NOT IN ('ready', 'rejected');
 
 -- name: revoke
 -- Delete: the card goes to deleting and its lease is revoked, so no attempt can publish.
@@ -322,13 +409,21 @@ INSERT INTO owner_weights (owner, weight) VALUES (%(owner)s, %(weight)s)
 ON CONFLICT (owner) DO UPDATE SET weight = excluded.weight;
 
 -- name: take_deleted
-SELECT id, original_key
-FROM archive_files
-WHERE status = 'deleting'
-  AND deleted_at < now() - make_interval(secs => %(guard_seconds)s::float8)
-ORDER BY deleted_at
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED;
+-- A batch of deleted cards for one sweeper: taking them moves their next try (available_at,
+-- unused once a card is deleting) forward and commits, so no row lock or snapshot is held
+-- while their bytes are deleted, other sweepers take other cards, and a card whose bytes
+-- could not be deleted is tried again later without holding up the rest.
+UPDATE archive_files f
+SET available_at = now() + make_interval(secs => %(retry_seconds)s::float8)
+WHERE f.id = ANY (ARRAY(
+    SELECT id FROM archive_files
+    WHERE status = 'deleting'
+      AND deleted_at < now() - make_interval(secs => %(guard_seconds)s::float8)
+      AND available_at <= now()
+    ORDER BY deleted_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED))
+RETURNING f.id, f.original_key;
 
 -- name: purge_card
 -- The last step of a delete, after every byte is gone. Its events stay (until retention
@@ -404,8 +499,17 @@ SELECT
         AND kind IN ('ready', 'rejected', 'exhausted')) AS rejected_share_24h,
     (SELECT count(*) FROM archive_events
       WHERE created_at > now() - interval '1 minute' AND kind = 'ready') AS completed_last_minute,
-    (SELECT count(*) FROM archive_events WHERE kind = 'lease_lost') AS lease_lost_total;
+    (SELECT count(*) FROM archive_events WHERE kind = 'lease_lost') AS lease_lost_total,
+    (SELECT coalesce(jsonb_agg(worker ORDER BY worker), '[]'::jsonb) FROM worker_pauses
+      WHERE seen_at > now() - interval '5 minutes') AS paused_workers;
 
+-- name: pause_worker
+-- The store breaker opened (or is still open): upserted, so a repeat changes nothing.
+INSERT INTO worker_pauses (worker, reason) VALUES (%(worker)s, %(reason)s)
+ON CONFLICT (worker) DO UPDATE SET reason = EXCLUDED.reason, seen_at = now();
+
+-- name: resume_worker
+DELETE FROM worker_pauses WHERE worker = %(worker)s;
 
 -- name: backlog
 -- Who is waiting: per priority, and the top owners by waiting cards (with their oldest

@@ -1,22 +1,50 @@
--- The sweeper's statements: orphaned objects and event retention. (The purge of deleted
--- cards is a status transition, so it lives with the protocol in queries.sql.) Each
--- pass takes a batch under FOR UPDATE SKIP LOCKED, so several sweepers share the work,
--- and a pass interrupted half-way leaves its rows for the next one.
+-- The sweeper's statements: orphaned objects, event retention, reconciliation. (The purge
+-- of deleted cards is a status transition, so it lives with the protocol in queries.sql.)
+-- No statement here holds a lock while the store is called: a batch is taken by moving
+-- its rows' next try forward and committing, so several sweepers share the work, a pass
+-- interrupted half-way leaves its rows for a later one, and one object that cannot be
+-- deleted is retried with backoff without holding up the others.
 
 -- name: sweep_take_orphans
 -- Objects no live attempt accounts for: the attempt that wrote them is over (its token
--- holds no lease) and the guard interval has passed.
-SELECT o.object_key, o.file_id, o.token, o.reason
-FROM orphan_objects o
-WHERE o.created_at < now() - make_interval(secs => %(guard_seconds)s::float8)
-  AND NOT EXISTS (SELECT 1 FROM archive_files f
-                  WHERE f.id = o.file_id AND f.lease_token = o.token)
-ORDER BY o.created_at
-LIMIT %(limit)s
-FOR UPDATE OF o SKIP LOCKED;
+-- holds no lease, and tokens never hold a lease again) and the guard interval has passed.
+-- An object that a card references is not an orphan whatever its row says (a repeated
+-- commit that went through): it is answered with referenced = true and never deleted.
+WITH taken AS (
+    UPDATE orphan_objects o
+    SET next_try_at = now() + make_interval(secs => %(retry_seconds)s::float8)
+    WHERE o.object_key = ANY (ARRAY(
+        SELECT object_key FROM orphan_objects
+        WHERE next_try_at <= now()
+          AND created_at < now() - make_interval(secs => %(guard_seconds)s::float8)
+        ORDER BY next_try_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED))
+      AND NOT EXISTS (SELECT 1 FROM archive_files f
+                      WHERE f.id = o.file_id AND f.lease_token = o.token)
+    RETURNING o.object_key, o.file_id, o.token, o.reason, o.failures
+)
+SELECT t.*, EXISTS (SELECT 1 FROM archive_files f
+                    WHERE f.id = t.file_id AND f.derived_key = t.object_key) AS referenced
+FROM taken t;
 
 -- name: sweep_drop_orphan
+-- After every version is gone; the check against the card is made again, so a row that
+-- a card references is dropped without its object ever being touched.
 DELETE FROM orphan_objects WHERE object_key = %(key)s;
+
+-- name: sweep_orphan_failed
+-- One delete failed: try again after a backoff that grows with the failures.
+UPDATE orphan_objects
+SET failures = failures + 1,
+    next_try_at = now() + make_interval(secs => least(%(cap_seconds)s::float8,
+                                                      %(base_seconds)s::float8 * 2 ^ failures))
+WHERE object_key = %(key)s
+RETURNING failures;
+
+-- name: sweep_stuck_orphans
+-- Orphans whose delete keeps failing, for the health figures and the log.
+SELECT count(*) AS n FROM orphan_objects WHERE failures > 0;
 
 -- name: sweep_prune_events
 -- Retention: events of the past are kept for a while, then pruned in batches.
@@ -24,3 +52,33 @@ DELETE FROM archive_events
 WHERE id IN (SELECT id FROM archive_events
              WHERE created_at < now() - make_interval(secs => %(retention_seconds)s::float8)
              ORDER BY created_at LIMIT %(limit)s);
+
+-- name: sweep_take_turn
+-- One sweeper of many runs a periodic unit per interval: the one whose update moves the
+-- unit's next run forward. Repeating it after its answer was lost only skips a turn.
+INSERT INTO maintenance_schedule AS m (unit, next_run_at)
+VALUES (%(unit)s, now() + make_interval(secs => %(interval_seconds)s::float8))
+ON CONFLICT (unit) DO UPDATE
+SET next_run_at = EXCLUDED.next_run_at
+WHERE m.next_run_at <= now()
+RETURNING unit;
+
+-- name: reconcile_unaccounted
+-- Of a page of listed object versions, those that nothing accounts for: not a card's
+-- original (any version while the card is pending or being deleted, else the confirmed
+-- one), not a card's published derivative, not a registered orphan (the orphan sweep owns
+-- those), not the object of a live attempt. Keys that do not follow the layout come with
+-- a NULL file id and are accounted for by nothing.
+SELECT o.object_key, o.version
+FROM unnest(%(keys)s::text[], %(versions)s::text[], %(file_ids)s::uuid[], %(kinds)s::text[],
+            %(tokens)s::uuid[]) AS o(object_key, version, file_id, kind, token)
+WHERE NOT EXISTS (
+        SELECT 1 FROM archive_files f
+        WHERE f.id = o.file_id AND (
+            (o.kind = 'original' AND (f.status IN ('pending', 'deleting')
+                                      OR f.original_version = o.version))
+            OR (o.kind = 'derived' AND (f.status = 'deleting'
+                                        OR (f.derived_key = o.object_key
+                                            AND f.derived_version = o.version)
+                                        OR f.lease_token = o.token))))
+  AND NOT EXISTS (SELECT 1 FROM orphan_objects x WHERE x.object_key = o.object_key);

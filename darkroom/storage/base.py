@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import BinaryIO, Protocol, runtime_checkable
 
 # Bodies are read in pieces of this size so an upload never sits whole in memory.
@@ -42,6 +43,8 @@ class ObjectVersion:
     key: str
     version: str
     size: int
+    # When the version was written (UTC): reconciliation leaves young objects alone.
+    modified: datetime | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

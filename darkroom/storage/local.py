@@ -24,6 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
@@ -289,7 +290,7 @@ class LocalStore:
             yield from self._walk(base / name, key_base + name)
 
     def _walk(self, directory: Path, key: str) -> Iterator[ObjectVersion]:
-        versions: list[tuple[str, int]] = []
+        versions: list[tuple[str, int, float]] = []
         subdirs: list[str] = []
         try:
             with os.scandir(directory) as entries:
@@ -299,13 +300,14 @@ class LocalStore:
                             if not entry.name.startswith(("@", ".")):
                                 subdirs.append(entry.name)
                         elif m := _DATA_FILE.fullmatch(entry.name):
-                            versions.append((m.group(1), entry.stat().st_size))
+                            st = entry.stat()
+                            versions.append((m.group(1), st.st_size, st.st_mtime))
                     except FileNotFoundError:
                         continue  # deleted while we were looking: it is simply gone
         except (FileNotFoundError, NotADirectoryError):
             return
-        for version, size in sorted(versions, reverse=True):
-            yield ObjectVersion(key, version, size)
+        for version, size, mtime in sorted(versions, reverse=True):
+            yield ObjectVersion(key, version, size, datetime.fromtimestamp(mtime, UTC))
         for name in sorted(subdirs):
             yield from self._walk(directory / name, f"{key}/{name}")
 

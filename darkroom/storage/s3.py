@@ -350,7 +350,8 @@ class S3Store:
                     version = entry.get("VersionId")
                     if not full.startswith(self.prefix) or not version:
                         continue
-                    yield ObjectVersion(full[len(self.prefix) :], version, int(entry["Size"]))
+                    yield ObjectVersion(full[len(self.prefix) :], version, int(entry["Size"]),
+                                        entry.get("LastModified"))
         except (BotoCoreError, ClientError) as exc:
             self._fail(exc, "list")
 

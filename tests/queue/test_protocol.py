@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import random
 import uuid
 from typing import Any
@@ -9,6 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from darkroom.db.queries import QUERIES
 from darkroom.errors import ErrorCode
 from darkroom.queue import ConfirmOutcome, Derived, LeaseLost, backoff_delay, derived_key
 from tests.conftest import make_queue
@@ -43,6 +46,11 @@ def events(db_url: str, file_id: uuid.UUID) -> list[str]:
     return [r[0] for r in rows]
 
 
+def orphans(db_url: str) -> list[tuple[str, uuid.UUID]]:
+    with psycopg.connect(db_url) as conn:
+        return conn.execute("SELECT object_key, token FROM orphan_objects").fetchall()
+
+
 def card(db_url: str, file_id: uuid.UUID) -> dict[str, Any]:
     with psycopg.connect(db_url, row_factory=psycopg.rows.dict_row) as conn:
         row = conn.execute("SELECT * FROM archive_files WHERE id = %s", (file_id,)).fetchone()
@@ -71,9 +79,11 @@ async def test_claim_complete_publishes_once(pool: Any, db_url: str) -> None:
     row = card(db_url, fid)
     assert row["status"] == "ready" and row["lease_token"] is None
     assert row["derived_key"] == derived_key(lease)
-    with pytest.raises(LeaseLost):
-        await q.complete(lease, derived_for(lease))
-    assert events(db_url, fid) == ["claimed", "ready", "lease_lost"]
+    # The same commit again (its answer was lost) is the same success, and changes nothing.
+    await q.complete(lease, derived_for(lease))
+    assert card(db_url, fid)["finished_at"] == row["finished_at"]
+    assert events(db_url, fid) == ["claimed", "ready"]
+    assert orphans(db_url) == []
 
 
 async def test_stale_commit_changes_nothing(pool: Any, db_url: str) -> None:
@@ -89,9 +99,7 @@ async def test_stale_commit_changes_nothing(pool: Any, db_url: str) -> None:
     row = card(db_url, fid)
     assert row["status"] == "ready" and row["derived_key"] == derived_key(b)
     assert events(db_url, fid) == ["claimed", "claimed", "ready", "lease_lost"]
-    with psycopg.connect(db_url) as conn:
-        orphans = conn.execute("SELECT object_key, token FROM orphan_objects").fetchall()
-    assert orphans == [(derived_key(a), a.token)]
+    assert orphans(db_url) == [(derived_key(a), a.token)]
 
 
 async def test_crash_loop_ends_after_exactly_max_attempts(pool: Any, db_url: str) -> None:
@@ -120,7 +128,7 @@ async def test_revoke_during_processing_fences_the_commit(pool: Any, db_url: str
     assert await q.revoke(fid, "alice") is False
     with pytest.raises(LeaseLost):
         await q.complete(lease, derived_for(lease))
-    assert await q.heartbeat([lease]) == {fid}
+    assert await q.heartbeat([lease]) == {lease.token}
     row = card(db_url, fid)
     assert row["status"] == "deleting" and row["derived_key"] is None
     assert await q.get_file(fid, "alice") is None
@@ -133,8 +141,9 @@ async def test_permanent_failure_rejects_at_once(pool: Any, db_url: str) -> None
     assert await q.fail(lease, ErrorCode.INVALID_IMAGE) == "rejected"
     row = card(db_url, fid)
     assert row["error_code"] == "invalid_image" and row["attempts"] == 1
+    stranger = dataclasses.replace(lease, token=uuid.uuid4())
     with pytest.raises(LeaseLost):
-        await q.fail(lease, ErrorCode.INVALID_IMAGE)
+        await q.fail(stranger, ErrorCode.INVALID_IMAGE)
 
 
 async def test_transient_failure_retries_then_rejects(pool: Any, db_url: str) -> None:
@@ -196,7 +205,7 @@ async def test_heartbeat_extends_only_the_holder(pool: Any, db_url: str) -> None
     assert card(db_url, fid)["lease_until"] >= before
     expire(db_url, fid)
     [b] = await q.claim(1)
-    assert await q.heartbeat([a, b]) == {fid}
+    assert await q.heartbeat([a, b]) == {a.token}
     assert "lease_lost" in events(db_url, fid)
 
 
@@ -209,7 +218,7 @@ async def test_batch_claim_and_batch_complete(pool: Any, db_url: str) -> None:
     [stolen] = await q.claim(1)  # the expired lease is rescued first
     assert stolen.file_id == leases[0].file_id
     lost = await q.complete_many([(lease, derived_for(lease)) for lease in leases])
-    assert lost == {leases[0].file_id}
+    assert lost == {leases[0].token}
     stats = await q.stats()
     assert stats["counts"]["ready"] == 7 and stats["counts"]["processing"] == 1
     assert stats["counts"]["queued"] == len(ids) - 8
@@ -274,3 +283,161 @@ async def test_listing_includes_processing_cards_in_order(pool: Any) -> None:
     processing = {lease.file_id for lease in leases[1:]}
     assert {r["id"] for r in await q.list_files("alice", status="processing")} == processing
     assert [r["id"] for r in await q.list_files("alice", status="ready")] == [leases[0].file_id]
+
+
+# --- statements whose answer was lost: each repeat is recognized as its own success -------
+
+
+async def test_repeated_batch_commit_publishes_once_and_orphans_nothing(
+        pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    await new_queued(q, 4)
+    leases = await q.claim(4)
+    results = [(lease, derived_for(lease)) for lease in leases]
+    for lease in leases:
+        await q.register_attempt_object(lease, derived_key(lease))
+    assert await q.complete_many(results) == set()
+    assert await q.complete_many(results) == set()  # the whole batch again
+    assert orphans(db_url) == []
+    for lease in leases:
+        assert events(db_url, lease.file_id) == ["claimed", "ready"]
+    assert (await q.stats())["lease_lost_total"] == 0
+
+
+@pytest.mark.parametrize("code, expected", [
+    (ErrorCode.STORAGE_UNAVAILABLE, "queued"), (ErrorCode.INVALID_IMAGE, "rejected")])
+async def test_repeated_failure_answers_what_it_did(pool: Any, db_url: str, code: ErrorCode,
+                                                    expected: str) -> None:
+    q = make_queue(pool)
+    [fid] = await new_queued(q)
+    [lease] = await q.claim(1)
+    assert await q.fail(lease, code) == expected
+    assert await q.fail(lease, code) == expected
+    assert "lease_lost" not in events(db_url, fid)
+    assert card(db_url, fid)["attempts"] == 1
+
+
+async def test_repeated_hand_back_counts_as_handed_back(pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    [fid] = await new_queued(q)
+    [lease] = await q.claim(1)
+    assert await q.release([lease]) == {fid}
+    assert await q.release([lease]) == {fid}
+    assert events(db_url, fid) == ["claimed", "released"]
+
+
+async def test_heartbeat_racing_the_completion_is_not_a_lost_lease(
+        pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    await new_queued(q)
+    [lease] = await q.claim(1)
+    await q.complete(lease, derived_for(lease))
+    assert await q.heartbeat([lease]) == set()
+    await new_queued(q)
+    [failed] = await q.claim(1)
+    await q.fail(failed, ErrorCode.INVALID_IMAGE)
+    assert await q.heartbeat([failed]) == set()
+    assert (await q.stats())["lease_lost_total"] == 0
+
+
+async def test_a_claim_whose_answer_was_lost_is_adopted_with_one_attempt(
+        pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    ids = await new_queued(q, 3)
+    claim_id = uuid.uuid4()
+    # The claim statement commits; its answer never reaches the worker.
+    async with pool.connection() as conn:
+        await conn.execute(QUERIES["claim"], {
+            "n": 2, "max_attempts": 3, "claim": claim_id, "lease_seconds": 30.0,
+            "worker": "test"})
+    adopted = await q.adopt_claim(claim_id)
+    assert len(adopted) == 2 and {lease.attempt for lease in adopted} == {1}
+    assert await q.adopt_claim(uuid.uuid4()) == []
+    assert await make_queue(pool, worker="other").adopt_claim(claim_id) == []
+    for lease in adopted:
+        await q.complete(lease, derived_for(lease))
+    [rest] = await q.claim(5)
+    assert {lease.file_id for lease in adopted} | {rest.file_id} == set(ids)
+
+
+async def test_an_adopted_claim_taken_over_since_is_not_adopted(
+        pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    [fid] = await new_queued(q)
+    claim_id = uuid.uuid4()
+    async with pool.connection() as conn:
+        await conn.execute(QUERIES["claim"], {
+            "n": 1, "max_attempts": 3, "claim": claim_id, "lease_seconds": 30.0,
+            "worker": "test"})
+    expire(db_url, fid)
+    [b] = await q.claim(1)
+    assert b.attempt == 2
+    assert await q.adopt_claim(claim_id) == []
+
+
+async def test_defer_gives_the_attempt_back_and_is_recognized_when_repeated(
+        pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    [fid] = await new_queued(q)
+    for _ in range(5):  # an outage longer than max_attempts claims spends nothing
+        [lease] = await q.claim(1)
+        assert lease.attempt == 1
+        await q.defer(lease, ErrorCode.STORAGE_UNAVAILABLE, 0.0)
+        await q.defer(lease, ErrorCode.STORAGE_UNAVAILABLE, 0.0)
+    row = card(db_url, fid)
+    assert row["status"] == "queued" and row["attempts"] == 0
+    assert events(db_url, fid) == ["claimed", "deferred"] * 5
+    [lease] = await q.claim(1)
+    await q.complete(lease, derived_for(lease))
+    with pytest.raises(LeaseLost):
+        await q.defer(lease, ErrorCode.STORAGE_UNAVAILABLE, 0.0)
+
+
+async def _racing_the_original(db_url: str, lease: Any, repeat: Any) -> Any:
+    """Run `repeat` while the original commit of `lease` is still open in another session
+    (its sender already saw an error), then let the original commit."""
+    original = await psycopg.AsyncConnection.connect(db_url)
+    try:
+        d = derived_for(lease)
+        await original.execute(QUERIES["complete"], {
+            "ids": [lease.file_id], "tokens": [lease.token], "keys": [d.key],
+            "versions": [d.version], "sha256s": [d.sha256], "widths": [d.width],
+            "heights": [d.height], "sizes": [d.size], "worker": "test",
+            "fingerprint": None})
+        task = asyncio.ensure_future(repeat())
+        waiting = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
+        async with waiting:
+            # The repeat is blocked on the original's row lock: wait for that, not a clock.
+            for _ in range(2000):
+                cur = await waiting.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+                row = await cur.fetchone()
+                if row and row[0] > 0:
+                    break
+                await asyncio.sleep(0.005)
+            else:
+                raise AssertionError("the repeat never waited for the original")
+        await original.commit()
+        return await task
+    finally:
+        await original.close()
+
+
+async def test_a_repeat_racing_its_still_open_original_is_recognized(
+        pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    [fid] = await new_queued(q)
+    [lease] = await q.claim(1)
+    await _racing_the_original(db_url, lease, lambda: q.complete(lease, derived_for(lease)))
+    assert events(db_url, fid) == ["claimed", "ready"]
+    assert orphans(db_url) == []
+
+
+async def test_a_heartbeat_racing_an_open_completion_loses_nothing(
+        pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    [fid] = await new_queued(q)
+    [lease] = await q.claim(1)
+    lost = await _racing_the_original(db_url, lease, lambda: q.heartbeat([lease]))
+    assert lost == set()
+    assert events(db_url, fid) == ["claimed", "ready"]

@@ -3,7 +3,9 @@
 The clock is controlled by moving a lease's `lease_until` into the past ("expire"), so
 every interleaving of claim, heartbeat, commit, failure, expiry, release, revoke and
 re-derive that Hypothesis finds is checked against the protocol's invariants after every
-step. Cards belong to several owners and come in both priorities: no claim takes bulk
+step. Unknown outcomes are rules too: a statement repeated after it committed (its answer
+lost) must be recognized as the same success, and a claim whose answer was lost is
+adopted. Cards belong to several owners and come in both priorities: no claim takes bulk
 work while interactive work is due, and no owner with due work is passed over by more
 than a bounded number of claims of its class in a row (fair share).
 """
@@ -21,6 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from psycopg.rows import dict_row
 
 from darkroom.db.connection import open_pool
+from darkroom.db.queries import QUERIES
 from darkroom.errors import ErrorCode
 from darkroom.queue import Derived, Lease, LeaseLost, Priority, Queue, derived_key
 
@@ -57,6 +60,8 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             self.passed: dict[tuple[str, str], int] = {}
             self.requeued = 0
             self.requeued_at: dict[tuple[str, str], int] = {}
+            # Statements that went through, to be repeated as if their answer was lost.
+            self.finished: list[tuple[int, Lease, str, ErrorCode | None]] = []
 
         def run(self, coro: Any) -> Any:
             return self.loop.run_until_complete(coro)
@@ -178,6 +183,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                         "SELECT reason FROM orphan_objects WHERE object_key = %s",
                         (old_key,)).fetchone()
                     assert orphan is not None and orphan["reason"] == "superseded"
+                self.finished.append((w, lease, "complete", None))
 
         @precondition(lambda self: any(self.held))
         @rule(data=st.data(), code=st.sampled_from(list(ErrorCode)))
@@ -193,18 +199,96 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             assert expected
             assert status in {"queued", "rejected"}
             self.requeued += status == "queued"
+            self.finished.append((w, lease, "fail", code))
+
+        @precondition(lambda self: any(self.held))
+        @rule(data=st.data())
+        def defer(self, data: st.DataObject) -> None:
+            w = data.draw(st.sampled_from([i for i, h in enumerate(self.held) if h]))
+            lease = self.held[w].pop(data.draw(st.integers(0, len(self.held[w]) - 1)))
+            expected = self.holds_lease(lease)
+            try:
+                self.run(self.queues[w].defer(lease, ErrorCode.STORAGE_UNAVAILABLE, 0.0))
+            except LeaseLost:
+                assert not expected
+                return
+            assert expected
+            self.starts[lease.file_id] -= 1  # the attempt is given back
+            self.requeued += 1
+            self.finished.append((w, lease, "defer", ErrorCode.STORAGE_UNAVAILABLE))
+
+        @precondition(lambda self: bool(self.finished))
+        @rule(data=st.data())
+        def repeat_after_lost_answer(self, data: st.DataObject) -> None:
+            """A statement that committed, sent again: the same success, or LeaseLost only
+            once the card has moved on past it (another attempt settled it since)."""
+            w, lease, kind, code = data.draw(st.sampled_from(self.finished))
+            row = self.row(lease.file_id)
+            lost_before = self.lease_lost_count()
+            try:
+                if kind == "complete":
+                    self.run(self.queues[w].complete(
+                        lease, Derived(derived_key(lease), "v", "0" * 64, 1, 1, 1)))
+                elif kind == "release":
+                    recognized = lease.file_id in self.run(self.queues[w].release([lease]))
+                    if not recognized:
+                        raise LeaseLost(lease.file_id, lease.token)
+                elif kind == "fail":
+                    assert code is not None
+                    self.run(self.queues[w].fail(lease, code))
+                else:
+                    assert code is not None
+                    self.run(self.queues[w].defer(lease, code, 0.0))
+                recognized = True
+            except LeaseLost:
+                recognized = False
+            if kind == "complete" and row["derived_key"] == derived_key(lease):
+                # (Unless a re-derive has published another derivative since.)
+                assert recognized, "a repeated publication was not recognized"
+            elif row["settled_token"] == lease.token and row["status"] != "ready" and (
+                    kind == "fail" or row["status"] != "rejected") and row["status"] != "deleting":
+                assert recognized, f"a repeated {kind} was not recognized"
+            if recognized:
+                assert self.lease_lost_count() == lost_before
+
+        @rule(w=st.integers(0, WORKERS - 1), n=st.integers(1, 4))
+        def claim_answer_lost(self, w: int, n: int) -> None:
+            """The claim commits, its answer never arrives; the worker adopts by claim id."""
+            claim_id = uuid.uuid4()
+            due = self.due()
+            self.db.execute(QUERIES["claim"], {
+                "n": n, "max_attempts": MAX_ATTEMPTS, "claim": claim_id,
+                "lease_seconds": 60, "worker": f"w{w}"})
+            still = {r["id"] for r in self.due()}
+            self.check_fair(due, [r["id"] for r in due if r["id"] not in still])
+            leases = self.run(self.queues[w].adopt_claim(claim_id))
+            for lease in leases:
+                self.starts[lease.file_id] = self.starts.get(lease.file_id, 0) + 1
+                assert lease.attempt == self.starts[lease.file_id]
+            self.held[w].extend(leases)
+
+        def lease_lost_count(self) -> int:
+            found = self.db.execute("SELECT count(*) AS n FROM archive_events"
+                                    " WHERE kind = 'lease_lost'").fetchone()
+            assert found is not None
+            return int(found["n"])
 
         @rule(w=st.integers(0, WORKERS - 1))
         def heartbeat(self, w: int) -> None:
-            expected_lost = {lease.file_id for lease in self.held[w]
+            expected_lost = {lease.token for lease in self.held[w]
                              if not self.holds_lease(lease)}
             lost = self.run(self.queues[w].heartbeat(self.held[w]))
             assert lost == expected_lost
-            self.held[w] = [lease for lease in self.held[w] if lease.file_id not in lost]
+            self.held[w] = [lease for lease in self.held[w] if lease.token not in lost]
 
         @rule(w=st.integers(0, WORKERS - 1))
         def release(self, w: int) -> None:
-            self.requeued += len(self.run(self.queues[w].release(self.held[w])))
+            holding = {lease.file_id for lease in self.held[w] if self.holds_lease(lease)}
+            released = self.run(self.queues[w].release(self.held[w]))
+            self.requeued += len(released)
+            assert released == holding
+            self.finished += [(w, lease, "release", None) for lease in self.held[w]
+                              if lease.file_id in released]
             self.held[w] = []
 
         @precondition(lambda self: bool(self.files))

@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +24,26 @@ from darkroom.queue import ConfirmOutcome, Queue
 from darkroom.storage import ObjectStore
 
 T = TypeVar("T")
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def small_photos(count: int) -> list[bytes]:
+    """`count` distinct small JPEGs cut from the corpus: real photographs, quick to derive."""
+    import pyvips
+
+    corpus = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
+    sources = sorted(corpus.glob("*.jpg"))
+    out = []
+    for i in range(count):
+        image = pyvips.Image.thumbnail(str(sources[i % len(sources)]), 96 + i % 97)
+        out.append(image.write_to_buffer(".jpg[Q=80]"))
+    return out
 
 
 def wait_for(check: Callable[[], T], *, timeout: float = 60.0, interval: float = 0.05,
@@ -143,6 +164,21 @@ class Harness:
                                               content_type="image/jpeg")
             assert await q.confirm(card["id"], owner, version) is ConfirmOutcome.QUEUED
             return uuid.UUID(str(card["id"]))
+
+        return self._with_queue(go)
+
+    def upload_many(self, photos: list[bytes], owner: str = "tester") -> list[uuid.UUID]:
+        """`upload` for many photos over one connection pool."""
+        async def go(q: Queue) -> list[uuid.UUID]:
+            ids = []
+            for i, data in enumerate(photos):
+                card = await q.create_file(owner=owner, filename=f"p{i}.jpg",
+                                           content_type="image/jpeg", size=len(data))
+                version = await asyncio.to_thread(self.store.put, card["original_key"], data,
+                                                  content_type="image/jpeg")
+                assert await q.confirm(card["id"], owner, version) is ConfirmOutcome.QUEUED
+                ids.append(uuid.UUID(str(card["id"])))
+            return ids
 
         return self._with_queue(go)
 

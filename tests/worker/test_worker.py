@@ -180,12 +180,15 @@ def test_outages_postgres_restart_and_frozen_s3(harness: Harness, postgres: obje
     wait_for(lambda: harness.reconnect() and harness.statuses(ids).get("ready", 0) >= 4,
              timeout=120, what="progress after the restart")
     with seaweed.frozen():
-        wait_for(lambda: harness.events(kind="retry_scheduled"), timeout=60,
-                 what="a storage_unavailable retry")
+        # The store is down, not the files: cards go back with their attempt given back,
+        # and the workers stop claiming and say so.
+        wait_for(lambda: harness.events(kind="deferred"), timeout=60,
+                 what="a card handed back for the store")
+        wait_for(lambda: harness.db.execute("SELECT count(*) AS n FROM worker_pauses")
+                 .fetchone()["n"] > 0, timeout=60, what="a worker paused")
     wait_for(lambda: harness.all_finished(ids), timeout=240, what="all finished")
     assert harness.statuses(ids) == {"ready": 12}
-    assert any(e["error_code"] == "storage_unavailable"
-               for e in harness.events(kind="retry_scheduled"))
+    assert all(e["error_code"] == "storage_unavailable" for e in harness.events(kind="deferred"))
     for file_id in ids:
         harness.assert_published_once(file_id)
 

@@ -46,8 +46,9 @@ CREATE TABLE owner_weights (
     weight  float8 NOT NULL CHECK (weight > 0 AND weight <= 1000)
 );
 
--- A re-derive moves a ready card back to queued; its event says so.
+-- A re-derive moves a ready card back to queued; its event says so. (The kinds of 0005
+-- and one more.)
 ALTER TABLE archive_events DROP CONSTRAINT archive_events_kind_check;
 ALTER TABLE archive_events ADD CONSTRAINT archive_events_kind_check CHECK (kind IN (
     'claimed', 'lease_lost', 'retry_scheduled', 'rejected', 'ready', 'exhausted',
-    'released', 'revoked', 'rederive'));
+    'released', 'revoked', 'deferred', 'rederive'));

@@ -1,0 +1,61 @@
+"""Where a card's bytes live in the object store: the one definition of the key layout.
+
+    originals/{file_id}                  every uploaded version of the original
+    derived/{file_id}/{token}.webp       one attempt's derivative (the token makes the key
+                                         unique to the attempt, so attempts never share
+                                         bytes and a card's key names the attempt that
+                                         published it)
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+ORIGINALS = "originals/"
+DERIVED = "derived/"
+
+_ORIGINAL = re.compile(r"originals/([0-9a-f-]{36})")
+_DERIVED = re.compile(r"derived/([0-9a-f-]{36})/([0-9a-f-]{36})\.webp")
+
+
+class _Attempt(Protocol):
+    @property
+    def file_id(self) -> uuid.UUID: ...
+    @property
+    def token(self) -> uuid.UUID: ...
+
+
+def original_key(file_id: uuid.UUID) -> str:
+    return f"{ORIGINALS}{file_id}"
+
+
+def derived_key(lease: _Attempt) -> str:
+    """Unique to the attempt: two attempts never write the same bytes' key."""
+    return f"{DERIVED}{lease.file_id}/{lease.token}.webp"
+
+
+def derived_prefix(file_id: uuid.UUID) -> str:
+    """Every attempt's derivative of one card."""
+    return f"{DERIVED}{file_id}/"
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedKey:
+    kind: Literal["original", "derived"]
+    file_id: uuid.UUID
+    token: uuid.UUID | None
+
+
+def parse_key(key: str) -> ParsedKey | None:
+    """What a key names, or None for a key outside the layout."""
+    try:
+        if m := _ORIGINAL.fullmatch(key):
+            return ParsedKey("original", uuid.UUID(m.group(1)), None)
+        if m := _DERIVED.fullmatch(key):
+            return ParsedKey("derived", uuid.UUID(m.group(1)), uuid.UUID(m.group(2)))
+    except ValueError:
+        return None
+    return None

@@ -1,0 +1,275 @@
+"""Network faults between real components, injected at the socket.
+
+`FaultProxy` is a TCP proxy in a thread of the test process, between a darkroom process
+and a real server (PostgreSQL, SeaweedFS). It injects what a real network does and no
+real component does on demand:
+
+- `cut_before` / `cut_after` (PostgreSQL only: it reads the wire protocol): a connection
+  is cut (a) with a statement the client sent, before it reaches the server, or (b) after
+  the server answered a statement, with the answer dropped. With autocommit, (b) is the
+  statement that committed while its sender sees an error.
+- `stall()`: connections stay open but nothing moves, new ones included;
+- `reset()`: every connection is reset (RST), new ones at once;
+- `refuse()`: nothing listens (connection refused);
+- `heal()`: back to forwarding.
+
+Counters say how many faults of each kind were injected, so a test can assert that its
+faults happened at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+# Client messages that end a statement's round trip (extended protocol Sync, or a simple
+# Query); server messages that a session sends unprompted (notifications, notices).
+_STATEMENT_END = {ord("S"), ord("Q")}
+_UNPROMPTED = {ord("A"), ord("N")}
+_READY = ord("Z")
+
+
+@dataclass
+class Counters:
+    connections: int = 0
+    cut_before: int = 0
+    cut_after: int = 0
+    reset: int = 0
+
+    def __str__(self) -> str:
+        return (f"connections={self.connections} cut_before={self.cut_before} "
+                f"cut_after={self.cut_after} reset={self.reset}")
+
+
+@dataclass(eq=False)
+class _Link:
+    client: asyncio.StreamWriter
+    server: asyncio.StreamWriter | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def abort(self) -> None:
+        for writer in (self.client, self.server):
+            if writer is not None:
+                _rst(writer)
+
+
+def _rst(writer: asyncio.StreamWriter) -> None:
+    """Close with a reset, as a dropped NAT entry or a killed peer does."""
+    sock = writer.get_extra_info("socket")
+    with contextlib.suppress(OSError):
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(Exception):
+        writer.transport.abort()
+
+
+class FaultProxy:
+    """Forwards 127.0.0.1:`port` to `upstream` ((host, port), or a Unix socket path)."""
+
+    def __init__(self, upstream: tuple[str, int] | str, *, postgres: bool = False,
+                 seed: int = 0) -> None:
+        self.upstream = upstream
+        self.postgres = postgres
+        self.rng = random.Random(seed)
+        self.cut_before_rate = 0.0
+        self.cut_after_rate = 0.0
+        self.counters = Counters()
+        self._mode = "forward"
+        self._links: set[_Link] = set()
+        self._healed = asyncio.Event()
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.Server | None = None
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port: int = sock.getsockname()[1]
+        sock.close()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="fault-proxy")
+        self._thread.start()
+        self._call(self._listen)
+
+    # --- control, from the test's thread ------------------------------------------------
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        async def run() -> Any:
+            result = fn()
+            if asyncio.iscoroutine(result):
+                result = await result
+            return result
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=30)
+
+    def set_cuts(self, *, before: float = 0.0, after: float = 0.0) -> None:
+        assert self.postgres, "statement cuts need the PostgreSQL wire protocol"
+
+        def apply() -> None:
+            self.cut_before_rate, self.cut_after_rate = before, after
+
+        self._call(apply)
+
+    def stall(self) -> None:
+        self._call(lambda: self._set_mode("stall"))
+
+    def reset(self) -> None:
+        def apply() -> None:
+            self._set_mode("reset")
+            for link in list(self._links):
+                self.counters.reset += 1
+                link.abort()
+
+        self._call(apply)
+
+    def refuse(self) -> None:
+        async def apply() -> None:
+            self._set_mode("refuse")
+            if self._server is not None:
+                self._server.close()
+                self._server = None
+            for link in list(self._links):
+                link.abort()
+
+        self._call(apply)
+
+    def heal(self) -> None:
+        async def apply() -> None:
+            self._set_mode("forward")
+            if self._server is None:
+                await self._listen()
+
+        self._call(apply)
+
+    def close(self) -> None:
+        async def apply() -> None:
+            if self._server is not None:
+                self._server.close()
+            for link in list(self._links):
+                link.abort()
+
+        with contextlib.suppress(Exception):
+            self._call(apply)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    def url_host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    # --- the proxy, on its own loop -----------------------------------------------------
+
+    def _set_mode(self, mode: str) -> None:
+        self._mode = mode
+        if mode == "forward":
+            self._healed.set()
+        else:
+            self._healed.clear()
+
+    async def _listen(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port,
+                                                  reuse_address=True)
+        if self._mode == "forward":
+            self._healed.set()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                      ) -> None:
+        self.counters.connections += 1
+        link = _Link(writer)
+        self._links.add(link)
+        try:
+            if self._mode == "reset":
+                self.counters.reset += 1
+                return
+            await self._healed.wait()  # a stalled proxy accepts and then says nothing
+            if isinstance(self.upstream, str):
+                up_reader, up_writer = await asyncio.open_unix_connection(self.upstream)
+            else:
+                up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+            link.server = up_writer
+            ready = asyncio.Event()
+            pumps = [self._pump(reader, up_writer, link, from_client=True, ready=ready),
+                     self._pump(up_reader, writer, link, from_client=False, ready=ready)]
+            link.tasks = [asyncio.ensure_future(p) for p in pumps]
+            await asyncio.wait(link.tasks, return_when=asyncio.FIRST_COMPLETED)
+        except OSError:
+            pass
+        finally:
+            for task in link.tasks:
+                task.cancel()
+            link.abort()
+            self._links.discard(link)
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    link: _Link, *, from_client: bool, ready: asyncio.Event) -> None:
+        frames = _Frames(startup=from_client) if self.postgres else None
+        held = bytearray()  # messages not yet forwarded: one statement's worth
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                return
+            await self._healed.wait()
+            if self._mode != "forward":
+                return
+            if frames is None:
+                writer.write(data)
+                await writer.drain()
+                continue
+            for kind, message in frames.feed(data):
+                if not ready.is_set():
+                    writer.write(message)  # the connection's start-up passes untouched
+                    if not from_client and kind == _READY:
+                        ready.set()
+                    continue
+                if not from_client and kind in _UNPROMPTED and not held:
+                    writer.write(message)
+                    continue
+                held += message
+                if from_client and kind in _STATEMENT_END:
+                    if self.rng.random() < self.cut_before_rate:
+                        self.counters.cut_before += 1
+                        link.abort()
+                        return
+                    writer.write(held)
+                    held.clear()
+                elif not from_client and kind == _READY:
+                    if self.rng.random() < self.cut_after_rate:
+                        self.counters.cut_after += 1
+                        link.abort()
+                        return
+                    writer.write(held)
+                    held.clear()
+            await writer.drain()
+
+
+class _Frames:
+    """Splits a PostgreSQL byte stream into messages: (type, whole message bytes)."""
+
+    def __init__(self, *, startup: bool) -> None:
+        self.buffer = bytearray()
+        self.startup = startup  # the client's first message has no type byte
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        self.buffer += data
+        out: list[tuple[int, bytes]] = []
+        while True:
+            if self.startup:
+                if len(self.buffer) < 4:
+                    return out
+                (length,) = struct.unpack("!I", self.buffer[:4])
+                if len(self.buffer) < length:
+                    return out
+                out.append((0, bytes(self.buffer[:length])))
+                del self.buffer[:length]
+                self.startup = False
+                continue
+            if len(self.buffer) < 5:
+                return out
+            (length,) = struct.unpack("!I", self.buffer[1:5])
+            if len(self.buffer) < 1 + length:
+                return out
+            out.append((self.buffer[0], bytes(self.buffer[:1 + length])))
+            del self.buffer[:1 + length]

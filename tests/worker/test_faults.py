@@ -1,0 +1,168 @@
+"""Faults at the network, between real processes and real servers (issue: unknown outcomes).
+
+A worker process reaches PostgreSQL or the S3 server through a `FaultProxy` that cuts its
+connections, before a statement reaches the server or after the server answered (the
+statement committed, its sender sees an error), or stalls, resets and refuses the store.
+The API and the sweeper are connected normally. Every run checks, from the database, the
+bucket and the API: every card final, every ready card's derivative served with its sha256,
+no attempt above the maximum, none spent on a lost answer, nothing left that no card
+accounts for after reconciliation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from tests.support.faults import FaultProxy
+from tests.support.services import DarkroomProcess, Harness, free_port, small_photos, wait_for
+
+FILES = 200
+
+
+def through_proxy(db_url: str, seed: int) -> tuple[FaultProxy, str]:
+    """A PostgreSQL fault proxy for `db_url`, and the URL that goes through it."""
+    params = conninfo_to_dict(db_url)
+    host = str(params.get("host") or "127.0.0.1")
+    port = int(params.get("port") or 5432)
+    upstream: tuple[str, int] | str = (
+        f"{host}/.s.PGSQL.{port}" if host.startswith("/") else (host, port))
+    proxy = FaultProxy(upstream, postgres=True, seed=seed)
+    params.update(host="127.0.0.1", port=str(proxy.port), sslmode="disable",
+                  gssencmode="disable")
+    return proxy, make_conninfo(**params)
+
+
+def started(proc: DarkroomProcess) -> bool:
+    assert proc.proc.poll() is None, proc.log()
+    return "worker started" in proc.log()
+
+
+class Api:
+    """A real API process of the harness, and a key for its owner."""
+
+    def __init__(self, h: Harness) -> None:
+        port = free_port()
+        key = subprocess.run([sys.executable, "-m", "darkroom.cli", "keys", "create",
+                              "--owner", "tester"], env=h.env, capture_output=True,
+                             text=True, timeout=60, check=True).stdout.strip().split()[-1]
+        self.proc = h.start("api", "--port", str(port))
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
+                                   headers={"Authorization": f"Bearer {key}"},
+                                   follow_redirects=True)
+        wait_for(self._up, timeout=60, what="the API")
+
+    def _up(self) -> bool:
+        assert self.proc.proc.poll() is None, self.proc.log()
+        try:
+            return self.client.get("/healthz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def derivative_sha256(self, file_id: uuid.UUID) -> str:
+        answer = self.client.get(f"/v1/files/{file_id}/derivative")
+        assert answer.status_code == 200, (file_id, answer.status_code)
+        return hashlib.sha256(answer.content).hexdigest()
+
+
+@pytest.fixture
+def api(harness: Harness) -> Iterator[Api]:
+    a = Api(harness)
+    try:
+        yield a
+    finally:
+        a.client.close()
+
+
+def check_everything(h: Harness, api: Api, ids: list[uuid.UUID]) -> None:
+    wait_for(lambda: h.all_finished(ids), timeout=600, what="every card final")
+    assert h.statuses(ids) == {"ready": len(ids)}
+    cards = {c["id"]: c for c in h.db.execute(
+        "SELECT * FROM archive_files WHERE id = ANY(%s)", (ids,)).fetchall()}
+    for file_id in ids:
+        h.assert_published_once(file_id)
+        assert api.derivative_sha256(file_id) == cards[file_id]["sha256"]
+    assert max(c["attempts"] for c in cards.values()) <= 3
+    reconcile = subprocess.run([sys.executable, "-m", "darkroom.cli", "reconcile"],
+                               env=h.env, capture_output=True, text=True, timeout=300)
+    assert reconcile.returncode == 0, reconcile.stderr
+    assert reconcile.stdout.strip().endswith("deleted: 0"), reconcile.stdout
+    unaccounted = h.db.execute("SELECT count(*) AS n FROM orphan_objects").fetchone()
+    assert unaccounted == {"n": 0}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_cut_database_connections_lose_nothing(harness: Harness, api: Api, where: str) -> None:
+    """(a) statements cut before they reach the server; (b) committed, answer cut."""
+    proxy, url = through_proxy(harness.db_url, seed=11 if where == "before" else 12)
+    try:
+        ids = harness.upload_many(small_photos(FILES))
+        worker = harness.worker(concurrency=2, database_url=url, lease_seconds="4")
+        wait_for(lambda: started(worker), timeout=120, what="the worker")
+        harness.start("sweep", env={"DARKROOM_SWEEP_INTERVAL_SECONDS": "0.2"})
+        proxy.set_cuts(**{where: 0.08})
+        wait_for(lambda: harness.all_finished(ids), timeout=600, what="every card final")
+        proxy.set_cuts()
+        cuts = proxy.counters.cut_before if where == "before" else proxy.counters.cut_after
+        assert cuts >= 10, proxy.counters
+        check_everything(harness, api, ids)
+        attempts = harness.db.execute(
+            "SELECT attempts, count(*) AS n FROM archive_files GROUP BY attempts").fetchall()
+        # No attempt was spent on a lost answer: every file was started exactly once.
+        assert attempts == [{"attempts": 1, "n": FILES}], (attempts, proxy.counters)
+        lost = harness.events(kind="lease_lost")
+        assert lost == [], [(e["kind"], e["token"], e["worker"], e["created_at"].time())
+                             for x in lost for e in harness.events(x["file_id"])]
+        assert "Traceback" not in worker.log()
+    finally:
+        proxy.close()
+
+
+def seaweed_proxy(seaweed: Any) -> tuple[FaultProxy, dict[str, str]]:
+    host, port = seaweed.endpoint_url.removeprefix("http://").split(":")
+    proxy = FaultProxy((host, int(port)))
+    return proxy, {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["stall", "reset", "refuse"])
+def test_a_store_outage_rejects_nothing_and_pauses_claims(harness: Harness, api: Api,
+                                                          seaweed: Any, fault: str) -> None:
+    """An outage of the store longer than the whole backoff schedule spends no attempt."""
+    proxy, env = seaweed_proxy(seaweed)
+    try:
+        ids = harness.upload_many(small_photos(FILES))
+        worker = harness.start("worker", "--concurrency", "2", "--name", "wf", env=env)
+        wait_for(lambda: started(worker), timeout=120, what="the worker")
+        wait_for(lambda: harness.statuses(ids).get("ready", 0) >= 20, timeout=300,
+                 what="progress before the outage")
+        getattr(proxy, fault)()
+        wait_for(lambda: harness.db.execute(
+            "SELECT count(*) AS n FROM worker_pauses WHERE worker = 'wf'").fetchone()["n"],
+                 timeout=120, what="the worker to pause")
+        assert "object store failing" in worker.log()
+        # The outage lasts past the whole retry schedule (base 0.2 s, cap 1 s, 3 attempts),
+        # in which every claimed card would have been rejected without the breaker: until
+        # the worker's pause, as the database sees it, has lasted 5 s.
+        wait_for(lambda: harness.db.execute(
+            "SELECT seen_at - since >= interval '5 seconds' AS long FROM worker_pauses"
+            " WHERE worker = 'wf'").fetchone()["long"], timeout=120, what="a long outage")
+        before = harness.statuses(ids)
+        proxy.heal()
+        wait_for(lambda: harness.db.execute(
+            "SELECT count(*) AS n FROM worker_pauses").fetchone()["n"] == 0,
+                 timeout=120, what="the worker to resume")
+        check_everything(harness, api, ids)
+        assert "rejected" not in before
+        assert "answers again" in worker.log()
+    finally:
+        proxy.close()

@@ -368,6 +368,8 @@ def main() -> None:
                 result["runs"].append(r)
         result["summary"] = summarize(result["runs"])
         result["confirm_rate"] = confirm_rates(url, plan)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
         result["claim_time"] = [] if args.no_claims else claim_times(url, plan)
         result["targets"] = targets(result["summary"], result["claim_time"])
         result["elapsed_s"] = time.time() - started

@@ -842,8 +842,9 @@ def darkroom_claim_once(n: int, sql: str | None = None
     query = sql or QUERIES["claim"]
 
     def once(conn: psycopg.Connection[Any]) -> Any:
-        # What Queue.claim sends: the same text, prepared on the server.
-        return conn.execute(query, params, prepare=True).fetchall()
+        # What Queue.claim sends: the same text, prepared on the server, with a claim id
+        # of its own (issue 11: the worker draws it).
+        return conn.execute(query, params | {"claim": uuid.uuid4()}, prepare=True).fetchall()
     return once
 
 

@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-db lint typecheck check bench-install clean
+.PHONY: install run test test-fast test-db lint typecheck check bench-install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# What a developer runs after each change: no process fleets, no chaos run, no restarts,
+# no browser (`make test` runs everything, as CI does).
+test-fast: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not fleet and not browser"
 
 # The tests that talk to PostgreSQL; .ci/run repeats them against a second server.
 test-db: install

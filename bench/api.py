@@ -35,19 +35,17 @@ import collections
 import contextlib
 import itertools
 import json
-import math
 import os
-import platform
 import re
+import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +53,16 @@ import httpx
 import psycopg
 import pyvips
 
-from bench.cpu import TICK, machine_ticks, process_ticks
+from bench.cpu import TICK, machine, machine_ticks, process_ticks
 from bench.loadgen import ERRORS as LOAD_ERRORS
 from bench.loadgen import LoadClient
+from bench.markdown import targets_table
+from bench.net import free_port
+from bench.provenance import Source
+from bench.results import ApiResult, load, save
+from bench.runs import BY_NAME
+from bench.sections import api_section
+from bench.stats import percentile
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
 from darkroom.db.migrations import migrate
@@ -71,7 +76,6 @@ OWNER = "bench"  # the cards the API is asked about
 BACKLOG_OWNER = "backlog"  # the photos that keep the worker busy; never touched by the API
 CONFIRM_ROUTE = "/v1/files/{file_id}/confirm"
 GET_ROUTE = "/v1/files/{file_id}"
-TARGET_P99_MS = 25.0
 
 
 # --- the system under test --------------------------------------------------------------
@@ -104,12 +108,6 @@ def gc_full_pass_ms() -> dict[str, float]:
     print(f"  a full collection in the API process: {figures['unfrozen']:.1f} ms over "
         f"{figures['objects']:,.0f} objects, {figures['frozen']:.2f} ms once frozen", flush=True)
     return figures
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class System:
@@ -341,13 +339,6 @@ def server_side(before: dict[str, float], after: dict[str, float]) -> dict[str, 
 
 
 # --- load --------------------------------------------------------------------------------
-
-
-def percentile(sorted_ms: list[float], p: float) -> float:
-    """Nearest rank: the smallest value with at least p of the samples at or below it."""
-    if not sorted_ms:
-        return math.nan
-    return sorted_ms[max(0, math.ceil(p * len(sorted_ms)) - 1)]
 
 
 def summary(latencies_ms: list[float], seconds: float, statuses: collections.Counter[str],
@@ -589,41 +580,6 @@ async def run(system: System, plan: Plan) -> dict[str, Any]:
     return results
 
 
-def machine() -> dict[str, Any]:
-    model = "?"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {"cores": os.cpu_count(), "cpu": model, "python": platform.python_version(),
-            "generator": "bench/loadgen.py (keep-alive HTTP/1.1 on uvloop)"}
-
-
-def table(results: dict[str, Any], plan: Plan) -> str:
-    rows = ["| phase | requests | req/s | p50 ms | p95 ms | p99 ms | max ms | not OK |"
-            " server-side mean ms (≤ 25 ms) | API CPU ms/req |"
-            " CPU cores: API / worker / PG / generator / others / stolen |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    labels = {"confirm_busy": f"confirm, open loop {plan.rate:g}/s, worker busy",
-              "confirm_idle": f"confirm, open loop {plan.rate:g}/s, worker stopped"}
-    for c in plan.clients:
-        labels[f"ceiling_confirm_{c}"] = f"confirm, closed loop, {c} clients"
-        labels[f"ceiling_get_{c}"] = f"GET /v1/files/{{id}}, closed loop, {c} clients"
-    for name, label in labels.items():
-        r = results[name]
-        cpu, srv = r["cpu_cores"], r["server"]
-        server = (f"{srv['mean_ms']:.1f} ({srv['within_25ms']:.1%})" if srv.get("count")
-                  else "–")
-        rows.append(f"| {label} | {r['requests']} | {r['rps']:,.0f} | {r['p50_ms']:.1f} | "
-                    f"{r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['max_ms']:.1f} | "
-                    f"{r['unexpected']} | {server} | {r['api_cpu_ms_per_request']:.2f} | "
-                    f"{cpu['api']:.2f} / {cpu['worker']:.2f} / {cpu['postgres']:.2f} / "
-                    f"{cpu['generator']:.2f} / {cpu['others']:.2f} / "
-                    f"{cpu.get('steal', 0):.2f} |")
-    return "\n".join(rows)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -649,9 +605,8 @@ def main() -> None:
                 ceiling_seconds=args.ceiling_seconds, clients=args.clients,
                 ceiling_cards=args.ceiling_cards, backlog=backlog,
                 connections=args.connections, worker_nice=args.worker_nice)
-    info = machine()
-    info["worker_nice"] = args.worker_nice
-    info["loadavg_start"] = [round(x, 2) for x in os.getloadavg()]
+    info = machine() | {"generator": "bench/loadgen.py (keep-alive HTTP/1.1 on uvloop)",
+                        "worker_nice": args.worker_nice}
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="darkroom-bench-"))
         system = System(Path(tmp), args.api_pythonpath)
@@ -667,24 +622,13 @@ def main() -> None:
             results = runner.run(run(system, plan))
     info["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     gc_pause = gc_full_pass_ms()
-    busy = results["confirm_busy"]
-    targets = {
-        "confirm_p99_under_25ms_busy": busy["p99_ms"] < TARGET_P99_MS and busy["unexpected"] == 0,
-        # Every 202 came with the card still `queued`: none waited for a derive. (That
-        # latency is the same with and without the worker is in the table, not here.)
-        "never_waits_for_image_work": busy["unexpected"] == 0
-        and results["confirm_idle"]["unexpected"] == 0,
-    }
-    out = ROOT / "bench" / "out"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "api.json").write_text(json.dumps(
-        {"machine": info, "plan": vars(plan), "results": results,
-         "gc_full_pass_ms": gc_pause, "targets": targets},
-        indent=2))
-    print()
-    print(table(results, plan))
-    print(f"\nmachine: {info}")
-    print(f"targets: {targets}")
+    data = {"machine": info, "plan": vars(plan), "results": results,
+            "gc_full_pass_ms": gc_pause,
+            "command": shlex.join([".venv/bin/python", "-m", "bench.api", *sys.argv[1:]])}
+    result = load(ApiResult, data)
+    save(result, ROOT / "bench" / "out" / "api.json")
+    lines, targets = api_section(Source.of(BY_NAME["api"], asdict(result)))
+    print("\n".join([*lines, "", *targets_table(targets)]))
 
 
 if __name__ == "__main__":

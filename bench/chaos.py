@@ -8,7 +8,11 @@ files through the HTTP API (presigned PUT to S3, then confirm): corpus photos an
 in, hostile inputs. While they are processed, a seeded schedule kills a worker with
 SIGKILL every few seconds and starts a replacement, freezes one worker past its lease and
 thaws it, restarts PostgreSQL once, freezes the S3 server for longer than a retry delay,
-deletes some files while they are processed, and confirms some files twice.
+deletes some files while they are processed, and confirms some files twice. The workers
+reach PostgreSQL and S3 through fault proxies (tests/support/faults.py): throughout the
+run a share of their statements is cut before it reaches the server or after the server
+answered (committed, answer lost); once the store stalls for them, and once it refuses
+them for longer than the whole retry schedule.
 
 At the end everything is checked from the database and the store, not from logs. The
 test suite runs this in a reduced size (tests/chaos/test_chaos.py).
@@ -24,7 +28,6 @@ import json
 import os
 import random
 import signal
-import socket
 import struct
 import tempfile
 import threading
@@ -42,7 +45,9 @@ import httpx
 import psycopg
 from psycopg.rows import dict_row
 
+from bench.net import free_port
 from darkroom.storage import S3Store
+from tests.support.faults import FaultProxy
 from tests.support.postgres import TestPostgres
 from tests.support.seaweed import SeaweedServer
 from tests.support.services import DarkroomProcess, wait_for
@@ -53,6 +58,13 @@ LEASE = 2.0
 RETRY_BASE = 1.0
 MAX_ATTEMPTS = 8
 GUARD = 3.0
+RETRY_CAP = 8.0
+# Each statement of a worker is cut before reaching PostgreSQL, or after it answered, at
+# these rates; the store refuses the workers for longer than the whole retry schedule
+# (MAX_ATTEMPTS retries at up to RETRY_CAP each, about 40 s at most), in which every
+# claimed card would have been rejected without the store breaker.
+CUT_RATE = 0.01
+STORE_OUTAGE_SECONDS = RETRY_BASE + RETRY_CAP * (MAX_ATTEMPTS - 3) + 1
 
 
 # --- inputs --------------------------------------------------------------------------
@@ -103,12 +115,6 @@ def photos(count: int, rng: random.Random) -> list[bytes]:
 # --- the system ----------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Tally:
     kills: int = 0
@@ -117,6 +123,10 @@ class Tally:
     s3_freezes: int = 0
     deletes: int = 0
     double_confirms: int = 0
+    s3_stalls: int = 0
+    s3_outages: int = 0
+    cuts_before: int = 0
+    cuts_after: int = 0
     last_fault: float = 0.0
     log: list[str] = field(default_factory=list)
 
@@ -146,25 +156,32 @@ class System:
             "DARKROOM_LEASE_SECONDS": str(LEASE),
             "DARKROOM_MAX_ATTEMPTS": str(MAX_ATTEMPTS),
             "DARKROOM_RETRY_BASE_SECONDS": str(RETRY_BASE),
-            "DARKROOM_RETRY_CAP_SECONDS": "8",
+            "DARKROOM_RETRY_CAP_SECONDS": str(RETRY_CAP),
             "DARKROOM_POLL_SECONDS": "1",
             "DARKROOM_SWEEP_GUARD_SECONDS": str(GUARD),
             "DARKROOM_SWEEP_INTERVAL_SECONDS": "2",
             "DARKROOM_SHUTDOWN_GRACE_SECONDS": "5",
         }
         self.n = 0
+        self.db_proxy, db_via_proxy = _pg_proxy(self.db_url)
+        host, port = self.s3.endpoint_url.removeprefix("http://").split(":")
+        self.s3_proxy = FaultProxy((host, int(port)))
+        self.worker_env = {**self.env, "DARKROOM_DATABASE_URL": db_via_proxy,
+                           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.s3_proxy.port}"}
         self.api = self.start("api", "--port", str(self.port))
         self.sweeper = self.start("sweep")
         self.workers = [self.start_worker() for _ in range(workers)]
         wait_for(self.api_ready, timeout=60, what="the API")
         self.key = self.create_key()
 
-    def start(self, *args: str) -> DarkroomProcess:
+    def start(self, *args: str, env: dict[str, str] | None = None) -> DarkroomProcess:
         self.n += 1
-        return DarkroomProcess(list(args), self.env, self.tmp / f"{self.n:03d}-{args[0]}.log")
+        return DarkroomProcess(list(args), env or self.env,
+                               self.tmp / f"{self.n:03d}-{args[0]}.log")
 
     def start_worker(self) -> DarkroomProcess:
-        return self.start("worker", "--concurrency", "1", "--name", f"chaos-{self.n + 1}")
+        return self.start("worker", "--concurrency", "1", "--name", f"chaos-{self.n + 1}",
+                          env=self.worker_env)
 
     def api_ready(self) -> bool:
         try:
@@ -184,7 +201,25 @@ class System:
     def stop(self) -> None:
         for proc in [self.api, self.sweeper, *self.workers]:
             proc.stop()
+        self.db_proxy.close()
+        self.s3_proxy.close()
         self.s3.stop()
+        self.pg.stop()
+
+
+def _pg_proxy(db_url: str) -> tuple[FaultProxy, str]:
+    """A fault proxy in front of PostgreSQL, and the URL through it."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(db_url)
+    host = str(params.get("host") or "127.0.0.1")
+    port = int(params.get("port") or 5432)
+    upstream: tuple[str, int] | str = (
+        f"{host}/.s.PGSQL.{port}" if host.startswith("/") else (host, port))
+    proxy = FaultProxy(upstream, postgres=True, seed=port)
+    params.update(host="127.0.0.1", port=str(proxy.port), sslmode="disable",
+                  gssencmode="disable")
+    return proxy, make_conninfo(**params)
 
 
 # --- the client ----------------------------------------------------------------------
@@ -247,6 +282,7 @@ class Outcome:
     total_seconds: float
     lease_lost: int
     retries: dict[str, int]
+    deferred: int
     orphans_swept: int
     claims: int
     max_starts: int
@@ -262,7 +298,8 @@ class Outcome:
 def faults(system: System, tally: Tally, rng: random.Random, stop: threading.Event,
            progress: Callable[[], float]) -> None:
     """The seeded schedule. Each one-off fault fires once progress passes its mark."""
-    marks = {"freeze": 0.15, "pg": 0.35, "s3": 0.55}
+    marks = {"freeze": 0.15, "pg": 0.35, "s3": 0.55, "s3-stall": 0.65, "s3-outage": 0.75}
+    system.db_proxy.set_cuts(before=CUT_RATE, after=CUT_RATE)
     next_kill = time.monotonic() + rng.uniform(2, 5)
     # However the run goes, faults stop after this long, so a stalled run shows up as a
     # drain that never finishes instead of an endless kill loop.
@@ -297,8 +334,27 @@ def faults(system: System, tally: Tally, rng: random.Random, stop: threading.Eve
                 stop.wait(RETRY_BASE * 4)
             tally.s3_freezes += 1
             tally.note("S3 thawed")
+        if "s3-stall" in marks and done >= marks["s3-stall"]:
+            del marks["s3-stall"]
+            system.s3_proxy.stall()
+            tally.note("S3 stalled for the workers")
+            stop.wait(RETRY_BASE * 4)
+            system.s3_proxy.heal()
+            tally.s3_stalls += 1
+            tally.note("S3 stall healed")
+        if "s3-outage" in marks and done >= marks["s3-outage"]:
+            del marks["s3-outage"]
+            system.s3_proxy.refuse()
+            tally.note("S3 refuses the workers")
+            stop.wait(STORE_OUTAGE_SECONDS)
+            system.s3_proxy.heal()
+            tally.s3_outages += 1
+            tally.note("S3 answers the workers again")
         if not marks and done >= 0.8:
-            return
+            break
+    system.db_proxy.set_cuts()
+    tally.cuts_before = system.db_proxy.counters.cut_before
+    tally.cuts_after = system.db_proxy.counters.cut_after
 
 
 def run(files: int, seed: int, tmp: Path, workers: int = 4) -> Outcome:
@@ -399,7 +455,10 @@ def verify(system: System, db: psycopg.Connection[Any], expected: dict[uuid.UUID
         elif code is not None and (card["status"], card["error_code"]) != ("rejected", code):
             problems.append(f"{file_id}: hostile input ended {card['status']}/"
                             f"{card['error_code']}, expected {code}")
+    # Attempts started: claims, less those handed back for the store with the attempt
+    # given back (`deferred`).
     claims = Counter(e["file_id"] for e in events if e["kind"] == "claimed")
+    claims.subtract(Counter(e["file_id"] for e in events if e["kind"] == "deferred"))
     last_claim = {e["file_id"]: e["token"] for e in events if e["kind"] == "claimed"}
     ready = [e for e in events if e["kind"] == "ready"]
     published = Counter(e["file_id"] for e in ready)
@@ -439,6 +498,7 @@ def verify(system: System, db: psycopg.Connection[Any], expected: dict[uuid.UUID
         tally=tally, lease_lost=sum(1 for e in events if e["kind"] == "lease_lost"),
         retries=dict(Counter(str(e["error_code"]) for e in events
                              if e["kind"] == "retry_scheduled")),
+        deferred=sum(1 for e in events if e["kind"] == "deferred"),
         orphans_swept=swept, claims=sum(claims.values()),
         max_starts=max(claims.values()) if claims else 0,
         statuses=dict(statuses), problems=problems, **figures)
@@ -464,6 +524,11 @@ def report(outcome: Outcome, seed: int, path: Path) -> None:
         f"| workers frozen past their lease | {t.freezes} |",
         f"| PostgreSQL restarts | {t.pg_restarts} |",
         f"| S3 server freezes | {t.s3_freezes} |",
+        f"| statements cut before reaching PostgreSQL | {t.cuts_before} |",
+        f"| statements committed, answer cut | {t.cuts_after} |",
+        f"| S3 stalls for the workers | {t.s3_stalls} |",
+        f"| S3 outages for the workers ({STORE_OUTAGE_SECONDS:g} s, refused) | {t.s3_outages} |",
+        f"| cards handed back for the store, attempt not counted | {outcome.deferred} |",
         f"| attempts started (claims) | {outcome.claims} (max per file: {outcome.max_starts}) |",
         f"| lease_lost events | {outcome.lease_lost} |",
         f"| retries scheduled, by cause | {outcome.retries or 'none'} |",
@@ -480,6 +545,30 @@ def report(outcome: Outcome, seed: int, path: Path) -> None:
         "with the recorded sha256; no file was started more than `MAX_ATTEMPTS` times; and",
         "after the guard interval the bucket holds exactly the live originals and the",
         "published derivatives: no byte of a deleted file, no orphan.",
+    ]
+    lines += [
+        "",
+        "## Faults at the network, one at a time",
+        "",
+        "`tests/worker/test_faults.py` (in `make test`) runs 200 files through a worker",
+        "process behind a fault proxy (`tests/support/faults.py`) for each fault alone, the",
+        "API and the sweeper connected normally, and checks the same from the database, the",
+        "bucket and `GET /v1/files/{id}/derivative` (200, the card's sha256):",
+        "",
+        "| fault | what must hold |",
+        "| --- | --- |",
+        "| 8 % of the worker's statements cut before they reach PostgreSQL | all 200 ready, "
+        "each started exactly once (no attempt spent), no `lease_lost`, nothing for "
+        "reconciliation |",
+        "| 8 % of the worker's statements committed, answer cut | the same: every repeat "
+        "is recognized, no published derivative is orphaned or swept |",
+        "| the store stalls, resets or refuses the worker, past the whole retry schedule "
+        "| no file rejected; the worker pauses (`worker_pauses`, its log) and resumes by "
+        "itself; all 200 ready |",
+        "| a decode hangs past `DARKROOM_ATTEMPT_TIMEOUT_SECONDS` | the card is queued again "
+        "(`processing_timeout`), then rejected after its attempts |",
+        "| SIGTERM while PostgreSQL is unreachable | the worker still exits 0 (its leases "
+        "expire) |",
     ]
     if outcome.problems:
         lines += ["", "## Problems", "", *[f"- {p}" for p in outcome.problems[:50]]]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import platform
 from pathlib import Path
+from typing import Any
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -34,3 +36,22 @@ def process_ticks(pid: int) -> int:
         return int(rest[11]) + int(rest[12])
     except (OSError, IndexError, ValueError):
         return 0  # exited in between
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, as captions and JSONs cite it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def machine() -> dict[str, Any]:
+    """What every benchmark's result records of the machine it ran on; the load average
+    at the start, since this machine is shared (the result adds the one at the end)."""
+    return {"nproc": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
+            "kernel": platform.release(), "loadavg_at_start": list(os.getloadavg())}

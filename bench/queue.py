@@ -1,10 +1,14 @@
 """Queue benchmark: darkroom's lease protocol against Procrastinate, PgQueuer and the seed.
 
 One run, one PostgreSQL server, a fresh database per system. Measures
-  1. no-op throughput (claim -> fenced complete) at 1, 4 and 16 worker processes,
-  2. idle enqueue -> claim latency at a steady 50 jobs/s,
+  1. no-op throughput (claim -> fenced complete) at 1, 4 and 16 worker processes; darkroom
+     on the worker's own path (the worker's `Completer`, slots refilled as they free up),
+     and once with batched completions (`complete_many`) as the reference,
+  2. idle enqueue -> start latency at a steady 50 jobs/s, darkroom, PgQueuer,
+     Procrastinate and the seed in turn, in the same run,
   3. claim time with 1,000,000 finished rows + 20,000 queued versus ~10 rows,
-prints Markdown and writes bench/out/queue.json.
+writes bench/out/queue.json (bench/results.py `QueueResult`) and prints it through its
+renderer (bench/sections.py `queue_section`).
 
     .venv/bin/python bench/queue.py [--quick] [--database-url URL]
 
@@ -26,24 +30,32 @@ if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().p
 import argparse
 import asyncio
 import contextlib
-import json
+import importlib.util
 import logging
+import math
 import multiprocessing as mp
 import os
-import platform
 import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg.rows import dict_row
 
-from bench.cpu import TICK, machine_ticks
+from bench.cpu import TICK, machine, machine_ticks
+from bench.markdown import targets_table
+from bench.provenance import Source
+from bench.results import QueueClaim, QueueLatency, QueueResult, QueueThroughput, load, save
+from bench.runs import BY_NAME
+from bench.sections import BATCHED, queue_section
+from bench.stats import latency_summary
+from darkroom.completer import Completer
+from darkroom.completer import running as completer_running
 from darkroom.db.connection import open_pool
 from darkroom.db.migrations import migrate
 from darkroom.db.queries import QUERIES
@@ -51,13 +63,14 @@ from darkroom.queue import Derived, Lease, Queue, derived_key
 
 OUT = Path(__file__).resolve().parent / "out" / "queue.json"
 WORKER_COUNTS = (1, 4, 16)
-# The top of the 32–100 range: per-batch costs (two round trips, two commits) are paid
-# once per 100 jobs, and the claim's per-row work still dominates (measured: 32 -> ~7k,
-# 100 -> ~10k jobs/s for one worker).
+# Job slots per worker process (`darkroom worker --concurrency`). The worker's completer
+# commits the jobs that finish together in one statement, so more slots mean larger
+# batches; 4 and 32 bracket a small and a large worker.
+DARKROOM_SLOTS = (4, 32)
+WORKER_POOL = 4
+# The reference: one claim(100) and one complete_many per 100 jobs, the most batching any
+# path can do; the same-run ratio to it says what the worker's path leaves on the table.
 DARKROOM_BATCH = 100
-# Batches one worker process has in flight: 1 waits on each round trip; 2 overlaps one
-# batch's round trips with the other's, as a worker's slots do.
-DARKROOM_INFLIGHT = (1, 2)
 # PgQueuer's batch_size is its main throughput knob (default 10); the best one is
 # whichever wins in this run, so several are tried.
 PGQUEUER_BATCHES = (10, 100)
@@ -81,6 +94,7 @@ class Plan:
     backlog_rows: int  # queued rows only: how the claim copes with a large backlog
     workers: tuple[int, ...] = WORKER_COUNTS
     latency_rate: float = 50.0
+    latency_rounds: int = 3  # latency_seconds split into rounds that take the systems in turn
     quick: bool = False
 
 
@@ -94,7 +108,7 @@ SHORT = Plan(jobs=10_000, slow_jobs=1_000, repeats=3, finished_rows=1_000_000,
 # Spawning 16 workers costs seconds on 2 cores; the smoke test stops at 4.
 QUICK = Plan(jobs=2_000, slow_jobs=300, repeats=1, finished_rows=100_000,
              queued_rows=2_000, claims=40, latency_seconds=2.0, backlog_rows=20_000,
-             workers=(1, 4), quick=True)
+             workers=(1, 4), latency_rounds=1, quick=True)
 
 
 # --- the server and its databases ---------------------------------------------------------
@@ -125,17 +139,6 @@ class Server:
                              "fsync", "max_connections")
             }
         return settings
-
-
-def machine() -> dict[str, Any]:
-    model = "unknown"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {"nproc": os.cpu_count(), "cpu": model, "python": platform.python_version(),
-            "kernel": platform.release(), "loadavg_at_start": os.getloadavg()}
 
 
 # --- running N worker processes -----------------------------------------------------------
@@ -212,7 +215,7 @@ def _queue(pool: Any, name: str) -> Queue:
 
 def darkroom_seed_jobs(url: str, n: int) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects")
+        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects CASCADE")
         conn.execute(
             "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
             " original_key, original_version, status)"
@@ -221,9 +224,40 @@ def darkroom_seed_jobs(url: str, n: int) -> None:
         conn.execute("VACUUM ANALYZE archive_files")
 
 
-async def drain_batches(queue: Queue, batch: int) -> int:
-    """claim(batch) -> complete_many, each row fenced by its token, until the queue is
-    empty; answers the jobs done."""
+async def drain_like_worker(queue: Queue, slots: int) -> int:
+    """The worker's own loop with no-op jobs: claim as many leases as there are free
+    slots, run each as its own task that commits through the worker's `Completer` (the
+    fenced commits of the jobs that finish together go in one statement, as
+    `Worker._attempt` does), claim again as slots free up; until the queue is empty.
+    Answers the jobs done."""
+    async def job(lease: Lease) -> None:
+        if not await completer.complete(lease, noop_result(lease)):
+            raise RuntimeError("a lease was lost in a no-op run")
+
+    async def direct(call: Callable[[], Awaitable[set[uuid.UUID]]]) -> set[uuid.UUID]:
+        return await call()
+
+    completer = Completer(queue, direct)
+    running: set[asyncio.Task[None]] = set()
+    done = 0
+    async with completer_running(completer):
+        while True:
+            free = slots - len(running)
+            for lease in await queue.claim(free) if free else []:
+                running.add(asyncio.create_task(job(lease)))
+            if not running:
+                return done
+            finished, running = await asyncio.wait(running,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                task.result()
+            done += len(finished)
+
+
+async def drain_batched(queue: Queue, batch: int) -> int:
+    """claim(batch) -> complete_many: every row still fenced by its token, but one
+    statement for the batch. Not the worker's path: the reference for what batching the
+    worker's completions would buy."""
     done = 0
     while leases := await queue.claim(batch):
         lost = await queue.complete_many([(lease, noop_result(lease)) for lease in leases])
@@ -233,23 +267,24 @@ async def drain_batches(queue: Queue, batch: int) -> int:
     return done
 
 
-async def _darkroom_drain(barrier: Any, url: str, batch: int, name: str,
-                          inflight: int) -> tuple[int, float]:
-    pool = await open_pool(url, min_size=inflight, max_size=inflight, name=name)
+async def _darkroom_drain(barrier: Any, url: str, slots: int, name: str,
+                          batched: bool) -> tuple[int, float]:
+    # The worker's pool size (darkroom/worker.py run_worker: max_size=4).
+    pool = await open_pool(url, min_size=1, max_size=WORKER_POOL, name=name)
     queue = _queue(pool, name)
     try:
         barrier.wait()
-        done = await asyncio.gather(*(drain_batches(queue, batch) for _ in range(inflight)))
-        return sum(done), time.time()
+        done = await (drain_batched(queue, slots) if batched
+                      else drain_like_worker(queue, slots))
+        return done, time.time()
     finally:
         await pool.close()
 
 
-def darkroom_drain(barrier: Any, url: str, batch: int, name: str,
-                   inflight: int = 1) -> tuple[int, float]:
-    """One darkroom worker process: `inflight` batches at a time (as a worker's slots
-    claim side by side), each claimed, then completed with per-row fencing, until empty."""
-    return asyncio.run(_darkroom_drain(barrier, url, batch, name, inflight))
+def darkroom_drain(barrier: Any, url: str, slots: int, name: str,
+                   batched: bool = False) -> tuple[int, float]:
+    """One darkroom worker process with `slots` job slots, until the queue is empty."""
+    return asyncio.run(_darkroom_drain(barrier, url, slots, name, batched))
 
 
 def darkroom_done(url: str) -> int:
@@ -289,7 +324,7 @@ SEED_COMPLETE = """UPDATE archive_files SET status='ready',derived_key=%(key)s,
 def seed_prepare(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(SEED_SCHEMA)
-        conn.execute("TRUNCATE archive_files")
+        conn.execute("TRUNCATE archive_files CASCADE")
 
 
 def seed_seed_jobs(url: str, n: int) -> None:
@@ -500,11 +535,15 @@ class Adapter:
 
 
 def adapters(quick: bool = False) -> list[Adapter]:
-    out = [Adapter("darkroom", f"batch {DARKROOM_BATCH}, {k} in flight, complete_many",
+    out = [Adapter("darkroom", f"{k} slots, the worker's Completer (the worker's path)",
                    "bench_darkroom", darkroom_seed_jobs, darkroom_drain,
-                   lambda url, i, k=k: (url, DARKROOM_BATCH, f"w{i}", k),  # type: ignore[misc]
+                   lambda url, i, k=k: (url, k, f"w{i}"),  # type: ignore[misc]
                    darkroom_done)
-           for k in DARKROOM_INFLIGHT]
+           for k in DARKROOM_SLOTS]
+    out.append(Adapter(BATCHED, f"claim {DARKROOM_BATCH}, complete_many",
+                       "bench_darkroom", darkroom_seed_jobs, darkroom_drain,
+                       lambda url, i: (url, DARKROOM_BATCH, f"w{i}", True), darkroom_done,
+                       once=True))
     driver = "asyncpg" if _asyncpg_available() else "psycopg"
     out += [Adapter("pgqueuer", f"batch_size {b}, {driver}", "bench_pgqueuer",
                     pgqueuer_seed_jobs, pgqueuer_drain,
@@ -608,7 +647,8 @@ async def _darkroom_latency_worker(barrier: Any, url: str, expected: int, limit:
             now = time.time()
             if leases:
                 claimed.update((str(lease.file_id), now) for lease in leases)
-                await queue.complete_many([(lease, noop_result(lease)) for lease in leases])
+                for lease in leases:  # one fenced commit per job, as the worker does
+                    await queue.complete(lease, noop_result(lease))
                 continue
             # Idle: wake on the first NOTIFY, or poll anyway after `poll` seconds in case
             # a notification was lost (e.g. the listening connection was replaced).
@@ -643,6 +683,76 @@ def seed_latency_worker(barrier: Any, url: str, expected: int,
     return claimed
 
 
+async def _pgqueuer_latency_worker(barrier: Any, url: str, expected: int,
+                                   limit: float) -> dict[str, float]:
+    from pgqueuer.models import Job
+    from pgqueuer.qm import QueueManager
+
+    queries, conn = await _pgqueuer_queries(url)
+    qm = QueueManager(queries)
+    started: dict[str, float] = {}
+
+    @qm.entrypoint("noop")
+    async def noop(job: Job) -> None:
+        started[str(job.id)] = time.time()
+        if len(started) >= expected:
+            qm.shutdown.set()
+
+    async def deadline() -> None:
+        await asyncio.sleep(limit)
+        qm.shutdown.set()
+
+    try:
+        barrier.wait()
+        stop = asyncio.create_task(deadline())
+        # Its defaults: LISTEN on its channel, batch_size 10, a 30 s fallback dequeue.
+        await qm.run()
+        stop.cancel()
+        return started
+    finally:
+        await conn.close()
+
+
+def pgqueuer_latency_worker(barrier: Any, url: str, expected: int,
+                            limit: float) -> dict[str, float]:
+    """PgQueuer's QueueManager with its default wake-up (LISTEN + fallback dequeue)."""
+    return asyncio.run(_pgqueuer_latency_worker(barrier, url, expected, limit))
+
+
+async def _procrastinate_latency_worker(barrier: Any, url: str, expected: int,
+                                        limit: float) -> dict[str, float]:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(
+        conninfo=url, min_size=1, max_size=PROCRASTINATE_CONCURRENCY + 2))
+    started: dict[str, float] = {}
+    enough = asyncio.Event()
+
+    @app.task(name="noop", pass_context=True)
+    async def noop(context: Any) -> None:
+        started[str(context.job.id)] = time.time()
+        if len(started) >= expected:
+            enough.set()
+
+    async with app.open_async():
+        barrier.wait()
+        # Its defaults: LISTEN/NOTIFY on, a 5 s fallback poll.
+        worker = asyncio.create_task(app.run_worker_async(
+            concurrency=PROCRASTINATE_CONCURRENCY, install_signal_handlers=False))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(enough.wait(), timeout=limit)
+        worker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await worker
+    return started
+
+
+def procrastinate_latency_worker(barrier: Any, url: str, expected: int,
+                                 limit: float) -> dict[str, float]:
+    """A Procrastinate worker with its default wake-up (LISTEN/NOTIFY + fallback poll)."""
+    return asyncio.run(_procrastinate_latency_worker(barrier, url, expected, limit))
+
+
 def _paced(n: int, rate: float) -> Iterator[int]:
     """Yields 0..n-1 at a steady `rate` per second (absolute schedule: no drift)."""
     start = time.time()
@@ -653,18 +763,17 @@ def _paced(n: int, rate: float) -> Iterator[int]:
         yield i
 
 
-def _latency_stats(enqueued: dict[str, float], claimed: dict[str, float]) -> dict[str, Any]:
-    lat = sorted((claimed[k] - t) * 1000 for k, t in enqueued.items() if k in claimed)
-    if not lat:
-        return {"n": 0, "enqueued": len(enqueued)}
-    q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else lat * 99
-    return {"n": len(lat), "enqueued": len(enqueued), "p50_ms": statistics.median(lat),
-            "p95_ms": q[94], "max_ms": lat[-1]}
+def _latencies(enqueued: dict[str, float], claimed: dict[str, float]) -> list[float]:
+    """enqueue → start of every job, in ms; a job never started counts as NaN."""
+    return [(claimed[k] - t) * 1000 if k in claimed else math.nan
+            for k, t in enqueued.items()]
 
 
 def _run_with_producer(target: Callable[..., Any], args: tuple[Any, ...],
-                       produce: Callable[[], dict[str, float]]) -> dict[str, float]:
-    """Runs one worker process and the producer (here) at the same time."""
+                       produce: Callable[[], dict[str, float]]
+                       ) -> tuple[dict[str, float], dict[str, float]]:
+    """Runs one worker process and the producer (here) at the same time; answers when
+    each job was enqueued and when it started, by job id."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(2)
     results = ctx.Queue()
@@ -681,15 +790,15 @@ def _run_with_producer(target: Callable[..., Any], args: tuple[Any, ...],
             proc.kill()
     if isinstance(claimed, BaseException):
         raise RuntimeError(f"latency worker failed: {claimed!r}") from claimed
-    return {"enqueued": enqueued, "claimed": claimed}  # type: ignore[dict-item]
+    return enqueued, claimed
 
 
-def darkroom_latency(server: Server, plan: Plan) -> dict[str, Any]:
+def darkroom_latency(server: Server, plan: Plan) -> list[float]:
     """Producer: create pending cards, then `confirm` them (UPDATE + pg_notify, one txn)."""
     url = server.db_url("bench_darkroom")
     n = int(plan.latency_rate * plan.latency_seconds)
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects")
+        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects CASCADE")
         ids = [r[0] for r in conn.execute(
             "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
             " original_key) SELECT 'bench', 'f' || i, 'image/jpeg', 1, 'originals/' || i"
@@ -719,10 +828,10 @@ def darkroom_latency(server: Server, plan: Plan) -> dict[str, Any]:
 
     r = _run_with_producer(darkroom_latency_worker,
                            (url, n, plan.latency_seconds + 20, 1.0), produce)
-    return _latency_stats(r["enqueued"], r["claimed"])  # type: ignore[arg-type]
+    return _latencies(*r)
 
 
-def seed_latency(server: Server, plan: Plan) -> dict[str, Any]:
+def seed_latency(server: Server, plan: Plan) -> list[float]:
     """Producer: INSERT a queued row, as the seed's API does on confirm (no NOTIFY)."""
     url = server.db_url("bench_seed")
     seed_prepare(url)
@@ -742,7 +851,101 @@ def seed_latency(server: Server, plan: Plan) -> dict[str, Any]:
         return enqueued
 
     r = _run_with_producer(seed_latency_worker, (url, n, plan.latency_seconds + 20), produce)
-    return _latency_stats(r["enqueued"], r["claimed"])  # type: ignore[arg-type]
+    return _latencies(*r)
+
+
+def pgqueuer_latency(server: Server, plan: Plan) -> list[float]:
+    """Producer: one `Queries.enqueue` per job (its INSERT notifies the channel)."""
+    url = server.db_url("bench_pgqueuer")
+    pgqueuer_seed_jobs(url, 0)
+    n = int(plan.latency_rate * plan.latency_seconds)
+
+    def produce() -> dict[str, float]:
+        async def go() -> dict[str, float]:
+            queries, conn = await _pgqueuer_queries(url)
+            enqueued: dict[str, float] = {}
+            try:
+                start = time.time()
+                for i in range(n):
+                    delay = start + i / plan.latency_rate - time.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    t = time.time()
+                    ids = await queries.enqueue("noop", None)
+                    enqueued[str(ids[0])] = t
+            finally:
+                await conn.close()
+            return enqueued
+        return asyncio.run(go())
+
+    r = _run_with_producer(pgqueuer_latency_worker, (url, n, plan.latency_seconds + 20),
+                           produce)
+    return _latencies(*r)
+
+
+def procrastinate_latency(server: Server, plan: Plan) -> list[float]:
+    """Producer: one `defer_async` per job (its INSERT notifies the worker)."""
+    url = server.db_url("bench_procrastinate")
+    procrastinate_seed_jobs(url, 0)
+    n = int(plan.latency_rate * plan.latency_seconds)
+
+    def produce() -> dict[str, float]:
+        async def go() -> dict[str, float]:
+            app = _procrastinate_app(url, 2)
+            enqueued: dict[str, float] = {}
+            async with app.open_async():
+                task = app.tasks["noop"]
+                start = time.time()
+                for i in range(n):
+                    delay = start + i / plan.latency_rate - time.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    t = time.time()
+                    enqueued[str(await task.defer_async())] = t
+            return enqueued
+        return asyncio.run(go())
+
+    r = _run_with_producer(procrastinate_latency_worker, (url, n, plan.latency_seconds + 20),
+                           produce)
+    return _latencies(*r)
+
+
+# One per system: (how it wakes an idle worker, how its run is measured).
+LATENCY: dict[str, tuple[str, Callable[[Server, Plan], list[float]]]] = {
+    "darkroom": ("LISTEN darkroom_jobs + 1 s fallback poll", darkroom_latency),
+    "pgqueuer": ("LISTEN (its default) + 30 s fallback dequeue", pgqueuer_latency),
+    "procrastinate": ("LISTEN/NOTIFY (its default) + 5 s fallback poll",
+                      procrastinate_latency),
+    "seed": ("1 s sleep when empty", seed_latency),
+}
+
+
+def latency(server: Server, plan: Plan) -> dict[str, Any]:
+    """Every system's idle enqueue → start in this one run, in `plan.latency_rounds`
+    rounds that take the systems in turn, so that a burst of load from a neighbour hits
+    them alike; the peers' only when installed (`make bench-install`)."""
+    systems = {name: entry for name, entry in LATENCY.items()
+               if name not in ("pgqueuer", "procrastinate")
+               or importlib.util.find_spec(name) is not None}
+    for name in LATENCY.keys() - systems.keys():
+        log(f"  {name}: not installed (make bench-install); skipped")
+    for name in systems.keys() & {"pgqueuer", "procrastinate"}:
+        server.fresh_db(f"bench_{name}")
+    per_round = replace(plan, latency_seconds=plan.latency_seconds / plan.latency_rounds)
+    samples: dict[str, list[float]] = {name: [] for name in systems}
+    for rnd in range(plan.latency_rounds):
+        for name, (_, measure) in systems.items():
+            got = measure(server, per_round)
+            samples[name] += got
+            log(f"  [{rnd + 1}/{plan.latency_rounds}] {name}: "
+                f"{sum(not math.isnan(v) for v in got)}/{len(got)} started")
+    out: dict[str, Any] = {}
+    for name, (how, _) in systems.items():
+        started = [v for v in samples[name] if not math.isnan(v)]
+        out[name] = latency_summary(started) | {"enqueued": len(samples[name]),
+                                               "wake_up": how}
+        log(f"  {name}: {out[name]}")
+    return out
 
 
 # --- claim time versus table size ----------------------------------------------------------------
@@ -784,7 +987,8 @@ def _fill_queued_fair(conn: psycopg.Connection[Any], queued: int) -> None:
 def darkroom_fill(url: str, finished: int, queued: int) -> None:
     """`finished` ready cards (older) and `queued` due ones of OWNERS owners, in bulk."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects, owner_clocks")
+        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects, owner_clocks"
+                     " CASCADE")
         conn.execute(
             "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
             " original_key, original_version, status, attempts, derived_key, derived_version,"
@@ -838,7 +1042,8 @@ def _timed_claims(url: str, claims: int, once: Callable[[psycopg.Connection[Any]
 
 def darkroom_claim_once(n: int, sql: str | None = None
                         ) -> Callable[[psycopg.Connection[Any]], Any]:
-    params = {"n": n, "max_attempts": 3, "lease_seconds": 300.0, "worker": "bench"}
+    params = {"n": n, "max_attempts": 3, "lease_seconds": 300.0, "worker": "bench",
+              "claim": uuid.uuid4()}
     query = sql or QUERIES["claim"]
 
     def once(conn: psycopg.Connection[Any]) -> Any:
@@ -904,128 +1109,6 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def markdown(result: dict[str, Any]) -> str:
-    m, pg, plan = result["machine"], result["postgres"], result["plan"]
-    counts = plan["workers"]
-    lines = [
-        f"Machine: {m['nproc']} CPUs ({m['cpu']}), load average at start "
-        f"{m['loadavg_at_start'][0]:.2f}; PostgreSQL {pg['server_version']} "
-        f"({result['server']}), synchronous_commit={pg['synchronous_commit']}, "
-        f"fsync={pg['fsync']}, shared_buffers={pg['shared_buffers']}.",
-        "",
-        "### No-op throughput (claim → fenced complete), jobs/s",
-        "",
-        f"{plan['jobs']:,} jobs for darkroom and PgQueuer (median of {plan['repeats']} runs), "
-        f"{plan['slow_jobs']:,} for Procrastinate and the seed (one run). "
-        "Workers are separate processes.",
-        "",
-        "| system | configuration | " + " | ".join(f"{w} worker{'s' if w > 1 else ''}"
-                                               for w in counts) + " |",
-        "|---|---|" + "---:|" * len(counts),
-    ]
-    by_key: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
-    for r in result.get("throughput") or []:
-        by_key.setdefault((r["system"], r["config"]), {})[r["workers"]] = r
-    for (system, config), per in by_key.items():
-        cells = []
-        for w in counts:
-            r = per.get(w)
-            if r is None:
-                cells.append("–")
-                continue
-            runs = r["runs_jobs_per_s"]
-            spread = (f" ({min(runs):,.0f}–{max(runs):,.0f})" if len(runs) > 1 else "")
-            cells.append(f"{r['median']:,.0f}{spread}")
-        lines.append(f"| {system} | {config} | " + " | ".join(cells) + " |")
-    if any(r.get("cpu_us_per_job") for r in result.get("throughput") or []):
-        lines += ["", "### CPU per job while the workers ran (machine-wide), µs", "",
-                  "| system | configuration | " + " | ".join(f"{w} w" for w in counts) + " |",
-                  "|---|---|" + "---:|" * len(counts)]
-        for (system, config), per in by_key.items():
-            cells = [f"{per[w]['cpu_us_per_job']:.0f}"
-                     if w in per and per[w].get("cpu_us_per_job") else "–" for w in counts]
-            lines.append(f"| {system} | {config} | " + " | ".join(cells) + " |")
-    if result.get("latency"):
-        lines += ["", f"### Idle enqueue → claim latency at {plan['latency_rate']:.0f} jobs/s "
-                  f"for {plan['latency_seconds']:.0f} s", "",
-                  "| system | wake-up | claimed | p50 ms | p95 ms | max ms |",
-                  "|---|---|---:|---:|---:|---:|"]
-        for name, how in (("darkroom", "LISTEN darkroom_jobs + 1 s fallback poll"),
-                          ("seed", "1 s sleep when empty")):
-            s = result["latency"].get(name)
-            if s and s.get("n"):
-                lines.append(f"| {name} | {how} | {s['n']}/{s['enqueued']} | "
-                             f"{s['p50_ms']:.1f} | {s['p95_ms']:.1f} | {s['max_ms']:.1f} |")
-    if result.get("claim_time"):
-        c0 = result["claim_time"][0]
-        lines += ["", f"### Claim time, median of {plan['claims']} claims (each rolled back)",
-                  "", f"| system | claim | {c0['tiny_rows']} queued rows, ms | "
-                  f"{c0['finished_rows']:,} ready + {c0['queued_rows']:,} queued, ms | ratio | "
-                  f"{c0['finished_rows']:,} ready + {c0['backlog_rows']:,} queued of "
-                  f"{OWNERS:,} owners, ms | ratio |",
-                  "|---|---|---:|---:|---:|---:|---:|"]
-        for c in result["claim_time"]:
-            backlog = f"{c['ms_backlog']:.2f}" if c.get("ms_backlog") else "–"
-            b_ratio = f"{c['backlog_ratio']:.2f}×" if c.get("backlog_ratio") else "–"
-            lines.append(f"| {c['system']} | {c['claim']} | {c['ms_10_rows']:.2f} | "
-                         f"{c['ms_big']:.2f} | {c['ratio']:.2f}× | {backlog} | {b_ratio} |")
-    if result.get("targets"):
-        lines += ["", "### Targets (ratios from this run)", "",
-                  "| target | measured | met |", "|---|---|---|"]
-        for t in result["targets"]:
-            lines.append(f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |")
-    return "\n".join(lines)
-
-
-def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    tp = result.get("throughput") or []
-    pq = [r for r in tp if r["system"] == "pgqueuer"]
-    for system in ("darkroom",):
-        dr: dict[int, float] = {}
-        for r in tp:  # the best of darkroom's configurations at each worker count
-            if r["system"] == system:
-                dr[r["workers"]] = max(dr.get(r["workers"], 0.0), r["median"])
-        if not (dr and pq):
-            continue
-        best = max(pq, key=lambda r: r["median"])
-        best_dr = max(dr.values())
-        ratio = best_dr / best["median"]
-        out.append({"target": f"{system}: no-op throughput ≥ 1.5× PgQueuer's best",
-                    "measured": f"best {best_dr:,.0f} jobs/s vs PgQueuer best "
-                                f"{best['median']:,.0f} ({best['config']}, {best['workers']} "
-                                f"workers): {ratio:.2f}×", "met": ratio >= 1.5,
-                    "ratio": ratio})
-        for w in result["plan"]["workers"]:
-            same = [r["median"] for r in pq if r["workers"] == w]
-            if w in dr and same:
-                r_w = dr[w] / max(same)
-                out.append({"target": f"{system}: same as above at {w} worker(s)",
-                            "measured": f"{dr[w]:,.0f} vs {max(same):,.0f}: {r_w:.2f}×",
-                            "met": r_w >= 1.5, "ratio": r_w})
-    lat = (result.get("latency") or {}).get("darkroom")
-    if lat and lat.get("n"):
-        out.append({"target": "darkroom: idle latency p50 < 20 ms",
-                    "measured": f"p50 {lat['p50_ms']:.1f} ms, p95 {lat['p95_ms']:.1f} ms",
-                    "met": lat["p50_ms"] < 20})
-    for c in result.get("claim_time") or []:
-        if c["system"].startswith("darkroom"):
-            out.append({"target": f"{c['system']}: {c['claim']} at {c['finished_rows']:,} "
-                                  "finished rows ≤ 1.5× on a tiny table",
-                        "measured": f"{c['ms_big']:.2f} / {c['ms_10_rows']:.2f} ms = "
-                                    f"{c['ratio']:.2f}×", "met": c["ratio"] <= 1.5,
-                        "ratio": c["ratio"]})
-            if c.get("backlog_ratio"):
-                out.append({"target": f"{c['system']}: {c['claim']} at "
-                                      f"{c['finished_rows']:,} finished rows, {OWNERS:,} owners "
-                                      f"waiting and {c['backlog_rows']:,} queued ≤ 1.5× on a "
-                                      "tiny table",
-                            "measured": f"{c['ms_backlog']:.2f} / {c['ms_10_rows']:.2f} ms = "
-                                        f"{c['backlog_ratio']:.2f}×",
-                            "met": c["backlog_ratio"] <= 1.5, "ratio": c["backlog_ratio"]})
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, < 1 minute")
@@ -1051,12 +1134,11 @@ def main() -> None:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dr-bench-")))
             server, where = Server(embedded.url(tmp / "pg", stop_on_exit=True)), "embedded"
         started = time.time()
-        result: dict[str, Any] = {"machine": machine(), "postgres": server.describe(),
-                                  "server": where, "plan": asdict(plan),
-                                  "command": " ".join([".venv/bin/python", "-m", "bench.queue",
-                                                       *sys.argv[1:]])}
-        log(f"PostgreSQL {result['postgres']['server_version']} ({where}); "
-            f"{result['machine']['nproc']} CPUs: {result['machine']['cpu']}")
+        result = QueueResult(
+            command=" ".join([".venv/bin/python", "-m", "bench.queue", *sys.argv[1:]]),
+            machine=machine(), postgres=server.describe(), server=where, plan=asdict(plan))
+        log(f"PostgreSQL {result.postgres['server_version']} ({where}); "
+            f"{result.machine['nproc']} CPUs: {result.machine['cpu']}")
         # Every part below needs darkroom's and the seed's databases to exist.
         for name in ("bench_darkroom", "bench_seed"):
             url = server.fresh_db(name)
@@ -1064,25 +1146,23 @@ def main() -> None:
         seed_prepare(url)
         if "throughput" not in skip:
             log("throughput:")
-            result["throughput"] = [asdict(r) | {"median": r.median,
-                                                   "cpu_us_per_job": r.median_cpu_us_per_job}
-                                    for r in throughput(server, plan, only)]
+            result.throughput = [
+                QueueThroughput(**asdict(r), median=r.median,
+                                cpu_us_per_job=r.median_cpu_us_per_job)
+                for r in throughput(server, plan, only)]
         if "latency" not in skip:
             log("latency:")
-            result["latency"] = {"darkroom": darkroom_latency(server, plan),
-                                 "seed": seed_latency(server, plan)}
-            for k, v in result["latency"].items():
-                log(f"  {k}: {v}")
+            result.latency = {name: load(QueueLatency, s)
+                              for name, s in latency(server, plan).items()}
         if "claim" not in skip:
             log("claim time:")
-            result["claim_time"] = claim_times(server, plan)
-        result["targets"] = targets(result)
-        result["elapsed_s"] = time.time() - started
-        result["loadavg_at_end"] = os.getloadavg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-    print(markdown(result))
-    print(f"\n({result['elapsed_s']:.0f} s; JSON in {args.out})")
+            result.claim_time = [load(QueueClaim, c) for c in claim_times(server, plan)]
+        result.elapsed_s = time.time() - started
+        result.loadavg_at_end = list(os.getloadavg())
+    save(result, args.out)
+    lines, targets = queue_section(Source.of(BY_NAME["queue"], asdict(result)))
+    print("\n".join([*lines, "", *targets_table(targets)]))
+    print(f"\n({result.elapsed_s:.0f} s; JSON in {args.out})")
 
 
 if __name__ == "__main__":

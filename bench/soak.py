@@ -17,13 +17,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
-import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,13 @@ import httpx
 import psycopg
 from psycopg.rows import dict_row
 
+from bench.markdown import targets_table
+from bench.net import free_port
+from bench.provenance import Source
+from bench.results import SoakResult, SoakVerdict, save
+from bench.runs import BY_NAME
+from bench.sections import soak_section
+from bench.stats import percentile
 from darkroom.db import embedded
 from darkroom.db.migrations import migrate
 from darkroom.db.queries import QUERIES
@@ -57,7 +66,7 @@ class Soak:
         base.chmod(0o755)
         self.db_url = embedded.url(base / "pg", stop_on_exit=True)
         migrate(self.db_url)
-        port = _free_port()
+        port = free_port()
         self.api = f"http://127.0.0.1:{port}"
         self.rate = rate
         self.env = {
@@ -101,14 +110,6 @@ class Soak:
             proc.wait(60)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def sample(db: psycopg.Connection[Any]) -> dict[str, Any]:
     """One snapshot of the database: depth, claim time, sizes, dead rows, vacuums."""
     counts = {r["status"]: r["n"] for r in db.execute(
@@ -118,7 +119,7 @@ def sample(db: psycopg.Connection[Any]) -> dict[str, Any]:
         with db.transaction(force_rollback=True):
             start = time.perf_counter()
             db.execute(QUERIES["claim"], {"n": 1, "max_attempts": 3, "lease_seconds": 60.0,
-                                          "worker": "probe"}).fetchall()
+                                          "worker": "probe", "claim": uuid.uuid4()}).fetchall()
             claims.append((time.perf_counter() - start) * 1000)
     sizes = {r["name"]: r["bytes"] for r in db.execute(
         "SELECT c.relname AS name, pg_relation_size(c.oid) AS bytes FROM pg_class c"
@@ -171,7 +172,7 @@ async def generate(soak: Soak, target: int, images: list[bytes], latencies: list
     return sent
 
 
-async def soak_run(soak: Soak, target: int, every: float) -> dict[str, Any]:
+async def soak_run(soak: Soak, target: int, every: float) -> SoakResult:
     images = tiny_images()
     latencies: list[float] = []
     windows: list[dict[str, Any]] = []
@@ -187,7 +188,7 @@ async def soak_run(soak: Soak, target: int, every: float) -> dict[str, Any]:
         window, taken = latencies[taken:], len(latencies)
         snap["t"] = round(time.perf_counter() - started, 1)
         snap["confirm_ms"] = ({"p50": statistics.median(window),
-                               "p99": sorted(window)[int(0.99 * (len(window) - 1))],
+                               "p99": percentile(sorted(window), 0.99),
                                "n": len(window)} if window else None)
         done = snap["counts"].get("ready", 0) + snap["counts"].get("rejected", 0)
         snap["processed"] = done
@@ -203,12 +204,12 @@ async def soak_run(soak: Soak, target: int, every: float) -> dict[str, Any]:
     stop.set()
     await gen
     db.close()
-    return {"windows": windows, "seconds": time.perf_counter() - started,
-            "rate": soak.rate, "target": target}
+    return SoakResult(target=target, rate=soak.rate, seconds=time.perf_counter() - started,
+                      windows=windows)
 
 
-def verdict(result: dict[str, Any]) -> dict[str, Any]:
-    windows = result["windows"]
+def verdict(result: SoakResult) -> SoakVerdict:
+    windows = result.windows
     k = max(1, len(windows) // 5)
     first = statistics.median(w["claim_ms"] for w in windows[:k])
     last = statistics.median(w["claim_ms"] for w in windows[-k:])
@@ -217,21 +218,21 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
         return int(w["sizes"].get(name, 0))
 
     queue_indexes = ("archive_files_due", "archive_files_leased")
-    return {
-        "processed": windows[-1]["processed"],
-        "throughput_per_s": windows[-1]["processed"] / result["seconds"],
-        "claim_ms_first": first, "claim_ms_last": last, "claim_drift": last / first,
-        "queue_index_bytes_max": max(sum(size(w, n) for n in queue_indexes) for w in windows),
-        "queue_index_bytes_last": sum(size(windows[-1], n) for n in queue_indexes),
-        "files_table_bytes_last": size(windows[-1], "archive_files"),
-        "events_live_max": max(w["tables"].get("archive_events", {}).get("live", 0)
-                               for w in windows),
-        "files_dead_max": max(w["tables"]["archive_files"]["dead"] for w in windows),
-        "autovacuums_files": windows[-1]["tables"]["archive_files"]["autovacuums"],
-        "confirm_p99_ms_max": max((w["confirm_ms"]["p99"] for w in windows if w["confirm_ms"]),
-                                  default=None),
-        "queued_max": max(w["counts"].get("queued", 0) for w in windows),
-    }
+    return SoakVerdict(
+        processed=windows[-1]["processed"],
+        throughput_per_s=windows[-1]["processed"] / result.seconds,
+        claim_ms_first=first, claim_ms_last=last, claim_drift=last / first,
+        queue_index_bytes_max=max(sum(size(w, n) for n in queue_indexes) for w in windows),
+        queue_index_bytes_last=sum(size(windows[-1], n) for n in queue_indexes),
+        files_table_bytes_last=size(windows[-1], "archive_files"),
+        events_live_max=max(w["tables"].get("archive_events", {}).get("live", 0)
+                            for w in windows),
+        files_dead_max=max(w["tables"]["archive_files"]["dead"] for w in windows),
+        autovacuums_files=windows[-1]["tables"]["archive_files"]["autovacuums"],
+        confirm_p99_ms_max=max((w["confirm_ms"]["p99"] for w in windows if w["confirm_ms"]),
+                               default=None),
+        queued_max=max(w["counts"].get("queued", 0) for w in windows),
+    )
 
 
 def main() -> None:
@@ -247,10 +248,11 @@ def main() -> None:
             result = asyncio.run(soak_run(soak, args.images, args.sample))
         finally:
             soak.stop()
-    result["verdict"] = verdict(result)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result["verdict"], indent=2))
+    result.verdict = verdict(result)
+    result.command = shlex.join([".venv/bin/python", "-m", "bench.soak", *sys.argv[1:]])
+    save(result, OUT)
+    lines, targets = soak_section(Source.of(BY_NAME["soak"], asdict(result)))
+    print("\n".join([*lines, "", *targets_table(targets)]))
 
 
 if __name__ == "__main__":

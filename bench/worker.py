@@ -20,20 +20,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
+from bench.cpu import machine
+from bench.markdown import targets_table
+from bench.provenance import Source
+from bench.results import WorkerLatency, WorkerResult, WorkerSlots, save
+from bench.runs import BY_NAME
+from bench.sections import worker_section
+from bench.stats import percentile
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
 from darkroom.db.migrations import migrate
@@ -195,40 +202,28 @@ def latency(system: System, samples: int) -> list[float]:
     return sorted(float(r[0]) for r in rows)
 
 
-def pct(values: list[float], p: float) -> float:
-    return values[min(len(values) - 1, int(p * len(values)))]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--images", type=int, default=36)
     parser.add_argument("--latency-samples", type=int, default=40)
     args = parser.parse_args()
     images = corpus(args.images)
-    results: dict[str, Any] = {"machine": {"cores": os.cpu_count(),
-                                           "python": platform.python_version()}}
+    result = WorkerResult(
+        machine=machine(),
+        command=shlex.join([".venv/bin/python", "-m", "bench.worker", *sys.argv[1:]]))
     with tempfile.TemporaryDirectory(prefix="darkroom-bench-") as tmp:
         system = System(Path(tmp))
         for slots in (1, 2):
             alone = pipeline_alone(images, slots)
             e2e = end_to_end(system, images, slots)
-            results[f"slots_{slots}"] = {"pipeline_alone_ips": alone, "end_to_end_ips": e2e,
-                                         "ratio": e2e / alone}
+            result.slots.append(WorkerSlots(slots, alone, e2e, e2e / alone))
         lat = latency(system, args.latency_samples)
-        results["latency_ms"] = {"p50": statistics.median(lat), "p95": pct(lat, 0.95),
-                                 "max": lat[-1], "samples": len(lat)}
-    out = ROOT / "bench" / "out"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "worker.json").write_text(json.dumps(results, indent=2))
-    print("| slots | pipeline alone (img/s) | end to end (img/s) | ratio |\n|---|---|---|---|")
-    for slots in (1, 2):
-        r = results[f"slots_{slots}"]
-        print(f"| {slots} | {r['pipeline_alone_ips']:.2f} | {r['end_to_end_ips']:.2f} | "
-              f"{r['ratio']:.1%} |")
-    lat_r = results["latency_ms"]
-    print(f"\nidle confirm -> processing start: p50 {lat_r['p50']:.1f} ms, "
-          f"p95 {lat_r['p95']:.1f} ms, max {lat_r['max']:.1f} ms ({lat_r['samples']} samples)")
-
+        result.latency_ms = WorkerLatency(samples=len(lat), p50=statistics.median(lat),
+                                          p95=percentile(lat, 0.95), max=lat[-1])
+    result.machine["loadavg_end"] = list(os.getloadavg())
+    save(result, ROOT / "bench" / "out" / "worker.json")
+    lines, targets = worker_section(Source.of(BY_NAME["worker"], asdict(result)), None)
+    print("\n".join([*lines, "", *targets_table(targets)]))
 
 if __name__ == "__main__":
     main()

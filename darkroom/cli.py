@@ -100,9 +100,12 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
 def cmd_import(args: argparse.Namespace) -> int:
     from darkroom.importer import main
 
-    settings = load_settings(api_url=args.api, api_key=args.key)
+    if args.key is not None:
+        raise ConfigError("--key is not taken: a key in the command line is visible to every "
+                          "user in ps; set DARKROOM_API_KEY or enter it at the prompt")
+    settings = load_settings(api_url=args.api)
     return main(settings, directory=args.directory, wait=args.wait,
-                concurrency=args.concurrency)
+                concurrency=args.concurrency, bulk=args.bulk)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,8 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("import", cmd_import, "upload every image in DIR through the API")
     p.add_argument("directory", metavar="DIR")
     p.add_argument("--wait", action="store_true", help="wait until every file is finished")
-    p.add_argument("--api", default=os.environ.get("DARKROOM_API_URL"))
-    p.add_argument("--key", default=os.environ.get("DARKROOM_API_KEY"))
+    p.add_argument("--bulk", action="store_true",
+                   help="a large import: let interactive uploads go first")
+    p.add_argument("--api", default=os.environ.get("DARKROOM_API_URL"),
+                   help="the API's URL (DARKROOM_API_URL); the key comes from "
+                        "DARKROOM_API_KEY or a prompt")
+    # Refused with a reason rather than unknown: a key in argv is readable in `ps`.
+    p.add_argument("--key", default=None, help=argparse.SUPPRESS)
     p.add_argument("--concurrency", type=int, default=4)
 
     p = add("derive", cmd_derive, "run the derivative pipeline on one local file")

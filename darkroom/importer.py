@@ -1,13 +1,25 @@
-"""`darkroom import DIR [--wait]`: upload every image under DIR through the HTTP API.
+"""`darkroom import DIR [--wait] [--bulk]`: upload every image under DIR through the API.
 
 It is an ordinary API client (create, PUT, confirm; then poll), so it works against any
 darkroom, local or remote, with either store. Uploads run on a few threads sharing one
 httpx client; the progress bar is a few lines of our own on stderr.
+
+It is safe to run again, and to retry: every create carries the file's sha256 and an
+Idempotency-Key made from the file's path and content. A run cut short (Ctrl-C, a lost
+network, a kill) and started again gets the cards the first run made: what was confirmed
+is "already there", what was uploaded but not confirmed is confirmed, and only the rest
+is uploaded. A request whose answer was lost is sent again with the same key.
+
+The key comes from DARKROOM_API_KEY or a prompt, never from the command line, where
+every user of the machine could read it in `ps`.
 """
 
 from __future__ import annotations
 
+import getpass
+import hashlib
 import os
+import random
 import sys
 import threading
 import time
@@ -32,6 +44,13 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
 FINAL = ("ready", "rejected")
 _POLL_SECONDS = 0.5
 _TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+# A request whose answer was lost or refused for a passing reason is sent again, the
+# same request (the same Idempotency-Key), after a jittered exponential pause.
+_TRIES = 6
+_RETRY_BASE_SECONDS = 0.5
+_RETRY_CAP_SECONDS = 8.0
+_RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+ALREADY = "already there"
 
 
 def sniff(path: Path) -> str | None:
@@ -79,23 +98,26 @@ class Bar:
         self.total = total
         self.done = 0
         self.failed = 0
+        self.already = 0
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self._lock = threading.Lock()
         self._last_milestone = -1
         self._draw()
 
-    def advance(self, *, failed: bool = False) -> None:
+    def advance(self, *, failed: bool = False, already: bool = False) -> None:
         with self._lock:
             self.done += 1
             self.failed += int(failed)
+            self.already += int(already)
             self._draw()
 
     def _draw(self) -> None:
         fraction = self.done / self.total if self.total else 1.0
         filled = int(fraction * self.WIDTH)
         bar = "#" * filled + "-" * (self.WIDTH - filled)
-        extra = f", {self.failed} failed" if self.failed else ""
+        extra = f", {self.already} {ALREADY}" if self.already else ""
+        extra += f", {self.failed} failed" if self.failed else ""
         line = f"{self.label:<8} [{bar}] {self.done}/{self.total}{extra}"
         if self.tty:
             self.stream.write("\r" + line)
@@ -117,6 +139,8 @@ class Item:
     status: str = "not uploaded"
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    already: bool = False  # the archive had it before this run (no upload)
+    key: str = ""
 
 
 class Fatal(Exception):
@@ -124,56 +148,100 @@ class Fatal(Exception):
 
 
 class Importer:
-    def __init__(self, client: httpx.Client, api_url: str) -> None:
+    def __init__(self, client: httpx.Client, api_url: str, *, root: Path | None = None,
+                 bulk: bool = False, rng: random.Random | None = None) -> None:
         self.client = client
         self.api_origin = _origin(api_url)
+        self.root = root
+        self.bulk = bulk
+        self._rng = rng or random.Random()
 
     def _check(self, response: httpx.Response) -> None:
         if response.status_code == 401:
             raise Fatal("the API key was not accepted")
 
+    def _send(self, method: str, url: str, *, own: bool = True, **kwargs: Any
+              ) -> httpx.Response:
+        """One request, sent again while its answer is lost or a passing refusal.
+
+        Every request the import sends is safe to repeat: creates carry their key, a
+        confirm of the same version is idempotent, and an upload only adds a version.
+        """
+        for attempt in range(1, _TRIES + 1):
+            body = kwargs.get("content")
+            if body is not None and hasattr(body, "seek"):
+                body.seek(0)  # a file sent again is sent whole
+            try:
+                if own:
+                    r = self.client.request(method, url, **kwargs)
+                else:
+                    # A presigned URL carries its own authority: our bearer key must not go.
+                    r = httpx.request(method, url, timeout=_TIMEOUT, **kwargs)
+            except httpx.TransportError:
+                if attempt == _TRIES:
+                    raise
+            else:
+                self._check(r)
+                if r.status_code not in _RETRY_STATUSES or attempt == _TRIES:
+                    return r
+            ceiling = min(_RETRY_CAP_SECONDS, _RETRY_BASE_SECONDS * 2 ** (attempt - 1))
+            time.sleep(self._rng.uniform(0, ceiling))  # a client's backoff, not a test's wait
+        raise AssertionError("unreachable")
+
     def upload(self, item: Item) -> None:
         size = item.path.stat().st_size
-        r = self.client.post(
-            "/v1/files",
-            json={"filename": item.path.name, "content_type": item.media_type, "size": size},
-        )
-        self._check(r)
+        digest = file_sha256(item.path)
+        item.key = import_key(item.path, self.root, digest)
+        fields: dict[str, Any] = {"filename": item.path.name, "content_type": item.media_type,
+                                  "size": size, "sha256": digest}
+        if self.bulk:
+            # A hint for the server's scheduling (DESIGN §9, `--bulk`); a server without
+            # priorities ignores the field, and the request fingerprint does not include it.
+            fields["priority"] = "bulk"
+        r = self._send("POST", "/v1/files", json=fields,
+                       headers={"Idempotency-Key": item.key})
+        if r.status_code == 200:  # the archive has it: this run uploads nothing
+            card = r.json()
+            item.file_id, item.status, item.already = card["id"], card["status"], True
+            item.error = card.get("error_code")
+            return
         if r.status_code != 201:
             item.status, item.error = "failed", _problem_text(r)
             return
         card = r.json()
         item.file_id = card["id"]
-        upload = card["upload"]
-        own = _origin(upload["url"]) == self.api_origin
-        with open(item.path, "rb") as body:
-            if own:
-                r = self.client.request(
-                    upload["method"], upload["url"], content=body, headers=upload["headers"]
-                )
-            else:
-                # A presigned URL carries its own authority: our bearer key must not go along.
-                r = httpx.request(
-                    upload["method"],
-                    upload["url"],
-                    content=body,
-                    headers=upload["headers"],
-                    timeout=_TIMEOUT,
-                )
-        self._check(r)
-        if r.status_code != 200:
-            item.status, item.error = "failed", _problem_text(r)
+        if card.get("uploaded_version"):
+            # An earlier run uploaded it and was cut off before confirming.
+            r = self._confirm(item, card["uploaded_version"])
+            if r.status_code == 202:
+                item.status = r.json()["status"]
+                return
+        version = self._put(item, card["upload"])
+        if version is None:
             return
-        version = r.json()["version"] if own else r.headers.get("x-amz-version-id")
-        if not version:
-            item.status, item.error = "failed", "the store returned no version id"
-            return
-        r = self.client.post(f"/v1/files/{item.file_id}/confirm", json={"version": version})
-        self._check(r)
+        r = self._confirm(item, version)
         if r.status_code != 202:
             item.status, item.error = "failed", _problem_text(r)
             return
         item.status = r.json()["status"]
+
+    def _put(self, item: Item, upload: dict[str, Any]) -> str | None:
+        own = _origin(upload["url"]) == self.api_origin
+        with open(item.path, "rb") as body:
+            r = self._send(upload["method"], upload["url"], own=own, content=body,
+                           headers=upload["headers"])
+        if r.status_code != 200:
+            item.status, item.error = "failed", _problem_text(r)
+            return None
+        version = r.json()["version"] if own else r.headers.get("x-amz-version-id")
+        if not version:
+            item.status, item.error = "failed", "the store returned no version id"
+            return None
+        return str(version)
+
+    def _confirm(self, item: Item, version: str) -> httpx.Response:
+        return self._send("POST", f"/v1/files/{item.file_id}/confirm",
+                          json={"version": version})
 
     def refresh(self, item: Item) -> None:
         r = self.client.get(f"/v1/files/{item.file_id}")
@@ -187,6 +255,33 @@ class Importer:
         item.status = card["status"]
         item.error = card["error_code"]
         item.extra = card.get("derivative") or {}
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def import_key(path: Path, root: Path | None, digest: str) -> str:
+    """Stable for a file's path (under DIR) and content: a run again after an interruption
+    sends the same key for the same file, and an edited file gets a new one."""
+    name = path.relative_to(root).as_posix() if root is not None else path.as_posix()
+    return "import-" + hashlib.sha256(f"{name}\0{digest}".encode()).hexdigest()
+
+
+def api_key(settings: Settings) -> str:
+    """From DARKROOM_API_KEY, else asked at the terminal (never echoed, never in argv)."""
+    if settings.api_key:
+        return settings.api_key
+    if not sys.stdin.isatty():
+        raise ConfigError("no API key: set DARKROOM_API_KEY (or run in a terminal to be asked)")
+    try:
+        key = getpass.getpass("darkroom API key: ").strip()
+    except EOFError:
+        key = ""
+    if not key:
+        raise ConfigError("no API key given")
+    return key
 
 
 def _origin(url: str) -> tuple[str, str]:
@@ -206,9 +301,9 @@ def _run(pool: ThreadPoolExecutor, func: Any, items: list[Item], bar: Bar) -> No
     def one(item: Item) -> None:
         try:
             func(item)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, OSError) as exc:
             item.status, item.error = "failed", type(exc).__name__
-        bar.advance(failed=item.status == "failed")
+        bar.advance(failed=item.status == "failed", already=item.already)
 
     for future in [pool.submit(one, item) for item in items]:
         future.result()  # re-raises Fatal from any thread
@@ -231,16 +326,17 @@ def _wait(importer: Importer, pool: ThreadPoolExecutor, items: list[Item]) -> No
 
 
 def _table(items: list[Item], root: Path) -> Iterator[str]:
-    rows = [(str(i.path.relative_to(root)), i.status, i.error or "") for i in items]
+    rows = [(str(i.path.relative_to(root)), i.status,
+             ", ".join(filter(None, [i.error, ALREADY if i.already else None])))
+            for i in items]
     width = max([len("file")] + [len(r[0]) for r in rows])
-    yield f"{'file':<{width}}  {'status':<12}  error"
+    yield f"{'file':<{width}}  {'status':<12}  note"
     for name, status, error in rows:
         yield f"{name:<{width}}  {status:<12}  {error}".rstrip()
 
 
-def main(settings: Settings, *, directory: str, wait: bool, concurrency: int) -> int:
-    if not settings.api_key:
-        raise ConfigError("no API key: pass --key KEY or set DARKROOM_API_KEY")
+def main(settings: Settings, *, directory: str, wait: bool, concurrency: int,
+         bulk: bool = False) -> int:
     api_url = settings.api_url.rstrip("/")
     if urlsplit(api_url).scheme not in ("http", "https") or not urlsplit(api_url).netloc:
         raise ConfigError("--api must be an http(s):// URL (or set DARKROOM_API_URL)")
@@ -249,6 +345,7 @@ def main(settings: Settings, *, directory: str, wait: bool, concurrency: int) ->
     root = Path(directory)
     if not root.is_dir():
         raise ConfigError(f"not a directory: {directory}")
+    key = api_key(settings)
 
     images, skipped = find_images(root)
     note = f", {skipped} non-image file{'s' if skipped != 1 else ''} skipped" if skipped else ""
@@ -257,13 +354,13 @@ def main(settings: Settings, *, directory: str, wait: bool, concurrency: int) ->
         file=sys.stderr,
     )
     items = [Item(path, media_type) for path, media_type in images]
-    headers = {"Authorization": f"Bearer {settings.api_key}"}
+    headers = {"Authorization": f"Bearer {key}"}
     try:
         with (
             httpx.Client(base_url=api_url, headers=headers, timeout=_TIMEOUT) as client,
             ThreadPoolExecutor(max_workers=concurrency) as pool,
         ):
-            importer = Importer(client, api_url)
+            importer = Importer(client, api_url, root=root, bulk=bulk)
             # One request first: a wrong URL or key ends the run before any upload starts.
             importer._check(client.get("/v1/files", params={"limit": 1}))
             if items:
@@ -281,7 +378,8 @@ def main(settings: Settings, *, directory: str, wait: bool, concurrency: int) ->
         print(line)
     failed = [i for i in items if i.status == "failed"]
     rejected = [i for i in items if i.status == "rejected"]
-    summary = f"{len(items) - len(failed)} uploaded"
+    already = sum(1 for i in items if i.already and i.status != "failed")
+    summary = f"{len(items) - len(failed) - already} uploaded, {already} {ALREADY}"
     if wait:
         ready = sum(1 for i in items if i.status == "ready")
         summary += f", {ready} ready, {len(rejected)} rejected"

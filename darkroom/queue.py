@@ -103,6 +103,7 @@ class ConfirmOutcome(StrEnum):
     ALREADY = "already"  # the same version was confirmed before: nothing changed
     CONFLICT = "conflict"  # confirmed before with another version
     NOT_FOUND = "not_found"
+    DIGEST_REQUIRED = "digest_required"  # pending, with a claimed digest not (yet) matched
 
 
 def backoff_delay(
@@ -186,20 +187,49 @@ class Queue:
         })
         return rows[0]
 
+    async def create_file_keyed(
+        self, *, owner: str, filename: str, content_type: str, size: int,
+        file_id: uuid.UUID | None = None, sha256: str | None = None,
+        key_hash: bytes | None = None, request_hash: bytes | None = None,
+        priority: Priority = Priority.INTERACTIVE,
+    ) -> dict[str, Any] | None:
+        """`create_file` with a claimed digest and an idempotency key (both optional).
+
+        None when the owner already holds `key_hash` (made by an earlier or a concurrent
+        create): no card is made, and the caller answers the key's card instead.
+        """
+        file_id = file_id or uuid.uuid4()
+        rows = await self._rows("create_file_keyed", {
+            "id": file_id, "owner": owner, "filename": filename,
+            "content_type": content_type, "size": size,
+            "original_key": original_key(file_id), "sha256": sha256,
+            "key_hash": key_hash, "request_hash": request_hash,
+            "priority": str(Priority(priority)),
+        })
+        return rows[0] if rows else None
+
     async def confirm(self, file_id: uuid.UUID, owner: str, version: str) -> ConfirmOutcome:
         """pending -> queued for exactly `version`, with NOTIFY; idempotent for the same version."""
         return (await self.confirm_card(file_id, owner, version))[0]
 
     async def confirm_card(
-        self, file_id: uuid.UUID, owner: str, version: str
+        self, file_id: uuid.UUID, owner: str, version: str, sha256: str | None = None
     ) -> tuple[ConfirmOutcome, dict[str, Any] | None]:
-        """`confirm`, plus the queued card when this call moved it (else None)."""
-        rows = await self._rows("confirm", {"id": file_id, "owner": owner, "version": version})
+        """`confirm`, plus the queued card when this call moved it (else None).
+
+        A card created with a claimed digest moves only with `sha256`, the digest of the
+        stored bytes of `version`, equal to the claim: otherwise the answer is
+        DIGEST_REQUIRED and its row's `claimed_sha256` is the claim.
+        """
+        rows = await self._rows("confirm", {"id": file_id, "owner": owner, "version": version,
+                                            "sha256": sha256})
         if not rows:
             return ConfirmOutcome.NOT_FOUND, None
         row = rows[0]
         if row["moved"]:
             return ConfirmOutcome.QUEUED, row
+        if row["previous_status"] == "pending":
+            return ConfirmOutcome.DIGEST_REQUIRED, row
         if row["previous_version"] == version:
             return ConfirmOutcome.ALREADY, None
         return ConfirmOutcome.CONFLICT, None

@@ -8,6 +8,7 @@ bounded batch and answers how much it did:
 - `deleted`: every byte of a deleted card (every version of the original and of every
   derivative), then the card itself, after the guard interval;
 - `events`: events older than the retention are pruned;
+- `idempotency_keys`: keys of creates older than 24 hours are pruned (darkroom/uploads.py);
 - `reconcile`: objects under originals/ and derived/ that no card and no orphan row
   accounts for, older than the guard interval, are deleted (once per interval across all
   sweepers; `darkroom reconcile [--dry-run]` runs it on demand).
@@ -44,6 +45,7 @@ from darkroom.queue import Queue
 from darkroom.services import prepare
 from darkroom.storage import ObjectStore
 from darkroom.storage.base import ObjectVersion
+from darkroom.uploads import KEY_RETENTION_SECONDS
 
 log = logging.getLogger("darkroom.sweeper")
 
@@ -199,6 +201,23 @@ class Events:
         return pruned if pruned == PRUNE_BATCH else 0
 
 
+class IdempotencyKeys:
+    name = "idempotency_keys"
+
+    def __init__(self, db: Database, retention_seconds: float = KEY_RETENTION_SECONDS) -> None:
+        self.db = db
+        self.retention_seconds = retention_seconds
+        self.pruned = 0  # in all, for the --once report
+
+    async def run_once(self) -> int:
+        pruned = await self.db.rowcount("sweep_idempotency_keys", {
+            "retention_seconds": self.retention_seconds, "limit": PRUNE_BATCH})
+        metrics.SWEEP_DONE.labels(self.name).inc(pruned)
+        self.pruned += pruned
+        # A short batch means nothing more is due now.
+        return pruned if pruned == PRUNE_BATCH else 0
+
+
 @dataclass
 class ReconcileReport:
     examined: int = 0
@@ -288,9 +307,11 @@ class SweepReport:
     orphans_deleted: int = 0
     files_purged: int = 0
     events_pruned: int = 0
+    keys_pruned: int = 0
 
     def __bool__(self) -> bool:
-        return bool(self.orphans_deleted or self.files_purged or self.events_pruned)
+        return bool(self.orphans_deleted or self.files_purged or self.events_pruned
+                    or self.keys_pruned)
 
 
 class Sweeper:
@@ -301,7 +322,9 @@ class Sweeper:
         self.deleted = DeletedFiles(queue, store, guard_seconds)
         self.events = Events(db, retention_seconds)
         self.reconcile = Reconcile(db, store, guard_seconds)
-        self.units: list[Unit] = [self.orphans, self.deleted, self.events, self.reconcile]
+        self.keys = IdempotencyKeys(db)
+        self.units: list[Unit] = [self.orphans, self.deleted, self.events, self.reconcile,
+                                  self.keys]
 
     async def sweep_once(self) -> SweepReport:
         """Every batch of the routine units until nothing is due (not reconciliation)."""
@@ -312,6 +335,10 @@ class Sweeper:
             report.files_purged += n
         while (n := await self.events.run_once()) > 0:
             report.events_pruned += n
+        before = self.keys.pruned
+        while await self.keys.run_once() > 0:
+            pass
+        report.keys_pruned = self.keys.pruned - before
         return report
 
     async def run(self, stop: asyncio.Event, *, interval_seconds: float) -> None:
@@ -393,7 +420,8 @@ def main(settings: Settings, *, once: bool) -> int:
     report = asyncio.run(run_sweeper(settings, once=once))
     if once:
         print(f"orphans deleted: {report.orphans_deleted}, files purged: "
-              f"{report.files_purged}, events pruned: {report.events_pruned}")
+              f"{report.files_purged}, events pruned: {report.events_pruned}, "
+              f"idempotency keys pruned: {report.keys_pruned}")
     return 0
 
 

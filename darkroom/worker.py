@@ -45,6 +45,7 @@ from prometheus_client import start_http_server
 
 from darkroom import metrics
 from darkroom.breaker import StoreBreaker
+from darkroom.completer import Completer
 from darkroom.config import ConfigError, Settings
 from darkroom.db.connection import open_pool
 from darkroom.derive import Limits
@@ -111,6 +112,8 @@ class Worker:
         # By lease token: one entry per attempt, never per file.
         self.jobs: dict[uuid.UUID, Job] = {}
         self.breaker = StoreBreaker(self._probe_store, on_change=self._record_pause)
+        # Fenced commits, batched: one statement for the results that finish together.
+        self.completer = Completer(queue, self._db)
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.skip_grace = asyncio.Event()
@@ -123,7 +126,8 @@ class Worker:
             decoder.start()
         helpers = [asyncio.create_task(self._listen(), name="listen"),
                    asyncio.create_task(self._heartbeat(), name="heartbeat"),
-                   asyncio.create_task(self.breaker.run(), name="store-breaker")]
+                   asyncio.create_task(self.breaker.run(), name="store-breaker"),
+                   asyncio.create_task(self.completer.run(), name="completer")]
         try:
             while not self.stopping.is_set():
                 if self.breaker.is_open:
@@ -272,7 +276,8 @@ class Worker:
             derived = Derived(key=key, version=version, sha256=result.sha256,
                               width=result.width, height=result.height, size=result.size)
             with _stage("commit"):
-                await self._db(lambda: self.queue.complete(lease, derived))
+                if not await self.completer.complete(lease, derived):
+                    raise LeaseLost(lease.file_id, lease.token)
             log.info("ready", extra={**job.log_extra(), "bytes": result.size})
             return "ready"
         except LeaseLost:

@@ -5,22 +5,19 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 import psycopg
+import pytest
 
 from tests.conftest import CORPUS
-from tests.support.services import wait_for
+from tests.support.services import free_port, wait_for
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# A fleet of real processes: not in `make test-fast`.
+pytestmark = pytest.mark.fleet
 
 
 def test_up_serves_a_photo_to_ready_and_stops_cleanly(tmp_path: Path, db_url: str) -> None:

@@ -30,6 +30,7 @@ from darkroom.db.migrations import migrate
 from darkroom.queue import Queue
 from darkroom.services import open_checked_store
 from darkroom.storage import ObjectStore
+from darkroom.uploads import Uploads
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ def create_app(
         pool = await open_pool(url, min_size=2, max_size=16, name="api", fail_fast=fail_fast)
         app.state.pool = pool
         app.state.queue = Queue.from_settings(pool, settings)
+        app.state.uploads = Uploads(pool)
         # What start-up allocated (FastAPI, pydantic, boto3: ~84k objects) lives as long
         # as the process. Left to the collector, each full pass walks all of it while every
         # request waits (38-47 ms here, bench/api.py); frozen, a full pass walks only what

@@ -120,7 +120,13 @@ def queue_families(stats: dict[str, Any] | None) -> list[Metric]:
         "lease_lost events in the (retained) event log.",
         value=float(stats["lease_lost_total"]),
     )
-    return [up, files, oldest, expired, share, completed, lost, *backlog_families(stats)]
+    paused = GaugeMetricFamily(
+        "darkroom_queue_paused_workers",
+        "Workers not claiming because the object store is failing.",
+        value=float(len(stats["paused_workers"])),
+    )
+    return [up, files, oldest, expired, share, completed, lost, paused,
+            *backlog_families(stats)]
 
 
 def backlog_families(stats: dict[str, Any]) -> list[Metric]:

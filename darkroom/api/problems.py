@@ -36,6 +36,8 @@ TITLES: dict[str, str] = {
     "unsupported_media_type": "Unsupported Media Type",
     "validation_error": "Validation Error",
     "version_not_found": "Version Not Found",
+    "digest_mismatch": "Digest Mismatch",
+    "idempotency_key_reused": "Idempotency Key Reused",
     "storage_unavailable": "Storage Unavailable",
     "database_unavailable": "Database Unavailable",
     "not_ready_to_serve": "Not Ready",

@@ -13,7 +13,7 @@ import uuid
 from typing import Annotated, Any, BinaryIO, cast
 
 from anyio import to_thread
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, RedirectResponse
 
 from darkroom.api.auth import Admin, Caller
@@ -32,6 +32,7 @@ from darkroom.api.schemas import (
     CardList,
     Confirm,
     Health,
+    KnownCard,
     NewCard,
     NewFile,
     QueueStats,
@@ -44,9 +45,10 @@ from darkroom.api.schemas import (
 )
 from darkroom.config import Settings
 from darkroom.db.queries import QUERIES
-from darkroom.errors import ObjectMissing, StorageUnavailable
+from darkroom.errors import ObjectMissing, StorageError, StorageUnavailable
 from darkroom.queue import ConfirmOutcome, Priority, Queue, original_key
 from darkroom.storage import ObjectInfo, ObjectStore
+from darkroom.uploads import KeyBusy, KeyReused, valid_key
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,18 @@ router = APIRouter()
 
 # Declared a UUID in the schema, taken as any string: a malformed id is answered like an
 # id that does not exist (404), not as a validation error.
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description=(
+            "Makes the create safe to retry: the same key from the same owner with the same"
+            " body answers the card the first request made (for at least 24 hours); the"
+            " same key with a different body answers 422 (`idempotency_key_reused`)."
+        ),
+    ),
+]
+
 FileId = Annotated[
     str, Path(description="The card's id (a UUID).", json_schema_extra={"format": "uuid"})
 ]
@@ -158,32 +172,111 @@ def _card_json(card: Card, status: int, headers: dict[str, str] | None = None) -
     status_code=201,
     response_model=NewCard,
     tags=["files"],
-    responses=problems(401, 413, 422),
+    responses={
+        200: {
+            "description": (
+                "No upload needed: the card a repeated Idempotency-Key made (already"
+                " confirmed), or the owner's card that has these bytes (`duplicate_of`)."
+            ),
+            "model": KnownCard,
+        },
+        **problems(401, 409, 413, 422),
+    },
     summary="Create a card and get upload instructions",
 )
-async def create_file(body: NewFile, who: Caller, request: Request) -> Response:
+async def create_file(
+    body: NewFile, who: Caller, request: Request, idempotency_key: IdempotencyKey = None
+) -> Response:
     settings = _settings(request)
     if body.size > settings.max_upload_bytes:
         raise _too_large(settings.max_upload_bytes)
+    if body.sha256 is not None or idempotency_key is not None:
+        return await _create_once(body, who.owner, request, idempotency_key)
     row = await _queue(request).create_file(
         owner=who.owner, filename=body.filename, content_type=body.content_type, size=body.size,
         priority=Priority(body.priority),
     )
+    upload = await _upload_instructions(request, row)
+    card = NewCard(**card_from_row(row).model_dump(), upload=upload)
+    return _card_json(card, 201, {"Location": f"/v1/files/{row['id']}"})
+
+
+async def _upload_instructions(request: Request, row: dict[str, Any]) -> Upload:
+    content_type = row["content_type"]
     presigned = await to_thread.run_sync(
         lambda: _store(request).presign_put(
-            row["original_key"], content_type=body.content_type,
+            row["original_key"], content_type=content_type,
             expires=max(1, min(_PRESIGN_PUT_SECONDS,
                                int(_settings(request).sweep_guard_seconds))),
         )
     )
     if presigned is not None:
-        upload = Upload(method=presigned.method, url=presigned.url, headers=dict(presigned.headers))
-    else:
-        # The local store: the API takes the bytes itself (send the bearer key along).
-        url = str(request.url_for("put_content", file_id=str(row["id"])))
-        upload = Upload(method="PUT", url=url, headers={"Content-Type": body.content_type})
-    card = NewCard(**card_from_row(row).model_dump(), upload=upload)
-    return _card_json(card, 201, {"Location": f"/v1/files/{row['id']}"})
+        return Upload(method=presigned.method, url=presigned.url, headers=dict(presigned.headers))
+    # The local store: the API takes the bytes itself (send the bearer key along).
+    url = str(request.url_for("put_content", file_id=str(row["id"])))
+    return Upload(method="PUT", url=url, headers={"Content-Type": content_type})
+
+
+# What makes two creates "the same request" for an Idempotency-Key: what the card is and
+# what the client asked about it. Scheduling hints (`darkroom import --bulk`) are not in
+# it, so the same file sent again with another hint is still the same create.
+FINGERPRINT = ("filename", "content_type", "size", "sha256", "allow_duplicate")
+
+
+async def _create_once(
+    body: NewFile, owner: str, request: Request, idempotency_key: str | None
+) -> Response:
+    """A create with an Idempotency-Key or a sha256 (darkroom/uploads.py)."""
+    if idempotency_key is not None and not valid_key(idempotency_key):
+        raise invalid_field("Idempotency-Key", "1 to 255 printable ASCII characters")
+    try:
+        created = await request.app.state.uploads.create(
+            _queue(request), owner=owner, filename=body.filename,
+            content_type=body.content_type, size=body.size, sha256=body.sha256,
+            allow_duplicate=body.allow_duplicate, key=idempotency_key,
+            fields=body.model_dump(mode="json", include=set(FINGERPRINT)),
+            priority=Priority(body.priority),
+        )
+    except KeyReused:
+        raise Problem(
+            422, "idempotency_key_reused",
+            "This Idempotency-Key was already used with a different request.",
+        ) from None
+    except KeyBusy:
+        raise Problem(409, "conflict", "The request is in progress; try again.") from None
+    row = created.row
+    headers = {"Location": f"/v1/files/{row['id']}"}
+    if created.replayed:
+        headers["Idempotent-Replayed"] = "true"
+    if created.duplicate:
+        known = KnownCard(**card_from_row(row).model_dump(), duplicate_of=row["id"])
+        return _card_json(known, 200, headers)
+    if row["status"] != "pending":  # a repeat after the card was confirmed: no upload
+        return _card_json(card_from_row(row), 200, headers)
+    uploaded = None
+    if created.replayed and row["original_sha256"] is not None:
+        uploaded = await _complete_upload(request, row)
+    upload = await _upload_instructions(request, row)
+    card = NewCard(**card_from_row(row).model_dump(), upload=upload, uploaded_version=uploaded)
+    return _card_json(card, 201, headers)
+
+
+async def _complete_upload(request: Request, row: dict[str, Any]) -> str | None:
+    """The newest stored version of a pending card's original when it has the declared
+    size: the client that made it may have been cut off before it could confirm."""
+    store = _store(request)
+    key = row["original_key"]
+
+    def newest() -> str | None:
+        for obj in store.list(key):
+            if obj.key == key:  # versions of one key come newest first
+                return obj.version if obj.size == row["size_bytes"] else None
+        return None
+
+    try:
+        return await to_thread.run_sync(newest)
+    except StorageError:  # down, or no permission to list versions
+        return None  # the client simply uploads again
 
 
 @router.put(
@@ -269,6 +362,9 @@ async def confirm(file_id: FileId, body: Confirm, who: Caller, request: Request)
         if info.size > limit:
             raise _too_large(limit)
     outcome, fresh = await queue.confirm_card(fid, who.owner, body.version)
+    if outcome is ConfirmOutcome.DIGEST_REQUIRED and fresh is not None:
+        outcome, fresh = await _confirm_digest(request, fid, who.owner, body.version,
+                                               fresh["claimed_sha256"])
     if outcome is ConfirmOutcome.NOT_FOUND:
         raise not_found()
     if outcome is ConfirmOutcome.CONFLICT:
@@ -278,6 +374,33 @@ async def confirm(file_id: FileId, body: Confirm, who: Caller, request: Request)
         if fresh is None:  # deleted in between
             raise not_found()
     return _card_json(card_from_row(fresh), 202, location)
+
+
+async def _confirm_digest(
+    request: Request, fid: uuid.UUID, owner: str, version: str, claimed: str
+) -> tuple[ConfirmOutcome, dict[str, Any] | None]:
+    """The card claimed a digest at create: hash the stored bytes, and confirm only if
+    they are the claimed ones. Only cards created with a `sha256` pay for this read."""
+    store = _store(request)
+    key = original_key(fid)
+    try:
+        actual = await to_thread.run_sync(lambda: store.digest(key, version))
+    except ObjectMissing:
+        raise invalid_field("version", "no such version", slug="version_not_found",
+                            detail="No upload with this version exists.") from None
+    if actual != claimed:
+        # Refused, and the refused bytes go: the card stays pending for a right upload.
+        try:
+            await to_thread.run_sync(lambda: store.delete(key, version))
+        except StorageError as exc:  # down, or no permission to delete versions
+            log.warning("refused upload not deleted",
+                        extra={"file_id": str(fid), "error": type(exc).__name__})
+        log.info("upload refused: digest mismatch", extra={"file_id": str(fid)})
+        raise Problem(
+            422, "digest_mismatch",
+            "The uploaded bytes do not have the sha256 given when the file was created.",
+        )
+    return await _queue(request).confirm_card(fid, owner, version, sha256=actual)
 
 
 @router.get(

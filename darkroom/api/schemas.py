@@ -47,6 +47,20 @@ class NewFile(BaseModel):
         "when no interactive card waits (imports, re-derives). Owners share the workers "
         "fairly within each priority.",
     )
+    sha256: str | None = Field(
+        default=None,
+        pattern="^[0-9a-f]{64}$",
+        description=(
+            "The SHA-256 of the bytes (lowercase hex), optional. When the owner already has"
+            " a live card whose confirmed original has this digest, the answer is that card"
+            " (`200`, `duplicate_of`) and nothing is uploaded. Confirm hashes the stored"
+            " bytes and refuses them (`422 digest_mismatch`) unless they have this digest."
+        ),
+    )
+    allow_duplicate: bool = Field(
+        default=False,
+        description="With `sha256`: make a new card even if the archive has these bytes.",
+    )
 
     @field_validator("filename")
     @classmethod
@@ -99,6 +113,24 @@ class Card(BaseModel):
 
 class NewCard(Card):
     upload: Upload
+    uploaded_version: str | None = Field(
+        default=None,
+        description=(
+            "Only when a create is repeated with its Idempotency-Key while the card is"
+            " pending: the store already holds a complete upload of this version; confirm"
+            " it instead of uploading again (confirm still checks its digest)."
+        ),
+    )
+
+
+class KnownCard(Card):
+    """A create that needs no upload: the card a repeated Idempotency-Key made, or (with
+    `duplicate_of`) the owner's live card that already has these bytes."""
+
+    duplicate_of: uuid.UUID | None = Field(
+        default=None,
+        description="The id of the owner's card that already has these bytes (this card).",
+    )
 
 
 class CardList(BaseModel):
@@ -140,6 +172,8 @@ class QueueStats(BaseModel):
     lease_lost_total: int
     backlog: Backlog
     rederive_pending: int
+    # Workers that stopped claiming because the object store is failing.
+    paused_workers: list[str] = Field(default_factory=list)
 
 
 class Health(BaseModel):

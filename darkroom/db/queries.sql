@@ -9,13 +9,36 @@ VALUES (%(id)s, %(owner)s, %(filename)s, %(content_type)s, %(size)s, %(original_
         %(priority)s)
 RETURNING *;
 
+-- name: create_file_keyed
+-- A new card that may carry a claimed sha256 and an idempotency key. The key's row is
+-- inserted first: when the owner already used the key (or a concurrent create with it
+-- commits first), no card is made and the caller reads the key's card instead.
+WITH keyed AS (
+    INSERT INTO idempotency_keys (owner, key_hash, request_hash, file_id)
+    SELECT %(owner)s, %(key_hash)s::bytea, %(request_hash)s::bytea, %(id)s
+    WHERE %(key_hash)s::bytea IS NOT NULL
+    ON CONFLICT (owner, key_hash) DO NOTHING
+    RETURNING file_id
+)
+INSERT INTO archive_files (id, owner, filename, content_type, size_bytes, original_key,
+                           original_sha256, priority)
+SELECT %(id)s, %(owner)s, %(filename)s, %(content_type)s, %(size)s, %(original_key)s,
+       %(sha256)s, %(priority)s
+WHERE %(key_hash)s::bytea IS NULL OR EXISTS (SELECT 1 FROM keyed)
+RETURNING *;
+
 -- name: confirm
 -- pending -> queued for exactly this version; the NOTIFY is delivered at COMMIT.
+-- A card created with a claimed sha256 moves only when the caller passes the digest it
+-- computed from the stored bytes and it is the claimed one: an unverified or lying
+-- digest never reaches the queue, and only verified ones enter known_originals.
 -- The card is stamped with its place in its owner's line (fair share, migration 0008):
 -- the owner's clock row is locked, so an owner's concurrent confirms get distinct stamps.
--- A repeated confirm moves nothing and stamps nothing.
+-- A repeated (or refused) confirm moves nothing and stamps nothing.
 WITH target AS (
-    SELECT id, owner, priority, status, original_version
+    SELECT id, owner, priority, status, original_version, original_sha256,
+           status = 'pending' AND (original_sha256 IS NULL
+                                   OR original_sha256 = %(sha256)s::text) AS moves
     FROM archive_files
     WHERE id = %(id)s AND owner = %(owner)s AND status <> 'deleting'
     FOR UPDATE
@@ -25,11 +48,11 @@ WITH target AS (
              WHERE h.status = 'queued' AND h.priority = t.priority
              ORDER BY h.fair_stamp LIMIT 1) AS v,
            coalesce((SELECT w.weight FROM owner_weights w WHERE w.owner = t.owner), 1) AS w
-    FROM target t WHERE t.status = 'pending'
+    FROM target t WHERE t.moves
 ), stamped AS (
     INSERT INTO owner_clocks AS c (owner, priority, stamp, last_file)
     SELECT t.owner, t.priority, coalesce(h.v, 0), t.id
-    FROM target t, head h WHERE t.status = 'pending'
+    FROM target t, head h WHERE t.moves
     ON CONFLICT (owner, priority) DO UPDATE SET
         stamp = coalesce(
             -- The owner's previous card still waits: continue the owner's line. (Pending
@@ -49,12 +72,16 @@ WITH target AS (
     SET status = 'queued', original_version = %(version)s, available_at = now(),
         fair_stamp = (SELECT stamp FROM stamped), updated_at = now()
     FROM target t
-    WHERE f.id = t.id AND t.status = 'pending'
+    WHERE f.id = t.id AND t.moves
     RETURNING f.*
+), known AS (
+    INSERT INTO known_originals (file_id, owner, sha256)
+    SELECT id, owner, original_sha256 FROM moved WHERE original_sha256 IS NOT NULL
+    ON CONFLICT (file_id) DO NOTHING
 )
 -- The card as it is now (when it moved), so the API answers without reading it again.
 SELECT m.*, t.status AS previous_status, t.original_version AS previous_version,
-       m.id IS NOT NULL AS moved,
+       t.original_sha256 AS claimed_sha256, m.id IS NOT NULL AS moved,
        CASE WHEN m.id IS NOT NULL THEN pg_notify('darkroom_jobs', '') END AS notified
 FROM target t LEFT JOIN moved m ON m.id = t.id;
 

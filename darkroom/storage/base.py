@@ -81,6 +81,14 @@ class ObjectStore(Protocol):
         """Size and content type of exactly this version."""
         ...
 
+    def digest(self, key: str, version: str) -> str:
+        """The sha256 (lowercase hex) of exactly this version's bytes.
+
+        From a checksum the store verified when the bytes arrived, where it keeps one;
+        otherwise by reading the bytes in pieces (never the whole object in memory).
+        """
+        ...
+
     def delete(self, key: str, version: str | None = None) -> None:
         """Delete one version, or every version of the key when `version` is None.
 

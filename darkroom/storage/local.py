@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import logging
 import os
 import re
@@ -269,6 +270,19 @@ class LocalStore:
             log.warning("local head of %s@%s failed: %s", key, version, exc)
             raise StorageUnavailable("the local object store could not read") from exc
         return ObjectInfo(key, version, size, self._content_type(sidecar))
+
+    def digest(self, key: str, version: str) -> str:
+        paths = self._version_paths(key, version)
+        if paths is None:
+            raise ObjectMissing("object version not found")
+        try:
+            with open(paths[0], "rb") as f:
+                return hashlib.file_digest(f, "sha256").hexdigest()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+            raise ObjectMissing("object version not found") from exc
+        except OSError as exc:
+            log.warning("local digest of %s@%s failed: %s", key, version, exc)
+            raise StorageUnavailable("the local object store could not read") from exc
 
     def _content_type(self, sidecar: Path) -> str:
         try:

@@ -11,6 +11,8 @@ are fixed, short phrases; boto's text, URLs and endpoints go to the log only.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
 import os
 import tempfile
@@ -335,6 +337,31 @@ class S3Store:
             size=int(answer.get("ContentLength", 0)),
             content_type=answer.get("ContentType") or DEFAULT_CONTENT_TYPE,
         )
+
+    def digest(self, key: str, version: str) -> str:
+        full = self._full(key)
+        if not version:
+            raise ObjectMissing("object version not found")
+        try:
+            # A full-object SHA-256 the store verified at PUT (x-amz-checksum-sha256) saves
+            # reading the bytes; SeaweedFS and AWS refuse a PUT whose body does not match it.
+            answer = self._client.head_object(
+                Bucket=self.bucket, Key=full, VersionId=version, ChecksumMode="ENABLED")
+            stored = answer.get("ChecksumSHA256")
+            if stored and "-" not in stored and answer.get("ChecksumType") in (None,
+                                                                               "FULL_OBJECT"):
+                return base64.b64decode(stored).hex()
+            body = self._client.get_object(Bucket=self.bucket, Key=full, VersionId=version)
+            hasher = hashlib.sha256()
+            stream = body["Body"]
+            try:
+                for chunk in stream.iter_chunks(CHUNK_SIZE):
+                    hasher.update(chunk)
+            finally:
+                stream.close()
+            return hasher.hexdigest()
+        except (BotoCoreError, ClientError) as exc:
+            self._fail(exc, "get", key, version)
 
     def list(self, prefix: str) -> Iterator[ObjectVersion]:
         full_prefix = self.prefix + validate_prefix(prefix)

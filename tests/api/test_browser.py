@@ -16,6 +16,7 @@ import pytest
 
 from tests.api.conftest import Api
 from tests.conftest import CORPUS
+from tests.support.cut_proxy import CutProxy
 
 pytestmark = pytest.mark.browser
 
@@ -122,3 +123,49 @@ def test_upload_watch_view_and_delete(
         assert [i["filename"] for i in items] == ["Dune.jpg"]
         assert items[0]["status"] == "ready"
     assert httpx.get(f"{api.url}/healthz").status_code == 200
+
+
+def test_page_says_already_there_and_retries_a_lost_create_with_the_same_key(
+    page_api: Api, tmp_path: Path
+) -> None:
+    """Through a proxy that loses the answer to one create: the page retries it with the
+    same Idempotency-Key (one card), and a photo dropped again is reported as already in
+    the archive instead of being uploaded twice."""
+    binary = chromium_binary()
+    if binary is None:
+        pytest.skip("no Chromium binary found (apt-get install chromium)")
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    expect = playwright_api.expect
+
+    api = page_api
+    key = api.make_key("browser-again")
+    port = int(api.url.rsplit(":", 1)[1])
+    with CutProxy("127.0.0.1", port) as proxy, playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=binary, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 820})
+            page.goto(proxy.url)
+            page.get_by_test_id("key-input").fill(key)
+            page.get_by_test_id("key-save").click()
+            expect(page.get_by_test_id("key-set")).to_be_visible()
+
+            proxy.cut_next(1, request_prefix=b"POST /v1/files ")
+            page.get_by_test_id("file-input").set_input_files([str(PHOTO)])
+            cards = page.get_by_test_id("card")
+            photo = cards.filter(has_text="Dune.jpg")
+            # No worker runs: queued is as far as the card goes.
+            expect(photo).to_have_attribute("data-status", "queued", timeout=60_000)
+            assert proxy.cut == 1
+            expect(cards).to_have_count(1)
+
+            page.get_by_test_id("file-input").set_input_files([str(PHOTO)])
+            note = photo.get_by_test_id("note")
+            expect(note).to_be_visible(timeout=30_000)
+            expect(note).to_contain_text("already in your archive")
+            expect(cards).to_have_count(1)
+        finally:
+            browser.close()
+
+    with api.client(key) as c:
+        items = c.get("/v1/files").json()["items"]
+    assert [(i["filename"], i["status"]) for i in items] == [("Dune.jpg", "queued")]

@@ -1,12 +1,16 @@
-"""`darkroom import DIR [--wait]` against a real API (and, for --wait, a real worker)."""
+"""`darkroom import DIR [--wait] [--bulk]` against a real API (and, for --wait, a real worker)."""
 
 from __future__ import annotations
 
 import io
+import os
+import pty
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 from PIL import Image
 
@@ -14,6 +18,7 @@ from darkroom.cli import main as cli_main
 from darkroom.config import load_settings
 from darkroom.importer import Bar, find_images, main, sniff
 from tests.api.conftest import Api
+from tests.support.services import wait_for
 
 
 def image_bytes(fmt: str, size: tuple[int, int] = (40, 30)) -> bytes:
@@ -97,20 +102,135 @@ def test_missing_key_or_bad_key_is_one_line_and_exit_2(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("DARKROOM_API_KEY", raising=False)
+    # No key in the environment and no terminal to ask at.
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
     assert cli_main(["import", str(tmp_path), "--api", local_api.url]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--key" in err
+    assert err.count("\n") == 1 and "DARKROOM_API_KEY" in err
 
-    assert cli_main(["import", str(tmp_path), "--api", local_api.url, "--key", "dk_bad"]) == 2
+    # A key in argv is refused, with the reason: `ps` shows it to every user.
+    assert cli_main(["import", str(tmp_path), "--api", local_api.url, "--key", "dk_x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--key is not taken" in err and "dk_x" not in err
+
+    monkeypatch.setenv("DARKROOM_API_KEY", "dk_bad")
+    assert cli_main(["import", str(tmp_path), "--api", local_api.url]) == 2
     assert capsys.readouterr().err.strip().endswith("the API key was not accepted")
 
-    assert cli_main(["import", str(tmp_path), "--api", "http://127.0.0.1:9", "--key", "dk_x"]) == 2
+    assert cli_main(["import", str(tmp_path), "--api", "http://127.0.0.1:9"]) == 2
     assert "cannot reach the API" in capsys.readouterr().err
 
-    assert (
-        cli_main(["import", str(tmp_path / "nope"), "--api", local_api.url, "--key", "dk_x"]) == 2
-    )
+    assert cli_main(["import", str(tmp_path / "nope"), "--api", local_api.url]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_key_from_a_prompt_at_the_terminal(local_api: Api, tmp_path: Path) -> None:
+    """Without DARKROOM_API_KEY the key is asked for at the terminal, not echoed."""
+    api = local_api
+    key = api.make_key("prompted")
+    (tmp_path / "a.png").write_bytes(image_bytes("PNG"))
+    env = {k: v for k, v in os.environ.items() if k != "DARKROOM_API_KEY"}
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: darkroom import on the terminal's far side
+        os.execve(sys.executable, [sys.executable, "-m", "darkroom.cli", "import",
+                                   str(tmp_path), "--api", api.url], env)
+    seen = b""
+    try:
+        while b"API key:" not in seen:
+            seen += os.read(fd, 1024)
+        os.write(fd, key.encode() + b"\n")
+        while True:
+            try:
+                chunk = os.read(fd, 1024)
+            except OSError:  # the child ended: EIO on the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0, seen
+    assert key.encode() not in seen  # not echoed
+    assert b"1 uploaded" in seen
+
+
+def distinct_pngs(root: Path, n: int) -> list[str]:
+    names = []
+    for i in range(n):
+        name = f"p{i:03d}.png"
+        colour = (i * 37 % 256, i * 91 % 256, i * 13 % 256)
+        out = io.BytesIO()
+        Image.new("RGB", (24, 16), colour).save(out, format="PNG")
+        (root / name).write_bytes(out.getvalue())
+        names.append(name)
+    return names
+
+
+def test_import_run_again_uploads_nothing_and_counts_already_there(
+    api: Api, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On both stores: with S3 the bytes go straight to SeaweedFS by the presigned URL."""
+    key = api.make_key("again")
+    tree = tmp_path / "photos"
+    tree.mkdir()
+    names = distinct_pngs(tree, 5)
+    settings = load_settings(api_url=api.url, api_key=key)
+    assert main(settings, directory=str(tree), wait=False, concurrency=2, bulk=True) == 0
+    assert "5 uploaded, 0 already there" in capsys.readouterr().err
+    # The same bytes under another name: the archive has them already.
+    (tree / "copy.png").write_bytes((tree / names[0]).read_bytes())
+    assert main(settings, directory=str(tree), wait=False, concurrency=2) == 0
+    out, err = capsys.readouterr()
+    assert "6/6, 6 already there" in err
+    assert "0 uploaded, 6 already there" in err
+    assert "already there" in next(line for line in out.splitlines() if "copy.png" in line)
+    with api.client(key) as c:
+        assert len(c.get("/v1/files").json()["items"]) == 5
+
+
+def test_import_killed_half_way_and_run_again_ends_with_one_ready_card_per_file(
+    page_api: Api,
+    worker_process: subprocess.Popen[bytes],
+    tmp_path: Path,
+) -> None:
+    api = page_api
+    key = api.make_key("resumer")
+    tree = tmp_path / "photos"
+    tree.mkdir()
+    names = distinct_pngs(tree, 40)
+    env = {**os.environ, "DARKROOM_API_KEY": key, "DARKROOM_API_URL": api.url}
+    command = [sys.executable, "-m", "darkroom.cli", "import", str(tree), "--concurrency", "1"]
+    db = psycopg.connect(api.db_url, autocommit=True)
+
+    def count() -> int:
+        row = db.execute("SELECT count(*) FROM archive_files WHERE owner = 'resumer'").fetchone()
+        return int(row[0]) if row else 0
+
+    try:
+        with open(tmp_path / "first.log", "wb") as log:
+            first = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                wait_for(lambda: count() >= 6 or first.poll() is not None, timeout=120,
+                         interval=0.01, what="the first run to make a few cards")
+                first.send_signal(signal.SIGKILL)
+            finally:
+                first.wait(30)
+        assert first.returncode == -signal.SIGKILL
+        made = count()
+        assert 6 <= made < len(names)
+
+        second = subprocess.run([*command, "--wait"], env=env, capture_output=True,
+                                text=True, timeout=300)
+        assert second.returncode == 0, second.stderr
+        assert f"{made - 1} already there" in second.stderr or (
+            f"{made} already there" in second.stderr)
+        rows = db.execute("SELECT filename, status FROM archive_files WHERE owner = 'resumer'"
+                          " ORDER BY filename").fetchall()
+        assert [r[0] for r in rows] == names  # exactly one card per file
+        assert {r[1] for r in rows} == {"ready"}
+    finally:
+        db.close()
 
 
 def test_bar_prints_milestones_off_a_terminal() -> None:

@@ -9,6 +9,9 @@ import pytest
 
 from bench.chaos import run
 
+# A fleet of real processes: not in `make test-fast`.
+pytestmark = pytest.mark.fleet
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
@@ -20,4 +23,17 @@ def test_chaos_run_reduced(tmp_path: Path) -> None:
     tally = outcome.tally
     assert tally.kills >= 1 and tally.freezes == 1
     assert tally.pg_restarts == 1 and tally.s3_freezes == 1
+    assert tally.s3_stalls == 1 and tally.s3_outages == 1
+    assert tally.cuts_before >= 1 and tally.cuts_after >= 1
     assert outcome.max_starts <= 8
+    # Every server the run started is gone with it (its PostgreSQL included).
+    leftovers = [pid for pid in os.listdir("/proc") if pid.isdigit()
+                 and str(tmp_path) in _cmdline(pid)]
+    assert leftovers == []
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""

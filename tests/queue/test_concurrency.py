@@ -11,9 +11,13 @@ from collections import Counter
 from typing import Any
 
 import psycopg
+import pytest
 
 from darkroom.db.connection import open_pool
 from darkroom.queue import Derived, Queue, derived_key
+
+# A fleet of real processes: not in `make test-fast`.
+pytestmark = pytest.mark.fleet
 
 ROWS = 5_000
 PROCESSES = 8

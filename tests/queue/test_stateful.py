@@ -5,15 +5,20 @@ every interleaving of claim, heartbeat, commit, failure, expiry, release, revoke
 re-derive that Hypothesis finds is checked against the protocol's invariants after every
 step. Unknown outcomes are rules too: a statement repeated after it committed (its answer
 lost) must be recognized as the same success, and a claim whose answer was lost is
-adopted. Cards belong to several owners and come in both priorities: no claim takes bulk
-work while interactive work is due, and no owner with due work is passed over by more
-than a bounded number of claims of its class in a row (fair share).
+adopted. Commits come one by one and in batches; the sweeper's orphan unit and
+reconciliation run between any two steps against a real local store, and no object a card
+references may ever go. Cards belong to several owners and come in both priorities: no
+claim takes bulk work while interactive work is due, and no owner with due work is passed
+over by more than a bounded number of claims of its class in a row (fair share).
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -26,6 +31,8 @@ from darkroom.db.connection import open_pool
 from darkroom.db.queries import QUERIES
 from darkroom.errors import ErrorCode
 from darkroom.queue import Derived, Lease, LeaseLost, Priority, Queue, derived_key
+from darkroom.storage import open_store
+from darkroom.sweeper import Database, Orphans, Reconcile
 
 MAX_ATTEMPTS = 3
 WORKERS = 3
@@ -42,7 +49,10 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             super().__init__()
             self.loop = asyncio.new_event_loop()
             self.db = psycopg.connect(db_url, autocommit=True, row_factory=dict_row)
-            self.db.execute("TRUNCATE archive_files, archive_events, orphan_objects, owner_clocks")
+            self.db.execute("TRUNCATE archive_files, archive_events, orphan_objects,"
+                            " maintenance_schedule, owner_clocks CASCADE")
+            self.objects = Path(tempfile.mkdtemp(prefix="darkroom-stateful-"))
+            self.store = open_store(self.objects.as_uri())
             self.pool = self.run(open_pool(db_url, min_size=1, max_size=2))
             self.queues = [
                 Queue(self.pool, lease_seconds=60, max_attempts=MAX_ATTEMPTS,
@@ -60,6 +70,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             self.passed: dict[tuple[str, str], int] = {}
             self.requeued = 0
             self.requeued_at: dict[tuple[str, str], int] = {}
+            self.derived: dict[uuid.UUID, Derived] = {}
             # Statements that went through, to be repeated as if their answer was lost.
             self.finished: list[tuple[int, Lease, str, ErrorCode | None]] = []
 
@@ -70,6 +81,14 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             self.run(self.pool.close())
             self.loop.close()
             self.db.close()
+            shutil.rmtree(self.objects, ignore_errors=True)
+
+        def derive(self, w: int, lease: Lease) -> Derived:
+            """What an attempt does before its commit: register its key, then PUT."""
+            key = derived_key(lease)
+            self.run(self.queues[w].register_attempt_object(lease, key))
+            version = self.store.put(key, b"webp")
+            return Derived(key, version, "0" * 64, 1, 1, 4)
 
         def row(self, file_id: uuid.UUID) -> dict[str, Any]:
             found = self.db.execute("SELECT * FROM archive_files WHERE id = %s",
@@ -166,7 +185,8 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             w = data.draw(st.sampled_from([i for i, h in enumerate(self.held) if h]))
             lease = self.held[w].pop(data.draw(st.integers(0, len(self.held[w]) - 1)))
             expected = self.holds_lease(lease)
-            derived = Derived(derived_key(lease), "v", "0" * 64, 1, 1, 1)
+            derived = self.derive(w, lease)
+            self.derived[lease.token] = derived
             try:
                 self.run(self.queues[w].complete(lease, derived))
                 published = True
@@ -227,8 +247,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             lost_before = self.lease_lost_count()
             try:
                 if kind == "complete":
-                    self.run(self.queues[w].complete(
-                        lease, Derived(derived_key(lease), "v", "0" * 64, 1, 1, 1)))
+                    self.run(self.queues[w].complete(lease, self.derived[lease.token]))
                 elif kind == "release":
                     recognized = lease.file_id in self.run(self.queues[w].release([lease]))
                     if not recognized:
@@ -250,6 +269,34 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 assert recognized, f"a repeated {kind} was not recognized"
             if recognized:
                 assert self.lease_lost_count() == lost_before
+
+        @precondition(lambda self: any(len(h) >= 2 for h in self.held))
+        @rule(data=st.data())
+        def complete_batch(self, data: st.DataObject) -> None:
+            """Several commits in one statement, each fenced by its own token."""
+            w = data.draw(st.sampled_from([i for i, h in enumerate(self.held) if len(h) >= 2]))
+            batch, self.held[w] = self.held[w], []
+            expected = {lease.token for lease in batch if not self.holds_lease(lease)}
+            results = []
+            for lease in batch:
+                self.derived[lease.token] = self.derive(w, lease)
+                results.append((lease, self.derived[lease.token]))
+            lost = self.run(self.queues[w].complete_many(results))
+            assert lost == expected
+            for lease in batch:
+                if lease.token not in lost:
+                    assert lease.file_id not in self.published, "published twice"
+                    self.published[lease.file_id] = lease.token
+                    self.superseded.pop(lease.file_id, None)
+                    self.finished.append((w, lease, "complete", None))
+
+        @rule()
+        def sweep(self) -> None:
+            """The orphan unit and reconciliation, between any two steps (guard 0)."""
+            db = Database(self.queues[0])
+            while self.run(Orphans(db, self.store, guard_seconds=0).run_once()):
+                pass
+            self.run(Reconcile(db, self.store, guard_seconds=0).run(dry_run=False))
 
         @rule(w=st.integers(0, WORKERS - 1), n=st.integers(1, 4))
         def claim_answer_lost(self, w: int, n: int) -> None:
@@ -320,6 +367,8 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                     token = self.published.get(r["id"])
                     assert token is not None, "ready without a fenced publication"
                     assert r["derived_key"] == f"derived/{r['id']}/{token}.webp"
+                    # The sweeper never takes what a card shows.
+                    assert self.store.get(r["derived_key"], r["derived_version"]) == b"webp"
                 elif r["status"] != "deleting":
                     assert r["id"] not in self.published
                     replaced = self.superseded.get(r["id"])

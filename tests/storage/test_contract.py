@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import urllib.error
@@ -263,3 +264,16 @@ def test_list_and_delete_page_through_everything(store: ObjectStore) -> None:
     assert {v.version for v in store.list("derived/m/")} == written
     store.delete("derived/m/many")
     assert len(list(store.list("derived/m/"))) == 7
+
+
+def test_digest_is_the_sha256_of_exactly_that_version(store: ObjectStore) -> None:
+    big = os.urandom(3 * 1024 * 1024 + 17)  # several read pieces
+    first = store.put("dig/a", big)
+    second = store.put("dig/a", b"other bytes")
+    assert store.digest("dig/a", first) == hashlib.sha256(big).hexdigest()
+    assert store.digest("dig/a", second) == hashlib.sha256(b"other bytes").hexdigest()
+    with pytest.raises(ObjectMissing):
+        store.digest("dig/missing", first)
+    store.delete("dig/a", first)
+    with pytest.raises(ObjectMissing):
+        store.digest("dig/a", first)

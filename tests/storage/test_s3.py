@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import http.server
 import socket
 import threading
@@ -10,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from botocore.exceptions import ClientError
 
 from darkroom.errors import (
     ObjectMissing,
@@ -305,3 +308,20 @@ def test_other_refusals_are_plain_storage_errors(seaweed: SeaweedServer) -> None
             store.put("originals/a", b"x")
         assert type(failed.value) is StorageError
         assert_public(str(failed.value))
+
+
+def test_digest_uses_the_checksum_the_store_verified(
+    s3_env: dict[str, str], bucket: str
+) -> None:
+    """A version uploaded with x-amz-checksum-sha256 is answered from the store's own
+    checksum (SeaweedFS verifies it at PUT: a body that does not match is refused)."""
+    store = S3Store(bucket, "p")
+    client = make_client()
+    data = b"checked bytes" * 1000
+    claimed = base64.b64encode(hashlib.sha256(data).digest()).decode()
+    version = client.put_object(Bucket=bucket, Key="p/k", Body=data,
+                                ChecksumSHA256=claimed)["VersionId"]
+    assert store.digest("k", version) == hashlib.sha256(data).hexdigest()
+    lying = base64.b64encode(hashlib.sha256(b"x").digest()).decode()
+    with pytest.raises(ClientError):
+        client.put_object(Bucket=bucket, Key="p/k", Body=data, ChecksumSHA256=lying)

@@ -151,6 +151,11 @@ class FaultProxy:
                 self._server.close()
             for link in list(self._links):
                 link.abort()
+            current = asyncio.current_task()
+            others = [t for t in asyncio.all_tasks() if t is not current]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
 
         with contextlib.suppress(Exception):
             self._call(apply)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import hashlib
 import os
@@ -60,7 +61,11 @@ def wait_for(check: Callable[[], T], *, timeout: float = 60.0, interval: float =
 
 
 class DarkroomProcess:
-    """One `darkroom …` subprocess with its own log file."""
+    """One `darkroom …` subprocess with its own log file.
+
+    Every one is stopped when the test process exits, however it exits (a failed
+    assertion, a timeout, a Ctrl-C), so a run never leaves a worker or an API behind.
+    """
 
     def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
@@ -68,6 +73,7 @@ class DarkroomProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "darkroom.cli", *args], env=env,
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        _running.add(self)
 
     @property
     def pid(self) -> int:
@@ -90,9 +96,19 @@ class DarkroomProcess:
             with_suppress(lambda: os.killpg(self.proc.pid, signal.SIGKILL))
             self.proc.wait(timeout=30)
         self._log.close()
+        _running.discard(self)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+_running: set[DarkroomProcess] = set()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for proc in list(_running):
+        proc.stop()
 
 
 def with_suppress(call: Callable[[], Any]) -> None:

@@ -12,10 +12,12 @@ accounts for after reconciliation.
 from __future__ import annotations
 
 import hashlib
+import signal
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,6 +26,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.support.faults import FaultProxy
 from tests.support.services import DarkroomProcess, Harness, free_port, small_photos, wait_for
+
+# A fleet of real processes: not in `make test-fast`.
+pytestmark = pytest.mark.fleet
 
 FILES = 200
 
@@ -91,6 +96,11 @@ def check_everything(h: Harness, api: Api, ids: list[uuid.UUID]) -> None:
         h.assert_published_once(file_id)
         assert api.derivative_sha256(file_id) == cards[file_id]["sha256"]
     assert max(c["attempts"] for c in cards.values()) <= 3
+    # Attempts cut short by a fault leave registered orphans: one sweep takes them all
+    # (guard 0 here), and reconciliation finds nothing else.
+    sweep = subprocess.run([sys.executable, "-m", "darkroom.cli", "sweep", "--once"],
+                           env=h.env, capture_output=True, text=True, timeout=300)
+    assert sweep.returncode == 0, sweep.stderr
     reconcile = subprocess.run([sys.executable, "-m", "darkroom.cli", "reconcile"],
                                env=h.env, capture_output=True, text=True, timeout=300)
     assert reconcile.returncode == 0, reconcile.stderr
@@ -164,5 +174,40 @@ def test_a_store_outage_rejects_nothing_and_pauses_claims(harness: Harness, api:
         check_everything(harness, api, ids)
         assert "rejected" not in before
         assert "answers again" in worker.log()
+    finally:
+        proxy.close()
+
+
+def test_an_attempt_outliving_its_timeout_goes_back_to_the_queue(
+        harness: Harness, tmp_path: Path) -> None:
+    """A decode that hangs past DARKROOM_ATTEMPT_TIMEOUT_SECONDS (its own derive timeout
+    is far longer) is given up: transient, retried, then rejected with that code."""
+    [file_id] = harness.upload_many(small_photos(1))
+    marker = tmp_path / "hang"
+    harness.worker(concurrency=1, sandbox_test_hang=str(marker), attempt_timeout_seconds="2",
+                   derive_timeout_seconds="600", lease_seconds="60")
+    wait_for(lambda: harness.card(file_id)["status"] == "rejected", timeout=120,
+             what="every attempt timed out")
+    card = harness.card(file_id)
+    assert card["error_code"] == "processing_timeout" and card["attempts"] == 3
+    kinds = [e["kind"] for e in harness.events(file_id)]
+    assert kinds == ["claimed", "retry_scheduled"] * 2 + ["claimed", "exhausted"]
+
+
+def test_sigterm_with_the_database_unreachable_still_ends(harness: Harness,
+                                                         tmp_path: Path) -> None:
+    """The stop is bounded even when nothing can be handed back: the leases expire."""
+    proxy, url = through_proxy(harness.db_url, seed=3)
+    try:
+        ids = harness.upload_many(small_photos(2))
+        marker = tmp_path / "hang"
+        w = harness.worker(concurrency=2, database_url=url, sandbox_test_hang=str(marker),
+                           shutdown_grace_seconds="1")
+        wait_for(lambda: harness.statuses(ids).get("processing", 0) == 2, what="2 leases")
+        proxy.stall()
+        w.signal(signal.SIGTERM)
+        assert w.wait(timeout=60) == 0  # a deadline, not a measurement
+        assert "could not hand leases back" in w.log()
+        assert harness.statuses(ids) == {"processing": 2}
     finally:
         proxy.close()

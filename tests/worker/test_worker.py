@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,10 @@ import httpx
 import pytest
 
 from tests.conftest import CORPUS
-from tests.support.services import Harness, wait_for
+from tests.support.services import Harness, free_port, wait_for
+
+# A fleet of real processes: not in `make test-fast`.
+pytestmark = pytest.mark.fleet
 
 PHOTOS = sorted(p for p in CORPUS.iterdir() if p.suffix in {".jpg", ".png"})
 
@@ -21,11 +23,6 @@ PHOTOS = sorted(p for p in CORPUS.iterdir() if p.suffix in {".jpg", ".png"})
 def photo(i: int = 0) -> bytes:
     return PHOTOS[i % len(PHOTOS)].read_bytes()
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def sweep_once(h: Harness) -> str:

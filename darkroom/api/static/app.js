@@ -8,6 +8,10 @@ const FINAL = new Set(["ready", "rejected"]);
 const POLL_FIRST_MS = 500;
 const POLL_MAX_MS = 5000;
 const QUEUE_REFRESH_MS = 3000;
+// A step whose answer was lost (network) or refused for a passing reason is sent again:
+// the create with the same Idempotency-Key (so it never makes a second card), the PUT and
+// the confirm as they are (both safe to repeat).
+const RETRY_DELAYS_MS = [500, 1500, 4000];
 
 // DESIGN §5 codes, in words a person understands.
 const ERROR_TEXT = {
@@ -43,11 +47,18 @@ function authHeaders(extra = {}) {
   return { Authorization: `Bearer ${state.key}`, ...extra };
 }
 
-async function api(method, path, body) {
-  const headers = authHeaders(body === undefined ? {} : { "Content-Type": "application/json" });
-  const response = await fetch(path, {
-    method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+async function api(method, path, body, extraHeaders = {}) {
+  const headers = authHeaders({
+    ...(body === undefined ? {} : { "Content-Type": "application/json" }), ...extraHeaders,
   });
+  let response;
+  try {
+    response = await fetch(path, {
+      method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+    });
+  } catch (_) {
+    throw new ApiError(0, { detail: "network" });  // no answer: the request may have acted
+  }
   if (response.status === 401) keyRejected();
   if (!response.ok) {
     let problem = null;
@@ -124,6 +135,18 @@ function setProgress(el, fraction) {
   $("span", bar).style.width = `${Math.round(fraction * 100)}%`;
 }
 
+function setNote(el, message) {
+  const p = $('[data-testid="note"]', el);
+  p.hidden = !message;
+  p.textContent = message || "";
+}
+
+function showRetry(el, onRetry) {
+  const button = $('[data-testid="retry"]', el);
+  button.hidden = !onRetry;
+  button.onclick = onRetry ? () => { button.hidden = true; onRetry(); } : null;
+}
+
 function setError(el, message) {
   const p = $('[data-testid="error"]', el);
   p.hidden = !message;
@@ -148,6 +171,9 @@ function apiErrorText(error) {
     return ERROR_TEXT.unsupported_format;
   }
   if (error.status === 401) return "Your API key was not accepted.";
+  if (type.endsWith("/digest_mismatch")) {
+    return "The file changed while it was being uploaded. Please try again.";
+  }
   if (error.status === 503 || type.endsWith("/storage_unavailable")) {
     return "The service is busy or unavailable right now. Please try again in a moment.";
   }
@@ -248,41 +274,111 @@ function localFailure(filename, message) {
   return el;
 }
 
-async function uploadFile(file) {
+function randomKey() {
+  if (crypto.randomUUID) return crypto.randomUUID();
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+// The file's SHA-256, so the archive can say it has these bytes already. Browsers offer
+// it only to secure origins (https, or the machine itself); elsewhere nothing is claimed.
+async function sha256Hex(file) {
+  if (!(window.crypto && crypto.subtle)) return null;
+  try {
+    const digest = await crypto.subtle.digest("SHA-256", await file.arrayBuffer());
+    return Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("");
+  } catch (_) {
+    return null;
+  }
+}
+
+function transient(error) {
+  return error.status === 0 || error.status === 408 || error.status === 429 || error.status >= 500;
+}
+
+async function withRetries(step) {
+  for (let i = 0; ; i++) {
+    try {
+      return await step();
+    } catch (error) {
+      if (!transient(error) || i >= RETRY_DELAYS_MS.length) throw error;
+      await new Promise((resolve) => setTimeout(resolve, RETRY_DELAYS_MS[i]));
+    }
+  }
+}
+
+async function putOriginal(card, file, type, el) {
+  try {
+    return await putWithProgress(card.upload, file, (f) => setProgress(el, f));
+  } catch (error) {
+    // A direct-to-store upload the browser could not complete or read (typically the
+    // bucket's CORS): send the bytes through the API instead.
+    if (error.status !== 0 || sameOrigin(card.upload.url)) throw error;
+    const viaApi = { method: "PUT", url: `/v1/files/${card.id}/content`, headers: { "Content-Type": type } };
+    return putWithProgress(viaApi, file, (f) => setProgress(el, f));
+  }
+}
+
+// One upload: its Idempotency-Key is made once per dropped file and kept for every retry,
+// automatic or by the Retry button, so no retry can make a second card.
+async function uploadFile(file, job = { key: randomKey(), sha256: undefined, local: null }) {
   const type = (file.type || "").toLowerCase();
   if (!ACCEPTED.includes(type)) {
     localFailure(file.name, ERROR_TEXT.unsupported_format);
     return;
   }
+  if (job.sha256 === undefined) job.sha256 = await sha256Hex(file);
+  const body = { filename: file.name, content_type: type, size: file.size };
+  if (job.sha256) body.sha256 = job.sha256;
   let card;
   try {
-    card = await api("POST", "/v1/files", { filename: file.name, content_type: type, size: file.size });
+    card = await withRetries(() => api("POST", "/v1/files", body, { "Idempotency-Key": job.key }));
   } catch (error) {
-    localFailure(file.name, apiErrorText(error));
+    job.local = localFailure(file.name, apiErrorText(error));
+    if (transient(error)) showRetry(job.local, () => { job.local.remove(); uploadFile(file, job); });
+    return;
+  }
+  if (!card.upload) {
+    // Nothing to upload: the archive has these bytes (`duplicate_of`), or an earlier try
+    // with this key already finished.
+    const shown = state.cards.has(card.id);
+    render(card);
+    const el = cardElement(card.id);
+    showRetry(el, null);
+    if (card.duplicate_of) {
+      setNote(el, `“${file.name}” is already in your archive, so it was not uploaded again.`);
+      if (shown) el.scrollIntoView({ block: "nearest" });
+    }
+    if (!FINAL.has(card.status)) watch(card.id);
     return;
   }
   render(card);
   const el = cardElement(card.id);
+  showRetry(el, null);
+  setError(el, "");
   setStatus(el, "uploading");
   setProgress(el, 0);
   try {
-    let version;
-    try {
-      version = await putWithProgress(card.upload, file, (f) => setProgress(el, f));
-    } catch (error) {
-      // A direct-to-store upload the browser could not complete or read (typically the
-      // bucket's CORS): send the bytes through the API instead.
-      if (error.status !== 0 || sameOrigin(card.upload.url)) throw error;
-      const viaApi = { method: "PUT", url: `/v1/files/${card.id}/content`, headers: { "Content-Type": type } };
-      version = await putWithProgress(viaApi, file, (f) => setProgress(el, f));
+    let confirmed = null;
+    if (card.uploaded_version) {  // an earlier try stored the bytes but was not confirmed
+      try {
+        confirmed = await api("POST", `/v1/files/${card.id}/confirm`, { version: card.uploaded_version });
+      } catch (_) {
+        confirmed = null;  // upload again
+      }
     }
-    setProgress(el, 1);
-    render(await api("POST", `/v1/files/${card.id}/confirm`, { version }));
+    if (!confirmed) {
+      const version = await withRetries(() => putOriginal(card, file, type, el));
+      setProgress(el, 1);
+      confirmed = await withRetries(() => api("POST", `/v1/files/${card.id}/confirm`, { version }));
+    }
+    render(confirmed);
     watch(card.id);
   } catch (error) {
     setProgress(el, null);
     setStatus(el, "failed");
     setError(el, apiErrorText(error));
+    showRetry(el, () => uploadFile(file, job));
   }
 }
 

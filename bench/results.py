@@ -1,0 +1,246 @@
+"""Benchmark results as typed files: one dataclass per benchmark, written to and read from
+bench/out/NAME.json, so that the benchmark and its renderer agree on one shape.
+
+`load` rebuilds a result from its JSON and refuses a shape it does not know (a missing
+field, or an unknown one where the class keeps no `extra`), so that a renderer fails on
+a moved field instead of printing a dash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def _build(kind: Any, value: Any) -> Any:
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+        return _build(kind, value)
+    if origin is list:
+        (item,) = typing.get_args(kind)
+        return [_build(item, v) for v in value]
+    if origin is dict:
+        _, item = typing.get_args(kind)
+        return {k: _build(item, v) for k, v in value.items()}
+    if dataclasses.is_dataclass(kind):
+        return load(typing.cast(type[Any], kind), value)
+    if kind is float and isinstance(value, int):
+        return float(value)
+    return value
+
+
+def load(cls: type[T], data: dict[str, Any]) -> T:
+    """A `cls` from its JSON object; raises ValueError on a shape it does not know."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    known = {k: _build(hints[k], v) for k, v in data.items() if k in names and k != "extra"}
+    unknown = {k: v for k, v in data.items() if k not in names}
+    if unknown:
+        if "extra" not in names:
+            raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
+        known["extra"] = {**data.get("extra", {}), **unknown}
+    try:
+        return cls(**known)
+    except TypeError as exc:
+        raise ValueError(f"{cls.__name__}: {exc}") from exc
+
+
+def save(result: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dataclasses.asdict(result), indent=2, default=str) + "\n",
+                    encoding="utf-8")
+
+
+def read(cls: type[T], path: Path) -> T:
+    return load(cls, json.loads(path.read_text(encoding="utf-8")))
+
+
+# --- bench/queue.py -----------------------------------------------------------------------
+
+
+@dataclass
+class QueueThroughput:
+    """One system in one configuration at one worker count, over its repeats."""
+
+    system: str
+    config: str
+    workers: int
+    jobs: int
+    runs_jobs_per_s: list[float]
+    # Machine CPU (all processes, PostgreSQL included) per job while the workers ran, and
+    # the share of wall time stolen by the hypervisor: on a shared machine the CPU cost
+    # of a job moves far less from run to run than the jobs/s do.
+    runs_cpu_us_per_job: list[float]
+    runs_steal_share: list[float]
+    median: float
+    cpu_us_per_job: float | None
+
+
+@dataclass
+class QueueLatency:
+    """Idle enqueue → start of one system; no percentiles when nothing started."""
+
+    n: int
+    enqueued: int
+    wake_up: str = ""
+    p50_ms: float | None = None
+    p95_ms: float | None = None
+    p99_ms: float | None = None
+    max_ms: float | None = None
+
+
+@dataclass
+class QueueClaim:
+    """Median time of one claim statement on a tiny, a big and a backlog table."""
+
+    system: str
+    claim: str
+    ms_10_rows: float
+    ms_big: float
+    ratio: float
+    tiny_rows: int
+    finished_rows: int
+    queued_rows: int
+    ms_backlog: float | None
+    backlog_rows: int
+    extra: dict[str, Any] = field(default_factory=dict)  # what a newer setup records
+
+
+@dataclass
+class QueueResult:
+    command: str
+    machine: dict[str, Any]
+    postgres: dict[str, str]
+    server: str
+    plan: dict[str, Any]
+    throughput: list[QueueThroughput] = field(default_factory=list)
+    latency: dict[str, QueueLatency] = field(default_factory=dict)
+    claim_time: list[QueueClaim] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    loadavg_at_end: list[float] = field(default_factory=list)
+
+
+# --- bench/worker.py ----------------------------------------------------------------------
+
+
+@dataclass
+class WorkerSlots:
+    """The same images through p slots: the pipeline alone, and end to end."""
+
+    slots: int
+    pipeline_alone_ips: float
+    end_to_end_ips: float
+    ratio: float
+
+
+@dataclass
+class WorkerLatency:
+    """Idle confirm → processing start, database clock, ms."""
+
+    samples: int
+    p50: float
+    p95: float
+    max: float
+
+
+@dataclass
+class WorkerResult:
+    machine: dict[str, Any]
+    slots: list[WorkerSlots] = field(default_factory=list)
+    latency_ms: WorkerLatency | None = None
+    command: str | None = None
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> WorkerResult:
+        """From its JSON, including the shape written before the typed result (one
+        `slots_N` object per slot count)."""
+        legacy = sorted((k for k in data if k.startswith("slots_")),
+                        key=lambda k: int(k.split("_")[1]))
+        if legacy:
+            rest = {k: v for k, v in data.items() if k not in legacy}
+            data = rest | {"slots": [{"slots": int(k.split("_")[1]), **data[k]}
+                                     for k in legacy]}
+        return load(cls, data)
+
+
+# --- bench/soak.py ------------------------------------------------------------------------
+
+
+@dataclass
+class SoakVerdict:
+    """What must stay flat over the soak; first/last = median of the first/last fifth of
+    the windows."""
+
+    processed: int
+    throughput_per_s: float
+    claim_ms_first: float
+    claim_ms_last: float
+    claim_drift: float
+    queue_index_bytes_max: int
+    queue_index_bytes_last: int
+    files_table_bytes_last: int
+    events_live_max: int
+    files_dead_max: int
+    autovacuums_files: int
+    confirm_p99_ms_max: float | None
+    queued_max: int
+
+
+@dataclass
+class SoakResult:
+    target: int
+    rate: float
+    seconds: float
+    # One sample of the database per window: counts, sizes, per-table dead/live rows,
+    # claim time and the window's confirm latency (bench/soak.py `sample`).
+    windows: list[dict[str, Any]]
+    verdict: SoakVerdict | None = None
+    command: str | None = None
+
+
+# --- bench/api.py -------------------------------------------------------------------------
+
+
+@dataclass
+class ApiPhase:
+    """One load phase: latencies from the scheduled send time, answers, CPU by process."""
+
+    requests: int
+    seconds: float
+    rps: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    max_ms: float | None
+    statuses: dict[str, int]
+    unexpected: int
+    cpu_cores: dict[str, float]  # cores busy per process group, and "steal"
+    server: dict[str, Any]  # the API's own histogram: count, mean_ms, within_25ms
+    api_cpu_ms_per_request: float | None
+    loadavg_1m_before: float | None = None
+    wall_seconds: float | None = None  # open loop only
+    send_lag_p99_ms: float | None = None
+    send_lag_max_ms: float | None = None
+    postgres_during_phase: dict[str, Any] | None = None
+    worker: dict[str, Any] | None = None  # busy phase: what the worker did meanwhile
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ApiResult:
+    machine: dict[str, Any]
+    plan: dict[str, Any]
+    results: dict[str, ApiPhase]  # confirm_busy, confirm_idle, ceiling_{confirm,get}_N
+    gc_full_pass_ms: dict[str, float] | None = None
+    command: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # older files' "targets"

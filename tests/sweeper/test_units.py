@@ -1,0 +1,228 @@
+"""The sweeper's units, in-process, against a real database and a real local store."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from darkroom.errors import StorageUnavailable
+from darkroom.layout import derived_key, original_key
+from darkroom.queue import Derived, Lease, Queue
+from darkroom.storage import ObjectStore, open_store
+from darkroom.sweeper import (
+    BATCH,
+    Database,
+    DeletedFiles,
+    Orphans,
+    Reconcile,
+    Sweeper,
+    run_unit,
+)
+from tests.conftest import make_queue
+from tests.support.faults import FaultProxy
+from tests.support.services import wait_for
+
+
+class RefusingStore:
+    """A real local store that refuses to delete some keys, as an object lock would."""
+
+    def __init__(self, store: ObjectStore, refused: set[str]) -> None:
+        self._store = store
+        self.refused = refused
+
+    def delete(self, key: str, version: str | None = None) -> None:
+        if key in self.refused:
+            raise StorageUnavailable("access denied")
+        self._store.delete(key, version)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ObjectStore:
+    return open_store((tmp_path / "objects").as_uri())
+
+
+async def queued_card(q: Queue, store: ObjectStore, owner: str = "o") -> uuid.UUID:
+    card = await q.create_file(owner=owner, filename="a.jpg", content_type="image/jpeg",
+                               size=3)
+    version = await asyncio.to_thread(store.put, card["original_key"], b"abc")
+    await q.confirm(card["id"], owner, version)
+    return uuid.UUID(str(card["id"]))
+
+
+async def orphan(q: Queue, store: ObjectStore, lease: Lease) -> str:
+    key = derived_key(lease)
+    await q.register_attempt_object(lease, key)
+    await asyncio.to_thread(store.put, key, b"webp")
+    return key
+
+
+def orphan_rows(db_url: str) -> dict[str, int]:
+    with psycopg.connect(db_url) as conn:
+        return dict(conn.execute("SELECT object_key, failures FROM orphan_objects").fetchall())
+
+
+async def test_orphans_are_deleted_but_never_a_referenced_object(
+        pool: Any, db_url: str, store: ObjectStore) -> None:
+    q = make_queue(pool)
+    await queued_card(q, store)
+    await queued_card(q, store)
+    published, lost = await q.claim(2)
+    kept = await orphan(q, store, published)
+    gone = await orphan(q, store, lost)
+    await q.complete(published, Derived(kept, "v", "0" * 64, 1, 1, 4))
+    await q.revoke(lost.file_id, "o")
+    # As an old bug did: the published key registered as an orphan after all.
+    await q.register_attempt_object(published, kept)
+    unit = Orphans(Database(q), store, guard_seconds=0)
+    assert await unit.run_once() == 2
+    assert orphan_rows(db_url) == {}
+    assert [o.key for o in store.list(kept)] == [kept]
+    assert list(store.list(gone)) == []
+
+
+async def test_an_orphan_that_cannot_be_deleted_is_retried_and_holds_up_nothing(
+        pool: Any, db_url: str, store: ObjectStore) -> None:
+    q = make_queue(pool)
+    for _ in range(3):
+        await queued_card(q, store)
+    leases = await q.claim(3)
+    keys = [await orphan(q, store, lease) for lease in leases]
+    for lease in leases:
+        await q.release([lease])
+    unit = Orphans(Database(q), RefusingStore(store, {keys[0]}), guard_seconds=0)  # type: ignore[arg-type]
+    assert await unit.run_once() == 2
+    assert orphan_rows(db_url) == {keys[0]: 1}
+    assert await unit.run_once() == 0  # not due again before its backoff
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE orphan_objects SET next_try_at = now()")
+    unit.store = store  # the lock is lifted
+    assert await unit.run_once() == 1
+    assert orphan_rows(db_url) == {}
+
+
+async def test_two_sweepers_share_the_orphans(pool: Any, db_url: str,
+                                              store: ObjectStore) -> None:
+    q = make_queue(pool)
+    total = BATCH + BATCH // 2
+    for _ in range(total):
+        await queued_card(q, store)
+    leases = await q.claim(total)
+    for lease in leases:
+        await orphan(q, store, lease)
+    await q.release(leases)
+    units = [Orphans(Database(q), store, guard_seconds=0) for _ in range(2)]
+    done = await asyncio.gather(*(u.run_once() for u in units))
+    assert sum(done) == total and min(done) > 0
+    assert orphan_rows(db_url) == {}
+
+
+async def test_deleted_files_lose_every_byte_then_the_card(
+        pool: Any, db_url: str, store: ObjectStore) -> None:
+    q = make_queue(pool)
+    file_id = await queued_card(q, store)
+    [lease] = await q.claim(1)
+    await orphan(q, store, lease)
+    await q.revoke(file_id, "o")
+    refusing = RefusingStore(store, {original_key(file_id)})
+    unit = DeletedFiles(q, refusing, guard_seconds=0)  # type: ignore[arg-type]
+    assert await unit.run_once() == 0  # refused: tried again later, the card stays
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE archive_files SET available_at = now()")
+    refusing.refused.clear()
+    assert await unit.run_once() == 1
+    assert list(store.list(original_key(file_id))) == []
+    assert list(store.list(f"derived/{file_id}/")) == []
+    assert await q.get_file(file_id, "o") is None
+
+
+async def test_reconcile_deletes_only_what_nothing_accounts_for(
+        pool: Any, db_url: str, store: ObjectStore) -> None:
+    q = make_queue(pool)
+    file_id = await queued_card(q, store)
+    [lease] = await q.claim(1)
+    key = derived_key(lease)
+    await q.register_attempt_object(lease, key)
+    version = store.put(key, b"webp2")
+    await q.complete(lease, Derived(key, version, "0" * 64, 1, 1, 5))
+    stray_original = original_key(uuid.uuid4())  # bytes that landed after a purge
+    store.put(stray_original, b"late")
+    stray_derived = f"derived/{file_id}/{uuid.uuid4()}.webp"  # a restore forgot it
+    store.put(stray_derived, b"old")
+    extra_version = store.put(original_key(file_id), b"second upload, never confirmed")
+    unit = Reconcile(Database(q), store, guard_seconds=0)
+    dry = await unit.run(dry_run=True)
+    expected = {f"{stray_original}@", f"{stray_derived}@", f"{original_key(file_id)}@"}
+    assert {item.split("@")[0] + "@" for item in dry.unaccounted} == expected
+    assert any(item.endswith(extra_version) for item in dry.unaccounted)
+    assert dry.deleted == 0 and any(store.list(stray_original))
+    done = await unit.run(dry_run=False)
+    assert done.deleted == 3  # both strays and the unconfirmed version
+    again = await unit.run(dry_run=False)
+    assert again.unaccounted == []
+    card = await q.get_file(file_id, "o")
+    assert card is not None
+    assert store.get(card["original_key"], card["original_version"]) == b"abc"
+    assert store.get(key, version) == b"webp2"
+
+
+async def test_reconcile_runs_once_per_interval_across_sweepers(
+        pool: Any, store: ObjectStore) -> None:
+    q = make_queue(pool)
+    units = [Reconcile(Database(q), store, guard_seconds=0, interval_seconds=3600)
+             for _ in range(2)]
+    await asyncio.gather(*(u.run_once() for u in units))
+    with psycopg.connect(pool.conninfo) as conn:
+        row = conn.execute("SELECT count(*), min(next_run_at) > now() FROM"
+                           " maintenance_schedule").fetchone()
+    assert row == (1, True)
+    took = [await Database(q).rows("sweep_take_turn",
+                                   {"unit": "reconcile", "interval_seconds": 3600})]
+    assert took == [[]]
+
+
+async def test_a_database_outage_pauses_a_unit_and_never_ends_it(
+        db_url: str, store: ObjectStore) -> None:
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from darkroom.db.connection import open_pool
+
+    params = conninfo_to_dict(db_url)
+    host, port = str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)
+    proxy = FaultProxy(f"{host}/.s.PGSQL.{port}" if host.startswith("/") else (host, port),
+                       postgres=True)
+    params.update(host="127.0.0.1", port=str(proxy.port), sslmode="disable",
+                  gssencmode="disable")
+    pool = await open_pool(make_conninfo(**params), min_size=1, max_size=2, fail_fast=False)
+    stop = asyncio.Event()
+    try:
+        q = make_queue(pool)
+        sweeper = Sweeper(q, store, guard_seconds=0, retention_seconds=86_400)
+        proxy.refuse()
+        task = asyncio.create_task(run_unit(sweeper.orphans, stop, interval_seconds=0.05))
+        while not pool.get_stats().get("connections_errors") and not task.done():
+            await asyncio.sleep(0.05)
+        assert not task.done()
+        proxy.heal()
+        direct = make_queue(await open_pool(db_url, min_size=1, max_size=1))
+        try:
+            await queued_card(direct, store)
+            [lease] = await direct.claim(1)
+            await orphan(direct, store, lease)
+            await direct.release([lease])
+        finally:
+            await direct.pool.close()
+        await asyncio.to_thread(wait_for, lambda: orphan_rows(db_url) == {}, timeout=120,
+                                what="the unit to work again")
+        assert not task.done()
+    finally:
+        stop.set()
+        await pool.close()
+        proxy.close()

@@ -1,0 +1,59 @@
+"""The worker's own bookkeeping, in-process against a real database, store and decoders."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from darkroom.config import Settings
+from darkroom.queue import Queue
+from darkroom.storage import open_store
+from darkroom.worker import Worker
+from tests.support.services import small_photos
+
+
+async def test_reclaiming_its_own_card_runs_one_attempt_and_keeps_the_slots(
+        pool: Any, db_url: str, tmp_path: Path) -> None:
+    """After an outage longer than the lease a worker can claim, again, a card its own
+    stale attempt still holds in memory. Only the new attempt may go on, both slots come
+    back, and nothing crashes (jobs are tracked by attempt, not by file)."""
+    store = open_store((tmp_path / "objects").as_uri())
+    settings = Settings(lease_seconds=30, retry_base_seconds=0, data_dir=tmp_path)
+    queue = Queue.from_settings(pool, settings, worker="w")
+    [data] = small_photos(1)
+    card = await queue.create_file(owner="o", filename="a.jpg", content_type="image/jpeg",
+                                   size=len(data))
+    version = await asyncio.to_thread(store.put, card["original_key"], data)
+    await queue.confirm(card["id"], "o", version)
+    [stale] = await queue.claim(1)
+    with psycopg.connect(db_url, autocommit=True) as conn:  # the outage outlived the lease
+        conn.execute("UPDATE archive_files SET lease_until = now() - interval '1 s'")
+    [fresh] = await queue.claim(1)
+    assert fresh.file_id == stale.file_id and fresh.attempt == 2
+
+    worker = Worker(settings, queue, store, listen_conninfo=db_url, concurrency=2)
+    for decoder in worker.idle_decoders:
+        decoder.start()
+    completer = asyncio.create_task(worker.completer.run())
+    try:
+        worker._start(stale)
+        worker._start(fresh)
+        assert len(worker.jobs) == 2 and worker.jobs[stale.token].abandoned
+        await asyncio.gather(*(job.task for job in list(worker.jobs.values())
+                               if job.task is not None))
+        assert worker.jobs == {} and len(worker.idle_decoders) == 2
+        leases = await queue.claim(2)
+        assert leases == []
+        row = await queue.get_file(uuid.UUID(str(card["id"])), "o")
+        assert row is not None and row["status"] == "ready" and row["attempts"] == 2
+        assert str(fresh.token) in row["derived_key"]
+        kinds = [e["kind"] for e in await queue.events(fresh.file_id)]
+        assert kinds == ["claimed", "claimed", "ready"]
+    finally:
+        completer.cancel()
+        for decoder in worker.idle_decoders:
+            decoder.close()

@@ -1,0 +1,67 @@
+"""The worker's completer against a real database: batches, and each row's own fence."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+
+from darkroom.completer import Completer, running
+from darkroom.queue import Derived, Lease, derived_key
+from tests.conftest import make_queue
+
+
+async def new_queued(q: Any, n: int) -> None:
+    for i in range(n):
+        card = await q.create_file(owner="o", filename=f"f{i}.jpg",
+                                   content_type="image/jpeg", size=1)
+        await q.confirm(card["id"], "o", "v1")
+
+
+def result(lease: Lease) -> Derived:
+    return Derived(derived_key(lease), "v", "0" * 64, 1, 1, 1)
+
+
+async def test_results_that_finish_together_commit_in_one_statement(
+        pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    await new_queued(q, 12)
+    leases = await q.claim(12)
+    with psycopg.connect(db_url, autocommit=True) as conn:  # one lease lost meanwhile
+        conn.execute("UPDATE archive_files SET lease_until = now() - interval '1 s'"
+                     " WHERE id = %s", (leases[0].file_id,))
+    [thief] = await q.claim(1)
+    assert thief.file_id == leases[0].file_id
+    statements = 0
+
+    async def counting(call: Callable[[], Awaitable[set[uuid.UUID]]]) -> set[uuid.UUID]:
+        nonlocal statements
+        statements += 1
+        return await call()
+
+    completer = Completer(q, counting)
+    async with running(completer):
+        answers = await asyncio.gather(*(completer.complete(lease, result(lease))
+                                         for lease in leases))
+    assert answers == [False] + [True] * 11
+    assert statements == 1
+    stats = await q.stats()
+    assert stats["counts"]["ready"] == 11 and stats["lease_lost_total"] == 1
+
+
+async def test_a_failed_batch_fails_each_of_its_jobs(pool: Any) -> None:
+    q = make_queue(pool)
+    await new_queued(q, 2)
+    leases = await q.claim(2)
+
+    async def broken(call: Callable[[], Awaitable[set[uuid.UUID]]]) -> set[uuid.UUID]:
+        raise psycopg.OperationalError("the database went away")
+
+    completer = Completer(q, broken)
+    async with running(completer):
+        answers = await asyncio.gather(*(completer.complete(lease, result(lease))
+                                         for lease in leases), return_exceptions=True)
+    assert all(isinstance(a, psycopg.OperationalError) for a in answers)

@@ -110,6 +110,9 @@ def gc_full_pass_ms() -> dict[str, float]:
     return figures
 
 
+_METRICS_BASES: dict[str, str] = {}
+
+
 class System:
     """A private PostgreSQL, one fresh database and store, and the darkroom processes."""
 
@@ -140,6 +143,11 @@ class System:
                 p for p in (api_pythonpath, os.environ.get("PYTHONPATH")) if p)
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
+        # /metrics without a key, on a loopback listener of its own (an older darkroom
+        # under --api-pythonpath ignores this and serves it on the API's port).
+        self.metrics_port = free_port()
+        self.api_env["DARKROOM_API_METRICS_PORT"] = str(self.metrics_port)
+        _METRICS_BASES[self.base_url] = f"http://127.0.0.1:{self.metrics_port}"
 
     def _spawn(self, args: list[str], name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
         log = (self.tmp / f"{name}.log").open("wb")
@@ -312,8 +320,12 @@ _BUCKET = re.compile(
 
 
 def server_histogram(base_url: str, route: str, method: str) -> dict[str, float]:
-    """Cumulative buckets ("le" -> count), "sum" and "count" of one route, from /metrics."""
-    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    """Cumulative buckets ("le" -> count), "sum" and "count" of one route, from /metrics
+    (on the metrics listener, or on the API's port for a darkroom that has none)."""
+    try:
+        text = httpx.get(f"{_metrics_base(base_url)}/metrics", timeout=10).text
+    except httpx.ConnectError:
+        text = httpx.get(f"{base_url}/metrics", timeout=10).text
     out: dict[str, float] = {}
     for kind, labels, value in _BUCKET.findall(text):
         if f'route="{route}"' not in labels or f'method="{method}"' not in labels:
@@ -325,6 +337,10 @@ def server_histogram(base_url: str, route: str, method: str) -> dict[str, float]
         else:
             out[kind] = float(value)
     return out
+
+
+def _metrics_base(base_url: str) -> str:
+    return _METRICS_BASES.get(base_url, base_url)
 
 
 def server_side(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:

@@ -97,6 +97,18 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     return create_key_cli(_settings(args), owner=args.owner, admin=args.admin)
 
 
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    from darkroom.keys import list_keys_cli
+
+    return list_keys_cli(_settings(args), owner=args.owner, all_keys=args.all)
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    from darkroom.keys import revoke_keys_cli
+
+    return revoke_keys_cli(_settings(args), name=args.key_prefix, owner=args.owner)
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     from darkroom.importer import main
 
@@ -167,6 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--owner", required=True)
     p.add_argument("--admin", action="store_true")
     p.set_defaults(func=cmd_keys_create)
+    p = keys.add_parser("list", help="the keys: prefix, owner, role, dates (never a key)")
+    p.add_argument("--owner", default=None, help="only this owner's keys")
+    p.add_argument("--all", action="store_true", help="revoked keys too")
+    p.set_defaults(func=cmd_keys_list)
+    p = keys.add_parser("revoke", help="revoke one key by its prefix, or every key of --owner")
+    p.add_argument("key_prefix", nargs="?", metavar="KEY_PREFIX",
+                   help="as `keys list` shows it (dk_… or sha256:…)")
+    p.add_argument("--owner", default=None)
+    p.set_defaults(func=cmd_keys_revoke)
 
     p = add("import", cmd_import, "upload every image in DIR through the API")
     p.add_argument("directory", metavar="DIR")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -59,13 +60,50 @@ class Settings(BaseSettings):
     # revoked in the database stops working within this time. 0 looks up every request.
     key_cache_seconds: float = Field(5.0, ge=0, le=3_600)
 
+    # --- facing the internet (docs/SECURITY.md) ---
+    # Unconfirmed cards and their bytes are removed this long after creation.
+    pending_ttl_seconds: float = Field(86_400.0, gt=0)
+    # Per owner: declared bytes and number of live cards (0: no quota).
+    owner_quota_bytes: int = Field(0, ge=0)
+    owner_quota_files: int = Field(0, ge=0)
+    # The API's public origin (https://photos.example.net) for the absolute URLs it
+    # hands out; unset, they are relative. Never taken from a request's Host header.
+    public_url: str | None = None
+    # Card creations per key per minute, per API process (0: no limit).
+    create_rate_per_minute: int = Field(600, ge=0)
+    # Requests with a key this process does not know, per client address per minute:
+    # each costs a database lookup, so past this an address is answered 429 unlooked.
+    unknown_key_rate_per_minute: int = Field(30, ge=1)
+    # Connections one API process holds at once; past it, new requests get 503.
+    api_max_connections: int = Field(1_000, ge=1)
+    # A request's head must arrive within this, and its body may pause no longer.
+    api_read_timeout_seconds: float = Field(15.0, gt=0, le=3_600)
+    # /metrics without a key on this loopback port (0: only with an admin key on the API).
+    api_metrics_port: int = Field(0, ge=0, le=65_535)
+    api_metrics_host: str = "127.0.0.1"
+    # The queue gauges of /metrics are read from the database at most this often.
+    metrics_cache_seconds: float = Field(5.0, ge=0, le=3_600)
+    # /docs (Swagger UI, loaded from its CDN) is off unless enabled.
+    api_docs: bool = False
+
     api_url: str = "http://127.0.0.1:8000"
     api_key: str | None = None
 
-    @field_validator("database_url", "storage_url", "api_key", mode="before")
+    @field_validator("database_url", "storage_url", "api_key", "public_url", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_origin(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query \
+                or parts.fragment or parts.path not in ("", "/"):
+            raise ValueError("must be an origin such as https://photos.example.net")
+        return f"{parts.scheme}://{parts.netloc}"
 
     @field_validator("storage_url")
     @classmethod

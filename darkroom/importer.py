@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import httpx
 
@@ -226,9 +226,11 @@ class Importer:
         item.status = r.json()["status"]
 
     def _put(self, item: Item, upload: dict[str, Any]) -> str | None:
-        own = _origin(upload["url"]) == self.api_origin
+        # The API's own upload URL is relative unless it knows its public origin.
+        url = urljoin(str(self.client.base_url), upload["url"])
+        own = _origin(url) == self.api_origin
         with open(item.path, "rb") as body:
-            r = self._send(upload["method"], upload["url"], own=own, content=body,
+            r = self._send(upload["method"], url, own=own, content=body,
                            headers=upload["headers"])
         if r.status_code != 200:
             item.status, item.error = "failed", _problem_text(r)

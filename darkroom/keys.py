@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from darkroom.config import ConfigError, Settings
@@ -26,6 +27,9 @@ from darkroom.db.queries import QUERIES
 
 KEY_PREFIX = "dk_"
 MAX_OWNER_LENGTH = 200
+_NAME_LENGTH = len(KEY_PREFIX) + 9
+# A name given to `keys revoke` must be at least this long, so a slip cannot match many.
+_MIN_REVOKE_NAME = len(KEY_PREFIX) + 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +42,12 @@ class Principal:
 
 def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def key_name(key: str) -> str:
+    """What `darkroom keys list` shows of a key: enough to tell keys apart, far too little
+    to use one."""
+    return key[:_NAME_LENGTH]
 
 
 def hash_key(key: str) -> str:
@@ -59,7 +69,8 @@ async def create_key(
     """Store a new key for `owner` and answer it; this is the only time it is known."""
     owner = validate_owner(owner)
     key = new_key()
-    params = {"key_hash": hash_key(key), "owner": owner, "admin": admin}
+    params = {"key_hash": hash_key(key), "owner": owner, "admin": admin,
+              "key_prefix": key_name(key)}
     if isinstance(pool_or_conninfo, str):
         async with await psycopg.AsyncConnection.connect(pool_or_conninfo, autocommit=True) as conn:
             await conn.execute(QUERIES["create_api_key"], params)
@@ -87,4 +98,49 @@ def create_key_cli(settings: Settings, *, owner: str, admin: bool) -> int:
     print(key)
     role = "admin key" if admin else "key"
     print(f"darkroom: new {role} for owner {owner!r}; it is shown only this once", file=sys.stderr)
+    return 0
+
+
+def list_keys_cli(settings: Settings, *, owner: str | None, all_keys: bool) -> int:
+    """`darkroom keys list`: one line per key, never a usable key."""
+    url = database_url(settings)
+    migrate(url)
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        rows = conn.execute(QUERIES["list_api_keys"], {"owner": owner, "all": all_keys}).fetchall()
+    for row in rows:
+        state = f"revoked {row['revoked_at']:%Y-%m-%d %H:%M}" if row["revoked_at"] else "active"
+        role = "admin" if row["admin"] else "-"
+        print(f"{row['name']}\t{row['owner']}\t{role}\t"
+              f"created {row['created_at']:%Y-%m-%d %H:%M}\t{state}")
+    if not rows:
+        print("darkroom: no keys", file=sys.stderr)
+    return 0
+
+
+def revoke_keys_cli(settings: Settings, *, name: str | None, owner: str | None) -> int:
+    """`darkroom keys revoke KEY_PREFIX | --owner O`: exactly one key, or all of an owner's.
+
+    Each API process stops accepting a revoked key within DARKROOM_KEY_CACHE_SECONDS.
+    """
+    if (name is None) == (owner is None):
+        raise ConfigError("give either a key's prefix (from `darkroom keys list`) or --owner")
+    if name is not None:
+        name = name.strip()
+        if len(name) < _MIN_REVOKE_NAME:
+            raise ConfigError(f"the key prefix must be at least {_MIN_REVOKE_NAME} characters")
+    url = database_url(settings)
+    migrate(url)
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        if name is not None:
+            matches = conn.execute(QUERIES["match_api_keys"], {"name": name}).fetchall()
+            if len(matches) > 1:
+                shown = ", ".join(str(m["name"]) for m in matches)
+                raise ConfigError(f"{name!r} matches {len(matches)} keys ({shown}); give more")
+        rows = conn.execute(QUERIES["revoke_api_keys"],
+                            {"name": name, "owner": owner}).fetchall()
+    for row in rows:
+        print(f"revoked {row['name']} (owner {row['owner']!r})")
+    if not rows:
+        print("darkroom: no active key matched; nothing revoked", file=sys.stderr)
+        return 1
     return 0

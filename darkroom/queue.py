@@ -60,6 +60,10 @@ class ClaimUnknown(DarkroomError):
         self.claim_id = claim_id
 
 
+class QuotaExceeded(DarkroomError):
+    """A new card would take its owner past `DARKROOM_OWNER_QUOTA_BYTES` or `_FILES`."""
+
+
 class LeaseLost(DarkroomError):
     """The attempt no longer holds its lease: it must not publish, and it has not."""
 
@@ -102,6 +106,7 @@ class ConfirmOutcome(StrEnum):
     QUEUED = "queued"  # pending -> queued now
     ALREADY = "already"  # the same version was confirmed before: nothing changed
     CONFLICT = "conflict"  # confirmed before with another version
+    SIZE_MISMATCH = "size_mismatch"  # still pending: the stored size is not the declared one
     NOT_FOUND = "not_found"
     DIGEST_REQUIRED = "digest_required"  # pending, with a claimed digest not (yet) matched
 
@@ -192,43 +197,64 @@ class Queue:
         file_id: uuid.UUID | None = None, sha256: str | None = None,
         key_hash: bytes | None = None, request_hash: bytes | None = None,
         priority: Priority = Priority.INTERACTIVE,
+        quota_files: int = 0, quota_bytes: int = 0,
     ) -> dict[str, Any] | None:
         """`create_file` with a claimed digest and an idempotency key (both optional).
 
         None when the owner already holds `key_hash` (made by an earlier or a concurrent
-        create): no card is made, and the caller answers the key's card instead.
+        create): no card is made, and the caller answers the key's card instead. Raises
+        `QuotaExceeded` when a new card would take the owner past a quota (0: none).
         """
         file_id = file_id or uuid.uuid4()
-        rows = await self._rows("create_file_keyed", {
+        params = {
             "id": file_id, "owner": owner, "filename": filename,
             "content_type": content_type, "size": size,
             "original_key": original_key(file_id), "sha256": sha256,
             "key_hash": key_hash, "request_hash": request_hash,
             "priority": str(Priority(priority)),
-        })
-        return rows[0] if rows else None
+        }
+        if not quota_files and not quota_bytes:
+            rows = await self._rows("create_file_keyed", params)
+            return rows[0] if rows else None
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute(QUERIES["lock_owner_quota"], {"owner": owner})
+            cur = await conn.execute(QUERIES["owner_within_quota"], {
+                "owner": owner, "size": size,
+                "quota_files": quota_files, "quota_bytes": quota_bytes})
+            fits = await cur.fetchone()
+            if not fits or not fits["fits"]:
+                raise QuotaExceeded(owner)
+            cur = await conn.execute(QUERIES["create_file_keyed"], params)
+            row: dict[str, Any] | None = await cur.fetchone()
+        return row
 
-    async def confirm(self, file_id: uuid.UUID, owner: str, version: str) -> ConfirmOutcome:
+    async def confirm(self, file_id: uuid.UUID, owner: str, version: str,
+                      size: int | None = None) -> ConfirmOutcome:
         """pending -> queued for exactly `version`, with NOTIFY; idempotent for the same version."""
-        return (await self.confirm_card(file_id, owner, version))[0]
+        return (await self.confirm_card(file_id, owner, version, size=size))[0]
 
     async def confirm_card(
-        self, file_id: uuid.UUID, owner: str, version: str, sha256: str | None = None
+        self, file_id: uuid.UUID, owner: str, version: str, sha256: str | None = None,
+        size: int | None = None,
     ) -> tuple[ConfirmOutcome, dict[str, Any] | None]:
         """`confirm`, plus the queued card when this call moved it (else None).
 
         A card created with a claimed digest moves only with `sha256`, the digest of the
         stored bytes of `version`, equal to the claim: otherwise the answer is
-        DIGEST_REQUIRED and its row's `claimed_sha256` is the claim.
+        DIGEST_REQUIRED and its row's `claimed_sha256` is the claim. With `size` (the
+        version's stored size), a card declared with another size stays pending
+        (SIZE_MISMATCH), whatever its digest.
         """
         rows = await self._rows("confirm", {"id": file_id, "owner": owner, "version": version,
-                                            "sha256": sha256})
+                                            "sha256": sha256, "size": size})
         if not rows:
             return ConfirmOutcome.NOT_FOUND, None
         row = rows[0]
         if row["moved"]:
             return ConfirmOutcome.QUEUED, row
         if row["previous_status"] == "pending":
+            if size is not None and row["declared_size"] != size:
+                return ConfirmOutcome.SIZE_MISMATCH, None
             return ConfirmOutcome.DIGEST_REQUIRED, row
         if row["previous_version"] == version:
             return ConfirmOutcome.ALREADY, None
@@ -255,6 +281,49 @@ class Queue:
     async def revoke(self, file_id: uuid.UUID, owner: str) -> bool:
         """Any state -> deleting; the lease (if any) is revoked so nothing can publish."""
         return bool(await self._rows("revoke", {"id": file_id, "owner": owner}))
+
+    async def create_file_within_quota(
+        self, *, owner: str, filename: str, content_type: str, size: int,
+        quota_files: int, quota_bytes: int, file_id: uuid.UUID | None = None,
+        priority: Priority = Priority.INTERACTIVE,
+    ) -> dict[str, Any] | None:
+        """`create_file`, or None when the card would take the owner past a quota (0: none).
+
+        The owner's creations are serialized for the check, so concurrent ones cannot
+        overshoot together. A retried creation is a second card, as with `create_file`;
+        an unconfirmed one expires (`expire_pending`).
+        """
+        if not quota_files and not quota_bytes:
+            return await self.create_file(owner=owner, filename=filename,
+                                          content_type=content_type, size=size,
+                                          file_id=file_id, priority=priority)
+        file_id = file_id or uuid.uuid4()
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute(QUERIES["lock_owner_quota"], {"owner": owner})
+            cur = await conn.execute(QUERIES["owner_within_quota"], {
+                "owner": owner, "size": size,
+                "quota_files": quota_files, "quota_bytes": quota_bytes})
+            fits = await cur.fetchone()
+            if not fits or not fits["fits"]:
+                return None
+            cur = await conn.execute(QUERIES["create_file"], {
+                "id": file_id, "owner": owner, "filename": filename,
+                "content_type": content_type, "size": size,
+                "original_key": original_key(file_id), "priority": str(Priority(priority)),
+            })
+            row: dict[str, Any] | None = await cur.fetchone()
+        return row
+
+    async def expire_pending(self, *, ttl_seconds: float, limit: int) -> list[uuid.UUID]:
+        """pending -> deleting for a batch of cards unconfirmed for `ttl_seconds`.
+
+        The sweeper's purge of deleted cards then removes their bytes and rows, after its
+        guard interval. Safe to repeat and to race a confirm: whichever commits first
+        decides, and the other changes nothing.
+        """
+        rows = await self._rows("expire_pending", {
+            "ttl_seconds": ttl_seconds, "limit": limit, "worker": self.worker})
+        return [r["id"] for r in rows]
 
     # --- attempts --------------------------------------------------------------------
 

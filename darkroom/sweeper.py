@@ -43,7 +43,7 @@ from darkroom.errors import StorageError
 from darkroom.layout import DERIVED, ORIGINALS, derived_prefix, parse_key
 from darkroom.queue import Queue
 from darkroom.services import prepare
-from darkroom.storage import ObjectStore
+from darkroom.storage import LocalStore, ObjectStore
 from darkroom.storage.base import ObjectVersion
 from darkroom.uploads import KEY_RETENTION_SECONDS
 
@@ -302,33 +302,55 @@ def _pages(store: ObjectStore, prefix: str) -> Iterator[list[ObjectVersion]]:
         yield page
 
 
+class PendingExpiry:
+    """Unconfirmed cards past `DARKROOM_PENDING_TTL_SECONDS` become deleted cards
+    (`Queue.expire_pending`); the `deleted` unit then purges them with their bytes."""
+
+    name = "pending"
+
+    def __init__(self, queue: Queue, ttl_seconds: float) -> None:
+        self.queue = queue
+        self.ttl_seconds = ttl_seconds
+
+    async def run_once(self) -> int:
+        ids = await self.queue.expire_pending(ttl_seconds=self.ttl_seconds, limit=BATCH)
+        for file_id in ids:
+            metrics.SWEEP_DONE.labels(self.name).inc()
+            log.info("pending card expired", extra={"file_id": str(file_id)})
+        return len(ids)
+
+
 @dataclass
 class SweepReport:
     orphans_deleted: int = 0
     files_purged: int = 0
     events_pruned: int = 0
     keys_pruned: int = 0
+    pending_expired: int = 0
 
     def __bool__(self) -> bool:
         return bool(self.orphans_deleted or self.files_purged or self.events_pruned
-                    or self.keys_pruned)
+                    or self.keys_pruned or self.pending_expired)
 
 
 class Sweeper:
-    def __init__(self, queue: Queue, store: ObjectStore, *,
-                 guard_seconds: float, retention_seconds: float) -> None:
+    def __init__(self, queue: Queue, store: ObjectStore, *, guard_seconds: float,
+                 retention_seconds: float, pending_ttl_seconds: float = 86_400) -> None:
         db = Database(queue)
+        self.pending = PendingExpiry(queue, pending_ttl_seconds)
         self.orphans = Orphans(db, store, guard_seconds)
         self.deleted = DeletedFiles(queue, store, guard_seconds)
         self.events = Events(db, retention_seconds)
         self.reconcile = Reconcile(db, store, guard_seconds)
         self.keys = IdempotencyKeys(db)
-        self.units: list[Unit] = [self.orphans, self.deleted, self.events, self.reconcile,
-                                  self.keys]
+        self.units: list[Unit] = [self.pending, self.orphans, self.deleted, self.events,
+                                  self.reconcile, self.keys]
 
     async def sweep_once(self) -> SweepReport:
         """Every batch of the routine units until nothing is due (not reconciliation)."""
         report = SweepReport()
+        while (n := await self.pending.run_once()) > 0:
+            report.pending_expired += n
         while (n := await self.orphans.run_once()) > 0:
             report.orphans_deleted += n
         while (n := await self.deleted.run_once()) > 0:
@@ -381,10 +403,21 @@ async def _with_sweeper(settings: Settings,
     try:
         sweeper = Sweeper(Queue.from_settings(pool, settings, worker="sweeper"), store,
                           guard_seconds=settings.sweep_guard_seconds,
-                          retention_seconds=settings.event_retention_days * 86_400)
+                          retention_seconds=settings.event_retention_days * 86_400,
+                          pending_ttl_seconds=settings.pending_ttl_seconds)
         return await body(sweeper)
     finally:
         await pool.close()
+
+
+def remove_stale_temporaries(store: ObjectStore) -> None:
+    """The local store's leftovers of puts a crash cut short (once per sweeper start:
+    it walks the whole store)."""
+    if isinstance(store, LocalStore):
+        try:
+            store.remove_stale_temporaries()
+        except OSError as exc:
+            log.warning("stale temporary files not removed", extra={"error": type(exc).__name__})
 
 
 async def run_sweeper(settings: Settings, *, once: bool,
@@ -396,6 +429,7 @@ async def run_sweeper(settings: Settings, *, once: bool,
             loop.add_signal_handler(sig, stop.set)
 
     async def body(sweeper: Sweeper) -> SweepReport:
+        await asyncio.to_thread(remove_stale_temporaries, sweeper.deleted.store)
         if once:
             return await sweeper.sweep_once()
         await sweeper.run(stop, interval_seconds=settings.sweep_interval_seconds)
@@ -419,7 +453,8 @@ def main(settings: Settings, *, once: bool) -> int:
     logs.setup()
     report = asyncio.run(run_sweeper(settings, once=once))
     if once:
-        print(f"orphans deleted: {report.orphans_deleted}, files purged: "
+        print(f"pending expired: {report.pending_expired}, "
+              f"orphans deleted: {report.orphans_deleted}, files purged: "
               f"{report.files_purged}, events pruned: {report.events_pruned}, "
               f"idempotency keys pruned: {report.keys_pruned}")
     return 0

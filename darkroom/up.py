@@ -23,6 +23,7 @@ from darkroom.config import ConfigError, Settings
 from darkroom.db.connection import database_url
 from darkroom.db.migrations import migrate
 from darkroom.keys import create_key, find_key
+from darkroom.storage.local import private_dir, write_private
 
 LOCAL_OWNER = "local"
 _PR_SET_PDEATHSIG = 1
@@ -68,8 +69,7 @@ def _local_key(settings: Settings, conninfo: str) -> str:
             key = await create_key(pool, LOCAL_OWNER, admin=True)
         finally:
             await pool.close()
-        path.write_text(key + "\n")
-        path.chmod(0o600)
+        write_private(path, (key + "\n").encode())
         return key
 
     return asyncio.run(ensure())
@@ -91,7 +91,7 @@ def _wait_healthy(url: str, api: Child, timeout: float = 60.0) -> None:
 
 
 def main(settings: Settings, *, host: str, port: int, workers: int | None) -> int:
-    settings.data_path.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.data_path)
     embedded = None
     if settings.database_url is None:
         from darkroom.db import embedded as embedded_db

@@ -98,6 +98,7 @@ class Uploads:
         self, queue: Queue, *, owner: str, filename: str, content_type: str, size: int,
         sha256: str | None, allow_duplicate: bool, key: str | None, fields: dict[str, Any],
         priority: Priority = Priority.INTERACTIVE,
+        quota_files: int = 0, quota_bytes: int = 0,
     ) -> Created:
         """The create of `POST /v1/files` with its key and digest.
 
@@ -118,7 +119,8 @@ class Uploads:
                     return Created(known, duplicate=True)
             row = await queue.create_file_keyed(
                 owner=owner, filename=filename, content_type=content_type, size=size,
-                sha256=sha256, key_hash=hashed, request_hash=fingerprint, priority=priority)
+                sha256=sha256, key_hash=hashed, request_hash=fingerprint,
+                quota_files=quota_files, quota_bytes=quota_bytes, priority=priority)
             if row is not None:
                 return Created(row)
             # A concurrent create with the same key committed first: answer its card.

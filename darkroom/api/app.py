@@ -17,19 +17,23 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from darkroom import logs
 from darkroom.api import problems
 from darkroom.api.auth import KeyCache
+from darkroom.api.limits import BodyLimit, RateLimiter, SecurityHeaders, origin_of, security_headers
 from darkroom.api.metrics import MetricsMiddleware, RequestMetrics
-from darkroom.api.routes import router
+from darkroom.api.problems import problem_response
+from darkroom.api.routes import StatsCache, on_metrics_listener, router
 from darkroom.api.schemas import ProblemDoc
-from darkroom.config import Settings
+from darkroom.api.server import Wire, listen, uvicorn_config
+from darkroom.config import ConfigError, Settings
 from darkroom.db.connection import database_url, open_pool
 from darkroom.db.migrations import migrate
 from darkroom.queue import Queue
 from darkroom.services import open_checked_store
-from darkroom.storage import ObjectStore
+from darkroom.storage import ObjectStore, open_store
 from darkroom.uploads import Uploads
 
 log = logging.getLogger(__name__)
@@ -77,10 +81,19 @@ def create_app(
         version="1",
         summary="Upload originals; WebP derivatives are made in the background.",
         lifespan=lifespan,
+        # Swagger UI loads its code from a CDN, on the origin where the page keeps the
+        # key: off unless the operator asks for it.
+        docs_url="/docs" if settings.api_docs else None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = RequestMetrics()
     app.state.key_cache = KeyCache(settings.key_cache_seconds)
+    app.state.unknown_keys = RateLimiter(settings.unknown_key_rate_per_minute)
+    app.state.creations = RateLimiter(settings.create_rate_per_minute)
+    app.state.stats_cache = StatsCache(settings.metrics_cache_seconds)
+    headers = security_headers(_store_origin(settings, store))
+    app.state.wire = Wire(read_timeout=settings.api_read_timeout_seconds, headers=headers)
     problems.install(app)
     app.include_router(router)
 
@@ -107,8 +120,48 @@ def create_app(
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+    # Outermost last: the headers go on every answer, the request is counted, and a body
+    # over its limit is refused before routing, keys or parsing.
+    app.add_middleware(BodyLimit, upload_limit=settings.max_upload_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(MetricsListenerOnly)
+    # Outside even Starlette's own error middleware, so a 500 carries the headers too.
+    build = app.build_middleware_stack
+    app.build_middleware_stack = (  # type: ignore[method-assign]
+        lambda: SecurityHeaders(build(), headers=headers))
     return app
+
+
+def _store_origin(settings: Settings, store: ObjectStore | None) -> str | None:
+    """The origin of the store's presigned URLs, which the page fetches derivatives from
+    (None for the local store: the API serves the bytes itself). Signing is local: the
+    store is not contacted."""
+    try:
+        store = store or open_store(settings.resolved_storage_url)
+        return origin_of(store.presign_get("originals/origin-probe", "probe", expires=60))
+    except Exception:  # no credentials yet: the start-up check will say so, in one line
+        return None
+
+
+class MetricsListenerOnly:
+    """The metrics listener answers /metrics and nothing else."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["path"] != "/metrics"
+                and on_metrics_listener(scope)):
+            await problem_response(404, "not_found", "No such resource.")(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def server_config(app: FastAPI, *, host: str = "127.0.0.1", port: int = 0) -> uvicorn.Config:
+    """The uvicorn settings of an API process, from the app's settings."""
+    settings: Settings = app.state.settings
+    return uvicorn_config(app, wire=app.state.wire, max_connections=settings.api_max_connections,
+                          host=host, port=port)
 
 
 def serve(settings: Settings, *, host: str, port: int) -> int:
@@ -124,20 +177,16 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
     finally:
         quiet.setLevel(level)
     migrate(database_url(settings))  # an unreachable database raises here, one line
+    if settings.api_metrics_port and settings.api_metrics_port == port:
+        raise ConfigError("DARKROOM_API_METRICS_PORT must differ from the API's port")
     app = create_app(settings, store=store, fail_fast=False)
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_config=None,
-        access_log=False,
-        proxy_headers=True,
-        timeout_graceful_shutdown=10,
-        lifespan="on",
-    )
+    config = server_config(app, host=host, port=port)
+    sockets = [listen(host, port)]
+    if settings.api_metrics_port:
+        sockets.append(listen(settings.api_metrics_host, settings.api_metrics_port))
     server = _Server(config)
     # uvicorn stops accepting on SIGTERM/SIGINT and lets in-flight requests finish.
-    server.run()
+    server.run(sockets=sockets)
     if not server.started:
         return 1
     return 0

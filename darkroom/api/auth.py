@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from darkroom.api.limits import RateLimiter
 from darkroom.api.problems import Problem
 from darkroom.keys import KEY_PREFIX, Principal, find_key, hash_key
 
@@ -66,10 +67,25 @@ async def principal(
         raise Problem(401, "unauthorized", "The API key is not valid.", headers=_CHALLENGE)
     cache: KeyCache = request.app.state.key_cache
     key_hash = hash_key(key)
+    request.state.key_hash = key_hash  # per-key limits name the key by its hash
     found = cache.get(key_hash)
     if found is None:
+        # A key this process does not know costs a database lookup. Each client address
+        # may send `unknown_key_rate_per_minute` keys that turn out not to exist; past
+        # that it is answered without a lookup, so guessing keys costs the database a
+        # bounded number of lookups per address. Only a miss is charged: a client with a
+        # valid key may open many connections at once, and each looks its key up once.
+        # (Guesses in flight together are all looked up: at most the connection limit.)
+        limiter: RateLimiter = request.app.state.unknown_keys
+        address = request.client.host if request.client else "?"
+        wait = limiter.retry_after(address)
+        if wait:
+            raise Problem(429, "too_many_requests",
+                          "Too many requests with unknown keys; try again later.",
+                          headers={"Retry-After": str(wait)})
         found = await find_key(request.app.state.pool, key)
         if found is None:
+            limiter.spend(address)
             raise Problem(401, "unauthorized", "The API key is not valid.", headers=_CHALLENGE)
         cache.put(key_hash, found)
     return found

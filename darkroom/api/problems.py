@@ -42,6 +42,12 @@ TITLES: dict[str, str] = {
     "database_unavailable": "Database Unavailable",
     "not_ready_to_serve": "Not Ready",
     "internal_error": "Internal Server Error",
+    "quota_exceeded": "Quota Exceeded",
+    "size_mismatch": "Size Mismatch",
+    "too_many_requests": "Too Many Requests",
+    "request_timeout": "Request Timeout",
+    "headers_too_large": "Request Header Fields Too Large",
+    "over_capacity": "Service Unavailable",
     "http_error": "HTTP Error",
 }
 
@@ -114,6 +120,7 @@ _STATUS_SLUGS = {
     409: "conflict",
     413: "payload_too_large",
     415: "unsupported_media_type",
+    429: "too_many_requests",
 }
 
 _STATUS_DETAILS = {404: "No such resource.", 405: "This method is not allowed here."}

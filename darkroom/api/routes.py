@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import tempfile
+import time
 import uuid
+from collections.abc import Callable
 from typing import Annotated, Any, BinaryIO, cast
 
 from anyio import to_thread
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, RedirectResponse
 
-from darkroom.api.auth import Admin, Caller
+from darkroom.api.auth import Admin, Caller, admin, bearer, principal
+from darkroom.api.limits import RateLimiter
 from darkroom.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from darkroom.api.metrics import render
 from darkroom.api.problems import (
@@ -46,7 +50,7 @@ from darkroom.api.schemas import (
 from darkroom.config import Settings
 from darkroom.db.queries import QUERIES
 from darkroom.errors import ObjectMissing, StorageError, StorageUnavailable
-from darkroom.queue import ConfirmOutcome, Priority, Queue, original_key
+from darkroom.queue import ConfirmOutcome, Priority, Queue, QuotaExceeded, original_key
 from darkroom.storage import ObjectInfo, ObjectStore
 from darkroom.uploads import KeyBusy, KeyReused, valid_key
 
@@ -75,6 +79,7 @@ _DESCRIPTIONS = {
     409: "The file is not in a state that allows this.",
     413: "Larger than the upload limit.",
     422: "The request is not valid; `errors` names the fields.",
+    429: "Too many requests; `Retry-After` says when to try again.",
     503: "The database or the object store is unavailable.",
 }
 
@@ -144,6 +149,17 @@ async def _head(request: Request, file_id: uuid.UUID, version: str) -> ObjectInf
     return await to_thread.run_sync(lambda: store.head(key, version))
 
 
+_background_tasks: set[asyncio.Task[None]] = set()
+
+
+def _background(request: Request, work: Callable[[], None]) -> None:
+    """Run blocking clean-up `work` in a thread after the answer; the task is held so it
+    is not collected half-way."""
+    task = asyncio.get_running_loop().create_task(to_thread.run_sync(work))
+    _background_tasks.add(task)
+    task.add_done_callback(_background_tasks.discard)
+
+
 def _conflict() -> Problem:
     return Problem(409, "conflict", "The file was already confirmed with another version.")
 
@@ -180,7 +196,7 @@ def _card_json(card: Card, status: int, headers: dict[str, str] | None = None) -
             ),
             "model": KnownCard,
         },
-        **problems(401, 409, 413, 422),
+        **problems(401, 403, 409, 413, 422, 429),
     },
     summary="Create a card and get upload instructions",
 )
@@ -190,15 +206,30 @@ async def create_file(
     settings = _settings(request)
     if body.size > settings.max_upload_bytes:
         raise _too_large(settings.max_upload_bytes)
+    limiter: RateLimiter = request.app.state.creations
+    wait = limiter.spend(getattr(request.state, "key_hash", who.owner))
+    if wait:
+        raise Problem(429, "too_many_requests", "Too many files created with this key; "
+                      "try again later.", headers={"Retry-After": str(wait)})
     if body.sha256 is not None or idempotency_key is not None:
         return await _create_once(body, who.owner, request, idempotency_key)
-    row = await _queue(request).create_file(
+    row = await _queue(request).create_file_within_quota(
         owner=who.owner, filename=body.filename, content_type=body.content_type, size=body.size,
+        quota_files=settings.owner_quota_files, quota_bytes=settings.owner_quota_bytes,
         priority=Priority(body.priority),
     )
+    if row is None:
+        raise _quota_exceeded(settings)
     upload = await _upload_instructions(request, row)
     card = NewCard(**card_from_row(row).model_dump(), upload=upload)
     return _card_json(card, 201, {"Location": f"/v1/files/{row['id']}"})
+
+
+def _quota_exceeded(settings: Settings) -> Problem:
+    return Problem(403, "quota_exceeded",
+                   "This file would take the owner past its storage quota.",
+                   quota_files=settings.owner_quota_files or None,
+                   quota_bytes=settings.owner_quota_bytes or None)
 
 
 async def _upload_instructions(request: Request, row: dict[str, Any]) -> Upload:
@@ -208,12 +239,15 @@ async def _upload_instructions(request: Request, row: dict[str, Any]) -> Upload:
             row["original_key"], content_type=content_type,
             expires=max(1, min(_PRESIGN_PUT_SECONDS,
                                int(_settings(request).sweep_guard_seconds))),
+            size=row["size_bytes"],
         )
     )
     if presigned is not None:
         return Upload(method=presigned.method, url=presigned.url, headers=dict(presigned.headers))
-    # The local store: the API takes the bytes itself (send the bearer key along).
-    url = str(request.url_for("put_content", file_id=str(row["id"])))
+    # The local store: the API takes the bytes itself (send the bearer key along). The URL
+    # is relative, or on the configured public origin: never built from the request's
+    # Host header, which the client chooses.
+    url = f"{_settings(request).public_url or ''}/v1/files/{row['id']}/content"
     return Upload(method="PUT", url=url, headers={"Content-Type": content_type})
 
 
@@ -236,7 +270,11 @@ async def _create_once(
             allow_duplicate=body.allow_duplicate, key=idempotency_key,
             fields=body.model_dump(mode="json", include=set(FINGERPRINT)),
             priority=Priority(body.priority),
+            quota_files=_settings(request).owner_quota_files,
+            quota_bytes=_settings(request).owner_quota_bytes,
         )
+    except QuotaExceeded:
+        raise _quota_exceeded(_settings(request)) from None
     except KeyReused:
         raise Problem(
             422, "idempotency_key_reused",
@@ -315,14 +353,54 @@ async def put_content(file_id: FileId, who: Caller, request: Request) -> Stored:
             spool.write(chunk)
         if received == 0:
             raise invalid_field("body", "the upload is empty")
+        if received != row["size_bytes"]:
+            raise _size_mismatch()
         spool.seek(0)
+        store = _store(request)
+        key = row["original_key"]
         version = await to_thread.run_sync(
-            lambda: _store(request).put(
-                row["original_key"], cast(BinaryIO, spool), content_type=row["content_type"]
-            )
+            lambda: store.put(key, cast(BinaryIO, spool), content_type=row["content_type"])
         )
     log.info("original stored", extra={"file_id": str(row["id"]), "bytes": received})
+    # A pending card keeps only its latest upload: the earlier ones can never be confirmed
+    # usefully, and would otherwise let one card fill the store.
+    await to_thread.run_sync(lambda: _drop_versions(store, key, older_than=version))
     return Stored(version=version)
+
+
+def _size_mismatch() -> Problem:
+    return invalid_field("version", "the upload's size is not the size the card declared",
+                         slug="size_mismatch",
+                         detail="The upload's size differs from the declared size.")
+
+
+def _drop_versions(store: ObjectStore, key: str, *, older_than: str | None = None,
+                   keep: str | None = None) -> None:
+    """Delete the versions of `key` older than `older_than`, or every one but `keep`.
+
+    Best effort: what a failure leaves goes with the card when it is deleted or expires.
+    """
+    try:
+        versions = [v.version for v in store.list(key) if v.key == key]  # newest first
+        if older_than is not None:
+            if older_than not in versions:
+                return
+            doomed = versions[versions.index(older_than) + 1:]
+        else:
+            doomed = [v for v in versions if v != keep]
+        for version in doomed:
+            store.delete(key, version)
+    except StorageError as exc:
+        log.warning("superseded upload not deleted", extra={"key": key,
+                                                            "error": type(exc).__name__})
+
+
+def _drop_version(store: ObjectStore, key: str, version: str) -> None:
+    try:
+        store.delete(key, version)
+    except StorageError as exc:
+        log.warning("refused upload not deleted", extra={"key": key,
+                                                         "error": type(exc).__name__})
 
 
 @router.post(
@@ -360,15 +438,28 @@ async def confirm(file_id: FileId, body: Confirm, who: Caller, request: Request)
                 raise invalid_field("version", "no such version", slug="version_not_found",
                                     detail="No upload with this version exists.") from None
         if info.size > limit:
+            # Refused for good: its bytes go now, not with the card.
+            await to_thread.run_sync(
+                lambda: _drop_version(_store(request), original_key(fid), body.version))
             raise _too_large(limit)
-    outcome, fresh = await queue.confirm_card(fid, who.owner, body.version)
+    outcome, fresh = await queue.confirm_card(fid, who.owner, body.version, size=info.size)
     if outcome is ConfirmOutcome.DIGEST_REQUIRED and fresh is not None:
         outcome, fresh = await _confirm_digest(request, fid, who.owner, body.version,
-                                               fresh["claimed_sha256"])
+                                               fresh["claimed_sha256"], info.size)
     if outcome is ConfirmOutcome.NOT_FOUND:
         raise not_found()
     if outcome is ConfirmOutcome.CONFLICT:
         raise _conflict()
+    if outcome is ConfirmOutcome.SIZE_MISMATCH:
+        await to_thread.run_sync(
+            lambda: _drop_version(_store(request), original_key(fid), body.version))
+        raise _size_mismatch()
+    if outcome is ConfirmOutcome.QUEUED and not _store(request).inline_head:
+        # Only the confirmed version is kept: a presigned URL may have been used more than
+        # once. Off the answer's path, since the card is already queued. (The local store
+        # takes uploads only through put_content, which already keeps just the latest.)
+        _background(request, lambda: _drop_versions(_store(request), original_key(fid),
+                                                    keep=body.version))
     if fresh is None:  # confirmed before with this version (maybe concurrently): as it is now
         fresh = await queue.get_file(fid, who.owner)
         if fresh is None:  # deleted in between
@@ -377,7 +468,7 @@ async def confirm(file_id: FileId, body: Confirm, who: Caller, request: Request)
 
 
 async def _confirm_digest(
-    request: Request, fid: uuid.UUID, owner: str, version: str, claimed: str
+    request: Request, fid: uuid.UUID, owner: str, version: str, claimed: str, size: int
 ) -> tuple[ConfirmOutcome, dict[str, Any] | None]:
     """The card claimed a digest at create: hash the stored bytes, and confirm only if
     they are the claimed ones. Only cards created with a `sha256` pay for this read."""
@@ -400,7 +491,7 @@ async def _confirm_digest(
             422, "digest_mismatch",
             "The uploaded bytes do not have the sha256 given when the file was created.",
         )
-    return await _queue(request).confirm_card(fid, owner, version, sha256=actual)
+    return await _queue(request).confirm_card(fid, owner, version, sha256=actual, size=size)
 
 
 @router.get(
@@ -523,19 +614,50 @@ async def queue_stats(who: Admin, request: Request) -> dict[str, Any]:
         200: {
             "description": "Prometheus text format.",
             "content": {"text/plain": {"schema": {"type": "string"}}},
-        }
+        },
+        **problems(401, 403),
     },
-    summary="Prometheus metrics",
+    summary="Prometheus metrics (admin key, or the metrics listener)",
 )
 async def metrics(request: Request) -> Response:
-    try:
-        stats: dict[str, Any] | None = await asyncio.wait_for(
-            _queue(request).stats(), _READY_TIMEOUT
-        )
-    except Exception as exc:  # a scrape must still answer, with darkroom_queue_stats_up 0
-        log.warning("queue stats unavailable for /metrics: %s", type(exc).__name__)
-        stats = None
+    if not on_metrics_listener(request.scope):
+        # On the API's port the figures are an admin's, as /v1/queue is.
+        await admin(await principal(request, await bearer(request)))
+    cache: StatsCache = request.app.state.stats_cache
+    stats = await cache.get(_queue(request))
     return Response(render(request.app.state.metrics, stats), media_type=METRICS_CONTENT_TYPE)
+
+
+def on_metrics_listener(scope: Any) -> bool:
+    """Whether the request came in on the metrics listener (`DARKROOM_API_METRICS_PORT`):
+    the local address it reached, which the client cannot choose."""
+    port = scope["app"].state.settings.api_metrics_port
+    server = scope.get("server")
+    return bool(port) and server is not None and server[1] == port
+
+
+class StatsCache:
+    """The queue gauges, read from the database at most once per `ttl` seconds however
+    often /metrics is scraped (each read is a count over the whole queue)."""
+
+    def __init__(self, ttl: float = 5.0) -> None:
+        self.ttl = ttl
+        self._at = -math.inf
+        self._value: dict[str, Any] | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self, queue: Queue) -> dict[str, Any] | None:
+        async with self._lock:  # concurrent scrapes share one read
+            now = time.monotonic()
+            if now - self._at < self.ttl:
+                return self._value
+            try:
+                self._value = await asyncio.wait_for(queue.stats(), _READY_TIMEOUT)
+            except Exception as exc:  # a scrape must still answer, with stats_up 0
+                log.warning("queue stats unavailable for /metrics: %s", type(exc).__name__)
+                self._value = None
+            self._at = time.monotonic()
+            return self._value
 
 
 @router.get("/healthz", response_model=Health, tags=["operations"], summary="Liveness")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from darkroom.config import ConfigError
+from darkroom.storage.local import private_dir
 
 
 def start(pgdata: Path, *, stop_on_exit: bool = False) -> Any:
@@ -24,7 +25,7 @@ def start(pgdata: Path, *, stop_on_exit: bool = False) -> Any:
     import pgserver
 
     try:
-        pgdata.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(pgdata.parent)  # the data dir: 0700
         return pgserver.get_server(  # type: ignore[attr-defined]
             pgdata, cleanup_mode="stop" if stop_on_exit else None)
     except Exception as exc:  # pgserver raises bare subprocess/assert errors

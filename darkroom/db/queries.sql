@@ -32,13 +32,15 @@ RETURNING *;
 -- A card created with a claimed sha256 moves only when the caller passes the digest it
 -- computed from the stored bytes and it is the claimed one: an unverified or lying
 -- digest never reaches the queue, and only verified ones enter known_originals.
+-- With a stored size, only an upload of exactly the declared size moves the card.
 -- The card is stamped with its place in its owner's line (fair share, migration 0008):
 -- the owner's clock row is locked, so an owner's concurrent confirms get distinct stamps.
 -- A repeated (or refused) confirm moves nothing and stamps nothing.
 WITH target AS (
-    SELECT id, owner, priority, status, original_version, original_sha256,
-           status = 'pending' AND (original_sha256 IS NULL
-                                   OR original_sha256 = %(sha256)s::text) AS moves
+    SELECT id, owner, priority, status, original_version, original_sha256, size_bytes,
+           status = 'pending'
+           AND (original_sha256 IS NULL OR original_sha256 = %(sha256)s::text)
+           AND (%(size)s::bigint IS NULL OR size_bytes = %(size)s::bigint) AS moves
     FROM archive_files
     WHERE id = %(id)s AND owner = %(owner)s AND status <> 'deleting'
     FOR UPDATE
@@ -81,7 +83,8 @@ WITH target AS (
 )
 -- The card as it is now (when it moved), so the API answers without reading it again.
 SELECT m.*, t.status AS previous_status, t.original_version AS previous_version,
-       t.original_sha256 AS claimed_sha256, m.id IS NOT NULL AS moved,
+       t.original_sha256 AS claimed_sha256, t.size_bytes AS declared_size,
+       m.id IS NOT NULL AS moved,
        CASE WHEN m.id IS NOT NULL THEN pg_notify('darkroom_jobs', '') END AS notified
 FROM target t LEFT JOIN moved m ON m.id = t.id;
 
@@ -566,3 +569,41 @@ SELECT
        FROM owners o) AS top_owners,
     (SELECT count(*) FROM archive_files
       WHERE status IN ('queued', 'processing') AND derived_key IS NOT NULL) AS rederive_pending;
+
+-- name: lock_owner_quota
+-- Serializes the creations of one owner while quotas are on, so two concurrent creations
+-- cannot both fit under a quota that only one of them fits under. Held until COMMIT.
+SELECT pg_advisory_xact_lock(hashtextextended('darkroom.quota:' || %(owner)s, 0));
+
+-- name: owner_within_quota
+-- Whether one more card of `size` declared bytes keeps the owner within the quotas (0:
+-- none). Live cards count, pending ones included: their bytes are stored or about to be.
+-- Run after lock_owner_quota, in the same transaction as the creation.
+SELECT (%(quota_files)s::bigint = 0 OR count(*) + 1 <= %(quota_files)s::bigint)
+   AND (%(quota_bytes)s::bigint = 0
+        OR coalesce(sum(size_bytes), 0) + %(size)s::bigint <= %(quota_bytes)s::bigint) AS fits
+FROM archive_files
+WHERE owner = %(owner)s AND status <> 'deleting';
+
+-- name: expire_pending
+-- pending -> deleting for cards left unconfirmed past the TTL; the purge of deleted cards
+-- then removes their bytes and rows. A confirm that commits first wins: the re-checked
+-- status no longer matches, and the card is not touched.
+WITH due AS (
+    SELECT id FROM archive_files
+    WHERE status = 'pending'
+      AND created_at < now() - make_interval(secs => %(ttl_seconds)s::float8)
+    ORDER BY created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), expired AS (
+    UPDATE archive_files f
+    SET status = 'deleting', deleted_at = now(), updated_at = now()
+    FROM due d
+    WHERE f.id = d.id AND f.status = 'pending'
+    RETURNING f.id, f.attempts
+), logged AS (
+    INSERT INTO archive_events (file_id, kind, attempt, worker)
+    SELECT id, 'expired', attempts, %(worker)s FROM expired
+)
+SELECT id FROM expired;

@@ -104,12 +104,13 @@ class ObjectStore(Protocol):
         ...
 
     def presign_put(
-        self, key: str, *, content_type: str, expires: int = 900
+        self, key: str, *, content_type: str, expires: int = 900, size: int | None = None
     ) -> PresignedRequest | None:
         """A request that uploads a new version of `key` directly, or None if unsupported.
 
         The version id of such an upload is the store's answer to that request
-        (`x-amz-version-id` for S3).
+        (`x-amz-version-id` for S3). With `size`, the request is bound to a body of
+        exactly that many bytes: the store refuses any other.
         """
         ...
 

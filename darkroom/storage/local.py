@@ -8,7 +8,12 @@ the `.tmp-*` files of puts in progress can never be mistaken for keys.
 A put writes temporary files, fsyncs them, renames them into place and fsyncs the
 directory. The data file is renamed last, so a version becomes visible only complete and
 with its content type already beside it; a crash at any point leaves nothing visible but
-at most a stray temporary file or sidecar, which readers ignore.
+at most a stray temporary file or sidecar, which readers ignore, and which
+`remove_stale_temporaries` (run by the sweeper at its start) deletes once they are older
+than any put could be.
+
+Owners' originals are private: directories are created 0700 and files 0600, from their
+creation (never created readable and narrowed afterwards).
 """
 
 from __future__ import annotations
@@ -48,6 +53,10 @@ _DATA_FILE = re.compile(r"@([0-9a-f]{16}-[0-9a-f]{8})")
 _TEMP_PREFIX = ".tmp-"
 _TYPE_SUFFIX = ".type"
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+# A put's temporary files live seconds; one this old was left by a crash.
+STALE_TEMP_SECONDS = 3600.0
 
 _version_lock = threading.Lock()
 _last_version_ns = 0
@@ -130,13 +139,13 @@ class LocalStore:
         if directory.is_dir():
             return
         if not self.root.is_dir():
-            self.root.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(self.root)
             _fsync_dir(self.root.parent)
         current = self.root
         for part in directory.relative_to(self.root).parts:
             parent, current = current, current / part
             try:
-                current.mkdir()
+                current.mkdir(mode=DIR_MODE)
             except FileExistsError:
                 continue
             _fsync_dir(parent)
@@ -155,7 +164,7 @@ class LocalStore:
                 _write_body(body, out)
                 out.flush()
                 os.fsync(out.fileno())
-            with open(type_tmp, "xb") as meta:
+            with _create(type_tmp) as meta:
                 meta.write(content_type.encode("ascii"))
                 meta.flush()
                 os.fsync(meta.fileno())
@@ -181,11 +190,11 @@ class LocalStore:
         for _ in range(3):
             self._ensure_dir(directory)
             try:
-                return open(path, "xb")
+                return _create(path)
             except FileNotFoundError:
                 continue
         self._ensure_dir(directory)
-        return open(path, "xb")
+        return _create(path)
 
     def delete(self, key: str, version: str | None = None) -> None:
         directory = self._key_dir(key)
@@ -328,7 +337,7 @@ class LocalStore:
     # -- the rest ---------------------------------------------------------------------
 
     def presign_put(
-        self, key: str, *, content_type: str, expires: int = 900
+        self, key: str, *, content_type: str, expires: int = 900, size: int | None = None
     ) -> PresignedRequest | None:
         validate_key(key)
         return None  # the API receives the bytes itself
@@ -340,6 +349,8 @@ class LocalStore:
     def check(self) -> None:
         try:
             self._ensure_dir(self.root)
+            if stat.S_IMODE(self.root.stat().st_mode) & 0o077:
+                self.root.chmod(DIR_MODE)  # a store made before objects were private
             if not os.access(self.root, os.W_OK | os.X_OK):
                 log.error("local object directory %s is not writable", self.root)
                 raise StorageConfigError("the local object directory is not writable")
@@ -351,6 +362,67 @@ class LocalStore:
             raise StorageUnavailable("the local object directory is unavailable") from exc
         if free == 0:
             raise StorageUnavailable("the local object directory has no free space")
+
+
+    def remove_stale_temporaries(self, older_than: float = STALE_TEMP_SECONDS) -> int:
+        """Delete the temporary files of puts a crash cut short; answers how many."""
+        removed = 0
+        cutoff = time.time() - older_than
+        for directory, subdirs, files in os.walk(self.root):
+            subdirs[:] = [d for d in subdirs if not d.startswith(".")]
+            for name in files:
+                if not name.startswith(_TEMP_PREFIX):
+                    continue
+                path = Path(directory) / name
+                with contextlib.suppress(FileNotFoundError):
+                    if path.stat().st_mtime < cutoff:
+                        path.unlink()
+                        removed += 1
+        if removed:
+            log.info("removed %d stale temporary files from the local store", removed)
+        return removed
+
+
+def make_private_dirs(path: Path) -> None:
+    """`mkdir -p` whose new directories are 0700 from their creation (the parents too,
+    which `Path.mkdir(parents=True)` would create with the default mode)."""
+    missing: list[Path] = []
+    current = path
+    while not current.exists():
+        missing.append(current)
+        current = current.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=DIR_MODE)
+
+
+def private_dir(path: Path) -> Path:
+    """The data directory: created 0700, or narrowed to 0700 if it was made before."""
+    make_private_dirs(path)
+    if stat.S_IMODE(path.stat().st_mode) & 0o077:
+        path.chmod(DIR_MODE)
+    return path
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Replace `path` with `data`, 0600 from the file's creation and never half-written."""
+    tmp = path.with_name(f"{_TEMP_PREFIX}{path.name}.{uuid.uuid4().hex[:8]}")
+    try:
+        with _create(tmp) as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _create(path: Path) -> BinaryIO:
+    """A new file, 0600 from its creation; fails if it exists."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
+                 FILE_MODE)
+    return os.fdopen(fd, "wb")
 
 
 def _read_noatime(path: Path) -> bytes:

@@ -385,21 +385,27 @@ class S3Store:
     # -- presigning -------------------------------------------------------------------
 
     def presign_put(
-        self, key: str, *, content_type: str, expires: int = 900
+        self, key: str, *, content_type: str, expires: int = 900, size: int | None = None
     ) -> PresignedRequest | None:
         full = self._full(key)
         validate_content_type(content_type)
         validate_expires(expires)
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": full, "ContentType": content_type}
+        if size is not None:
+            if not isinstance(size, int) or size < 0:
+                raise ValueError("size must be a byte count")
+            # Signed like Content-Type: a body of any other length fails the signature,
+            # so one URL cannot store more than the card declared.
+            params["ContentLength"] = size
         try:
             url = self._client.generate_presigned_url(
-                "put_object",
-                Params={"Bucket": self.bucket, "Key": full, "ContentType": content_type},
-                ExpiresIn=expires,
-                HttpMethod="PUT",
+                "put_object", Params=params, ExpiresIn=expires, HttpMethod="PUT",
             )
         except (BotoCoreError, ClientError) as exc:
             self._fail(exc, "presign", key)
-        # Content-Type is signed: the upload must send exactly this header.
+        # Content-Type (and Content-Length) are signed: the upload must send exactly these.
+        # Content-Length is not listed: every client computes it, and browsers refuse to
+        # let a page set it.
         return PresignedRequest("PUT", url, {"Content-Type": content_type})
 
     def presign_get(self, key: str, version: str, *, expires: int = 300) -> str | None:

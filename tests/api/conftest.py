@@ -22,7 +22,7 @@ import httpx
 import pytest
 import uvicorn
 
-from darkroom.api.app import create_app
+from darkroom.api.app import create_app, server_config
 from darkroom.config import Settings, load_settings
 from darkroom.keys import create_key
 from darkroom.storage import ObjectStore, open_store
@@ -38,13 +38,11 @@ def free_port() -> int:
 
 
 class ServerThread:
-    """uvicorn in a thread of its own, with its own event loop."""
+    """uvicorn in a thread of its own, with its own event loop, configured as
+    `darkroom api` configures it (limits, protocol, connection cap)."""
 
     def __init__(self, app: Any, port: int) -> None:
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=port, log_config=None, access_log=False, lifespan="on"
-        )
-        self.server = uvicorn.Server(config)
+        self.server = uvicorn.Server(server_config(app, host="127.0.0.1", port=port))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://127.0.0.1:{port}"
 
@@ -97,13 +95,14 @@ def start_api(
     store: ObjectStore | None = None,
     **overrides: Any,
 ) -> tuple[ServerThread, Api]:
+    port = free_port()
     options: dict[str, Any] = {"max_upload_bytes": MAX_UPLOAD}
     options.update(overrides)
     settings = load_settings(
         database_url=db_url, storage_url=storage_url, data_dir=str(tmp_path / "data"), **options
     )
     store = store or open_store(storage_url)
-    server = ServerThread(create_app(settings, store=store), free_port())
+    server = ServerThread(create_app(settings, store=store), port)
     server.start()
 
     def make_key(owner: str = "alice", admin: bool = False) -> str:

@@ -33,8 +33,9 @@ def create(
 
 def put_original(client: httpx.Client, upload: dict[str, Any], body: bytes) -> str:
     """PUT the bytes where the API said; answers the version id the store gave them."""
-    if upload["url"].startswith(str(client.base_url)):
-        # The API's own content route: authenticated like every API call.
+    if upload["url"].startswith(("/", str(client.base_url))):
+        # The API's own content route (relative unless DARKROOM_PUBLIC_URL is set):
+        # authenticated like every API call.
         r = client.request(upload["method"], upload["url"], content=body, headers=upload["headers"])
         assert r.status_code == 200, r.text
         return str(r.json()["version"])

@@ -1,0 +1,112 @@
+"""What the API's limits cost (issue 12): GET /v1/files/{id} flat out against two `darkroom
+api` processes on one database, this tree and another (e.g. main before the limits),
+in interleaved rounds, so the ratio is of the same minutes of the same machine.
+
+    git archive <commit> darkroom | tar -x -C /tmp/before
+    .venv/bin/python -m bench.api_limits --before /tmp/before [--rounds 6] [--seconds 4]
+        [--clients 32]
+
+Each round runs both, in alternating order; the answer is each round's ratio of requests
+per second (this tree / the other) and their median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.api import System
+from bench.loadgen import LoadClient
+from bench.net import free_port
+from darkroom.keys import create_key
+
+
+def start(system: System, pythonpath: str | None, port: int, name: str
+          ) -> subprocess.Popen[bytes]:
+    env = dict(system.env)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    log = (system.tmp / f"{name}.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "darkroom.cli", "api", "--port", str(port)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError((system.tmp / f"{name}.log").read_text())
+
+
+async def closed_loop(url: str, key: str, path: str, seconds: float, clients: int) -> float:
+    done = 0
+    deadline = time.monotonic() + seconds
+
+    async def one() -> None:
+        nonlocal done
+        async with LoadClient(url, {"Authorization": f"Bearer {key}"}, 1) as client:
+            while time.monotonic() < deadline:
+                answer = await client.get(path)
+                if answer.status_code != 200:
+                    raise RuntimeError(f"answered {answer.status_code}")
+                done += 1
+
+    await asyncio.gather(*(one() for _ in range(clients)))
+    return done / seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--before", required=True, help="a darkroom tree to compare with")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--clients", type=int, default=32)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        system = System(Path(tmp), None)
+        ports = {"before": free_port(), "this": free_port()}
+        procs = [start(system, args.before, ports["before"], "before"),
+                 start(system, None, ports["this"], "this")]
+        try:
+            key = asyncio.run(create_key(system.db_url, "bench"))
+            with httpx.Client(base_url=f"http://127.0.0.1:{ports['this']}",
+                              headers={"Authorization": f"Bearer {key}"}) as c:
+                card = c.post("/v1/files", json={"filename": "a.jpg",
+                                                 "content_type": "image/jpeg",
+                                                 "size": 10}).json()
+            path = f"/v1/files/{card['id']}"
+
+            def run(name: str, seconds: float) -> float:
+                return asyncio.run(closed_loop(f"http://127.0.0.1:{ports[name]}", key, path,
+                                               seconds, args.clients))
+
+            for name in ports:  # warm-up
+                run(name, 2.0)
+            rates: dict[str, list[float]] = {"before": [], "this": []}
+            for r in range(args.rounds):
+                for name in (("before", "this") if r % 2 == 0 else ("this", "before")):
+                    rates[name].append(run(name, args.seconds))
+            ratios = [b / a for a, b in zip(rates["before"], rates["this"], strict=True)]
+            print("requests/s:", {k: [round(x) for x in v] for k, v in rates.items()})
+            print("this / before per round:", [round(x, 3) for x in ratios],
+                  "median", round(statistics.median(ratios), 3))
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.wait(20)
+            system.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -388,12 +388,13 @@ def test_priority_and_the_derivative_during_a_rederive(local_api: Api) -> None:
         r = c.get(got["derivative"]["url"])
         assert r.status_code == 200 and r.content == WEBP
         assert r.headers["cache-control"] == "private, no-cache"
-        with api.client(api.make_key("root", admin=True)) as admin:
+        root = api.make_key("root", admin=True)
+        with api.client(root) as admin:
             q = admin.get("/v1/queue").json()
         assert q["rederive_pending"] == 1
         assert q["backlog"]["by_priority"]["bulk"]["waiting"] == 1
         assert q["backlog"]["top_owners"][0]["owner"] == "alice"
-        text = httpx.get(f"{api.url}/metrics").text
+        text = httpx.get(f"{api.url}/metrics", headers={"Authorization": f"Bearer {root}"}).text
         assert 'darkroom_queue_waiting{priority="bulk"} 1.0' in text
         assert 'darkroom_queue_top_owner_waiting{owner="alice"} 1.0' in text
         assert "darkroom_queue_rederive_pending 1.0" in text

@@ -64,7 +64,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from darkroom.worker import main
 
     return main(_settings(args), concurrency=args.concurrency, name=args.name,
-                metrics_port=args.metrics_port)
+                metrics_port=args.metrics_port, metrics_host=args.metrics_host)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -146,7 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("worker", cmd_worker, "one worker process")
     p.add_argument("--concurrency", type=int, default=None, help="slots (default: cores)")
     p.add_argument("--name", default=None)
-    p.add_argument("--metrics-port", type=int, default=None)
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve /metrics and /healthz (the event loop is turning) here")
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address of that listener (0.0.0.0 for a pod's probes)")
 
     p = add("sweep", cmd_sweep, "delete orphaned objects and purge deleted files")
     p.add_argument("--once", action="store_true", help="one pass, then exit")

@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     # /docs (Swagger UI, loaded from its CDN) is off unless enabled.
     api_docs: bool = False
 
+    # Set by `darkroom up` for the processes it starts: it has applied the migrations.
+    schema_ready: bool = False
+
     api_url: str = "http://127.0.0.1:8000"
     api_key: str | None = None
 

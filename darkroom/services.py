@@ -1,6 +1,11 @@
-"""What every long-running process does first: find the database, bring its schema up to
-date, and open the object store, checked to be reachable and configured as darkroom needs
-(bucket versioning Enabled). A problem is one `ConfigError` line, never a traceback."""
+"""The one start-up path of every long-running process (`api`, `worker`, `sweep`, and
+`up` for all three): open the object store, checked to be reachable and configured as
+darkroom needs (bucket versioning Enabled), and bring the database's schema up to date.
+A problem is one `ConfigError` line, never a traceback.
+
+Migrations run once per standalone process start, and once per `darkroom up`: `up`
+applies them itself and tells its children (DARKROOM_SCHEMA_READY) not to again.
+"""
 
 from __future__ import annotations
 
@@ -22,9 +27,18 @@ def open_checked_store(settings: Settings) -> ObjectStore:
     return store
 
 
-async def prepare(settings: Settings) -> tuple[str, ObjectStore]:
+SCHEMA_READY_ENV = "DARKROOM_SCHEMA_READY"
+
+
+def start(settings: Settings) -> tuple[str, ObjectStore]:
     """The database's conninfo (migrated; safe in parallel) and the checked store."""
+    store = open_checked_store(settings)
     conninfo = database_url(settings)
-    await asyncio.to_thread(migrate, conninfo)
-    store = await asyncio.to_thread(open_checked_store, settings)
+    if not settings.schema_ready:
+        migrate(conninfo)  # an unreachable database raises here, one line
     return conninfo, store
+
+
+async def prepare(settings: Settings) -> tuple[str, ObjectStore]:
+    """`start`, off the event loop."""
+    return await asyncio.to_thread(start, settings)

@@ -4,15 +4,30 @@ from __future__ import annotations
 
 from typing import Any
 
+from psycopg_pool import AsyncConnectionPool
+
 from darkroom.config import Settings
 from darkroom.db.connection import database_url, open_pool
+from darkroom.db.queries import QUERIES
 from darkroom.queue import Queue
+
+
+async def worker_demand(pool: AsyncConnectionPool[Any]) -> int:
+    """Slots the queue could use now: the figure a worker autoscaler divides by the slots
+    of one worker (the `worker_demand` statement; KEDA runs the same text)."""
+    async with pool.connection() as conn:
+        cur = await conn.execute(QUERIES["worker_demand"])
+        row = await cur.fetchone()
+    assert row is not None  # an aggregate always answers one row
+    return int(row["demand"])
 
 
 async def fetch(settings: Settings) -> dict[str, Any]:
     pool = await open_pool(database_url(settings), min_size=1, max_size=1, name="stats")
     try:
-        return await Queue.from_settings(pool, settings).stats()
+        stats = await Queue.from_settings(pool, settings).stats()
+        stats["worker_demand"] = await worker_demand(pool)
+        return stats
     finally:
         await pool.close()
 
@@ -44,6 +59,7 @@ def render(stats: dict[str, Any]) -> str:
         f"rejected share 1h/24h  {_share(stats['rejected_share_1h'])} / "
         f"{_share(stats['rejected_share_24h'])}",
         f"completed last minute  {stats['completed_last_minute']}",
+        f"worker demand (slots)  {stats['worker_demand']}",
         f"lease lost (total)     {stats['lease_lost_total']}",
         "paused workers         " + (", ".join(stats["paused_workers"]) or "none")
         + ("  (object store failing)" if stats["paused_workers"] else ""),

@@ -19,10 +19,12 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+from darkroom import logs
 from darkroom.config import ConfigError, Settings
 from darkroom.db.connection import database_url
 from darkroom.db.migrations import migrate
 from darkroom.keys import create_key, find_key
+from darkroom.services import SCHEMA_READY_ENV
 from darkroom.storage.local import private_dir, write_private
 
 LOCAL_OWNER = "local"
@@ -91,6 +93,7 @@ def _wait_healthy(url: str, api: Child, timeout: float = 60.0) -> None:
 
 
 def main(settings: Settings, *, host: str, port: int, workers: int | None) -> int:
+    logs.setup()
     private_dir(settings.data_path)
     embedded = None
     if settings.database_url is None:
@@ -108,6 +111,7 @@ def main(settings: Settings, *, host: str, port: int, workers: int | None) -> in
         "DARKROOM_DATABASE_URL": conninfo,
         "DARKROOM_STORAGE_URL": settings.resolved_storage_url,
         "DARKROOM_DATA_DIR": str(settings.data_path),
+        SCHEMA_READY_ENV: "1",  # migrated just above: the children need not again
     }
     slots = workers or os.cpu_count() or 1
     children = [

@@ -41,9 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psycopg
-from prometheus_client import start_http_server
 
-from darkroom import metrics
+from darkroom import health, metrics
 from darkroom.breaker import StoreBreaker
 from darkroom.completer import Completer
 from darkroom.config import ConfigError, Settings
@@ -449,7 +448,8 @@ class _stage:
 
 
 async def run_worker(settings: Settings, *, concurrency: int, name: str,
-                     stop: asyncio.Event | None = None) -> None:
+                     stop: asyncio.Event | None = None,
+                     pulse: health.LoopPulse | None = None) -> None:
     """Run one worker until `stop` is set (or SIGTERM/SIGINT, when on the main thread)."""
     conninfo, store = await prepare(settings)
     pool = await open_pool(conninfo, min_size=1, max_size=4, name=f"worker-{name}")
@@ -460,12 +460,14 @@ async def run_worker(settings: Settings, *, concurrency: int, name: str,
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.request_stop)
     watcher = asyncio.create_task(_stop_when(stop, worker)) if stop else None
+    ticking = asyncio.create_task(pulse.run(), name="pulse") if pulse else None
     log.info("worker started", extra={"worker": name, "slots": concurrency})
     try:
         await worker.run()
     finally:
-        if watcher:
-            watcher.cancel()
+        for task in (watcher, ticking):
+            if task:
+                task.cancel()
         await pool.close()
         log.info("worker stopped", extra={"worker": name})
 
@@ -480,14 +482,20 @@ def default_name() -> str:
 
 
 def main(settings: Settings, *, concurrency: int | None, name: str | None,
-         metrics_port: int | None) -> int:
+         metrics_port: int | None, metrics_host: str = "127.0.0.1") -> int:
     from darkroom import logs
 
     logs.setup()
-    if metrics_port is not None:
-        start_http_server(metrics_port, addr="127.0.0.1")
     slots = concurrency or os.cpu_count() or 1
     if slots < 1:
         raise ConfigError("--concurrency must be at least 1")
-    asyncio.run(run_worker(settings, concurrency=slots, name=name or default_name()))
+    pulse = health.LoopPulse()
+    if metrics_port is not None:
+        try:
+            health.serve(metrics_host, metrics_port, pulse)
+        except OSError as exc:
+            raise ConfigError(f"--metrics-port: cannot listen on {metrics_host}:"
+                              f"{metrics_port} ({exc.strerror})") from None
+    asyncio.run(run_worker(settings, concurrency=slots, name=name or default_name(),
+                           pulse=pulse))
     return 0

@@ -30,9 +30,8 @@ from darkroom.api.schemas import ProblemDoc
 from darkroom.api.server import Wire, listen, uvicorn_config
 from darkroom.config import ConfigError, Settings
 from darkroom.db.connection import database_url, open_pool
-from darkroom.db.migrations import migrate
 from darkroom.queue import Queue
-from darkroom.services import open_checked_store
+from darkroom.services import start
 from darkroom.storage import ObjectStore, open_store
 from darkroom.uploads import Uploads
 
@@ -58,9 +57,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        url = database_url(settings)
-        app.state.store = store or await to_thread.run_sync(open_checked_store, settings)
-        await to_thread.run_sync(migrate, url)  # under an advisory lock: safe in parallel
+        if store is None:
+            url, app.state.store = await to_thread.run_sync(start, settings)
+        else:  # started already (`serve`), or a store the tests inject
+            url, app.state.store = database_url(settings), store
         pool = await open_pool(url, min_size=2, max_size=16, name="api", fail_fast=fail_fast)
         app.state.pool = pool
         app.state.queue = Queue.from_settings(pool, settings)
@@ -173,10 +173,9 @@ def serve(settings: Settings, *, host: str, port: int) -> int:
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
     try:
-        store = open_checked_store(settings)
+        _, store = start(settings)
     finally:
         quiet.setLevel(level)
-    migrate(database_url(settings))  # an unreachable database raises here, one line
     if settings.api_metrics_port and settings.api_metrics_port == port:
         raise ConfigError("DARKROOM_API_METRICS_PORT must differ from the API's port")
     app = create_app(settings, store=store, fail_fast=False)

@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 # What the API accepts to store. The worker sniffs the real format from the bytes; this
 # is only a first, cheap filter on what the client says it is sending.
 ACCEPTED_TYPES = ("image/jpeg", "image/png", "image/webp", "image/gif")
-VISIBLE_STATUSES = ("pending", "queued", "processing", "ready", "rejected")
 ImageType = Literal["image/jpeg", "image/png", "image/webp", "image/gif"]
 Status = Literal["pending", "queued", "processing", "ready", "rejected"]
 

@@ -18,12 +18,12 @@ from darkroom.db import embedded
 # bounds unacknowledged sends, and the server ends a statement or an idle transaction that
 # runs too long. (libpq ignores the TCP settings on a Unix socket.)
 SESSION_OPTIONS: dict[str, Any] = {
-    "connect_timeout": 10,
+    "connect_timeout": 5,
     "keepalives": 1,
     "keepalives_idle": 10,
     "keepalives_interval": 5,
     "keepalives_count": 3,
-    "tcp_user_timeout": 30_000,
+    "tcp_user_timeout": 10_000,
     "options": "-c statement_timeout=60000 -c idle_in_transaction_session_timeout=60000",
 }
 

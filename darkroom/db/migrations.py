@@ -6,9 +6,12 @@ second waits, then finds nothing left to apply.
 
 from __future__ import annotations
 
+import logging
 from importlib import resources
 
 import psycopg
+
+log = logging.getLogger("darkroom.migrations")
 
 # Any fixed 64-bit number; it names "darkroom schema changes" among advisory locks.
 _LOCK_KEY = 0x6461726B726F6F6D  # "darkroom"
@@ -41,6 +44,7 @@ def migrate(conninfo: str) -> list[str]:
                 applied.append(name)
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+    log.info("schema checked", extra={"applied": applied})
     return applied
 
 

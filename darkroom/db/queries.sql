@@ -607,3 +607,18 @@ WITH due AS (
     SELECT id, 'expired', attempts, %(worker)s FROM expired
 )
 SELECT id FROM expired;
+
+-- name: worker_demand
+-- Worker slots the queue could use right now: cards being processed plus cards claimable
+-- now (due queued rows and expired leases are both in these two sets). An autoscaler
+-- divides it by the slots of one worker to get the workers wanted (KEDA's postgresql
+-- trigger with targetQueryValue = slots per worker; deploy/kubernetes/worker.yaml runs
+-- this exact text). In-flight cards count, so the fleet does not shrink under running
+-- jobs. Counted through the two partial indexes and capped: past 100,000 every fleet is
+-- at its maximum anyway, and the count stays cheap under any backlog.
+SELECT count(*)::float8 AS demand FROM (
+    (SELECT 1 FROM archive_files WHERE status = 'processing' LIMIT 100000)
+    UNION ALL
+    (SELECT 1 FROM archive_files WHERE status = 'queued' AND available_at <= now()
+     LIMIT 100000)
+    LIMIT 100000) d;

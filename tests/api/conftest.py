@@ -4,7 +4,6 @@ a fresh migrated database per test, and either the local store or SeaweedFS (S3)
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import signal
 import socket
@@ -140,14 +139,6 @@ def local_api(
         server.stop()
 
 
-def worker_available() -> bool:
-    if importlib.util.find_spec("darkroom.worker") is None:
-        return False
-    from darkroom import worker
-
-    return callable(getattr(worker, "main", None))
-
-
 @pytest.fixture
 def page_api(db_url: str, tmp_path: Path) -> Iterator[Api]:
     """The API with the default upload limit: the corpus photos are megabytes."""
@@ -162,8 +153,6 @@ def page_api(db_url: str, tmp_path: Path) -> Iterator[Api]:
 
 @pytest.fixture
 def worker_process(page_api: Api, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    if not worker_available():
-        pytest.xfail("worker not yet built")
     env = {
         **os.environ,
         "DARKROOM_DATABASE_URL": page_api.db_url,

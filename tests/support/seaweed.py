@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -127,7 +127,10 @@ class SeaweedServer:
         atexit.register(self.stop)
 
     @classmethod
-    def start(cls, tmp: Path, *, timeout: float = 60.0) -> SeaweedServer:
+    def start(cls, tmp: Path, *, timeout: float = 60.0, ip: str = "127.0.0.1",
+              wrap: Sequence[str] = ()) -> SeaweedServer:
+        """`ip`: the address to serve on; `wrap`: a command prefix for the server, such as
+        `ip netns exec NAME` (bench/hosts.py runs the store on a host of its own)."""
         tmp = Path(tmp).resolve()
         # Sockets and the server's own temp files go here, not in a shared /tmp.
         runtime = tmp / "run"
@@ -163,11 +166,12 @@ class SeaweedServer:
             8, taken
         )
         args = [
+            *wrap,
             weed_binary(),
             "mini",
             f"-dir={data}",
-            "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1",
+            f"-ip={ip}",
+            f"-ip.bind={ip}",
             "-master.telemetry=false",
             # Small volumes: the default pre-sizes for a disk, not for a test run.
             "-master.volumeSizeLimitMB=64",
@@ -207,7 +211,7 @@ class SeaweedServer:
             )
         server = cls(
             process,
-            endpoint_url=f"http://127.0.0.1:{s3}",
+            endpoint_url=f"http://{ip}:{s3}",
             access_key=access_key,
             secret_key=secret_key,
             root=tmp,

@@ -30,7 +30,7 @@ test-fast: install
 
 # The tests that talk to PostgreSQL; .ci/run repeats them against a second server.
 test-db: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/db tests/queue tests/worker tests/api
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/db tests/queue tests/sweeper tests/worker tests/api
 
 lint: install
 	$(BIN)/ruff check darkroom tests bench

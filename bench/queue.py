@@ -100,6 +100,11 @@ class Plan:
 
 FULL = Plan(jobs=20_000, slow_jobs=4_000, repeats=5, finished_rows=1_000_000,
             queued_rows=20_000, claims=300, latency_seconds=10.0, backlog_rows=200_000)
+# A short check of the throughput target after a protocol change (`--short --only
+# darkroom,pgqueuer --skip latency,claim`): fewer jobs and worker counts, same repeats.
+SHORT = Plan(jobs=10_000, slow_jobs=1_000, repeats=3, finished_rows=1_000_000,
+             queued_rows=20_000, claims=300, latency_seconds=10.0, backlog_rows=200_000,
+             workers=(1, 4))
 # Spawning 16 workers costs seconds on 2 cores; the smoke test stops at 4.
 QUICK = Plan(jobs=2_000, slow_jobs=300, repeats=1, finished_rows=100_000,
              queued_rows=2_000, claims=40, latency_seconds=2.0, backlog_rows=20_000,
@@ -958,10 +963,32 @@ def _fill_queued(conn: psycopg.Connection[Any], queued: int) -> None:
     conn.execute("VACUUM ANALYZE archive_files")
 
 
+OWNERS = 1_000  # owners with work waiting in the claim-time tables
+BULK_EVERY = 10  # one queued card in ten is bulk work
+
+
+def _fill_queued_fair(conn: psycopg.Connection[Any], queued: int) -> None:
+    """darkroom's backlog as fair share leaves it: OWNERS owners, each with its own line
+    of stamps (owner i % OWNERS gets stamp i // OWNERS, so the lines interleave), one card
+    in BULK_EVERY bulk. The claim must stay as cheap as with one owner."""
+    conn.execute(
+        "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
+        " original_key, original_version, status, created_at, available_at, priority,"
+        " fair_stamp)"
+        " SELECT 'u' || (i %% %(owners)s), 'q' || i, 'image/jpeg', 1, 'originals/q' || i,"
+        " 'v1', 'queued', now() - interval '1 day' + i * interval '1 millisecond',"
+        " now() - interval '1 day' + i * interval '1 millisecond',"
+        " CASE WHEN i %% %(bulk)s = 0 THEN 'bulk' ELSE 'interactive' END, i / %(owners)s"
+        " FROM generate_series(1, %(n)s) AS i",
+        {"owners": OWNERS, "bulk": BULK_EVERY, "n": queued})
+    conn.execute("VACUUM ANALYZE archive_files")
+
+
 def darkroom_fill(url: str, finished: int, queued: int) -> None:
-    """`finished` ready cards (older) and `queued` due ones, loaded in bulk."""
+    """`finished` ready cards (older) and `queued` due ones of OWNERS owners, in bulk."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects CASCADE")
+        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects, owner_clocks"
+                     " CASCADE")
         conn.execute(
             "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
             " original_key, original_version, status, attempts, derived_key, derived_version,"
@@ -971,7 +998,7 @@ def darkroom_fill(url: str, finished: int, queued: int) -> None:
             " now() - interval '30 days' + i * interval '1 millisecond',"
             " now() - interval '30 days' + i * interval '1 millisecond', now()"
             " FROM generate_series(1, %s) AS i", (finished,))
-        _fill_queued(conn, queued)
+        _fill_queued_fair(conn, queued)
 
 
 def seed_fill(url: str, finished: int, queued: int) -> None:
@@ -1020,8 +1047,9 @@ def darkroom_claim_once(n: int, sql: str | None = None
     query = sql or QUERIES["claim"]
 
     def once(conn: psycopg.Connection[Any]) -> Any:
-        # What Queue.claim sends: the same text, prepared on the server.
-        return conn.execute(query, params, prepare=True).fetchall()
+        # What Queue.claim sends: the same text, prepared on the server, with a claim id
+        # of its own (issue 11: the worker draws it).
+        return conn.execute(query, params | {"claim": uuid.uuid4()}, prepare=True).fetchall()
     return once
 
 
@@ -1050,8 +1078,8 @@ def claim_times(server: Server, plan: Plan) -> list[dict[str, Any]]:
         # Each table is filled once per size and every claim variant measured on it. The
         # backlog size is darkroom's only: the seed's claim is already slow at "big".
         sizes = [("tiny", 0, TINY), ("big", plan.finished_rows, plan.queued_rows)]
-        if db == "darkroom":
-            sizes.append(("backlog", 0, plan.backlog_rows))
+        if db == "darkroom":  # issue 13: the finished rows and a backlog of 1,000 owners
+            sizes.append(("backlog", plan.finished_rows, plan.backlog_rows))
         for size, finished, queued in sizes:
             fill(url, finished, queued)
             for system, what, once in cases:
@@ -1064,10 +1092,13 @@ def claim_times(server: Server, plan: Plan) -> list[dict[str, Any]]:
         out.append({"system": system, "claim": what, "ms_10_rows": small, "ms_big": big,
                     "ratio": big / small, "tiny_rows": TINY,
                     "finished_rows": plan.finished_rows, "queued_rows": plan.queued_rows,
-                    "ms_backlog": backlog, "backlog_rows": plan.backlog_rows})
+                    "ms_backlog": backlog, "backlog_rows": plan.backlog_rows,
+                    "backlog_ratio": backlog / small if backlog else None,
+                    "owners_waiting": OWNERS if system == "darkroom" else None})
         log(f"  {system:30} {what:34} tiny {small:7.2f} ms   "
             f"{plan.finished_rows:,}+{plan.queued_rows:,} rows {big:7.2f} ms   x{big / small:.2f}"
-            + (f"   {plan.backlog_rows:,} queued {backlog:7.2f} ms" if backlog else ""))
+            + (f"   +{plan.backlog_rows:,} queued of {OWNERS:,} owners {backlog:7.2f} ms"
+               f"   x{backlog / small:.2f}" if backlog else ""))
     return out
 
 
@@ -1081,6 +1112,8 @@ def log(msg: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, < 1 minute")
+    parser.add_argument("--short", action="store_true",
+                        help="10,000 jobs, 1 and 4 workers, 3 repeats (a quick target check)")
     parser.add_argument("--database-url", help="a PostgreSQL server to use (a superuser "
                         "URL: a database per system is created on it)")
     parser.add_argument("--only", help="comma-separated systems for the throughput part")
@@ -1088,7 +1121,7 @@ def main() -> None:
                         "throughput,latency,claim")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    plan = QUICK if args.quick else FULL
+    plan = QUICK if args.quick else SHORT if args.short else FULL
     skip = set(filter(None, args.skip.split(",")))
     only = set(args.only.split(",")) if args.only else None
 

@@ -29,7 +29,7 @@ Each job has its own module; this one only strings them together:
   bench/plots.py       the figures
   bench/splice.py      the marked blocks of docs/BENCHMARKS.md
 Shared helpers: bench/cpu.py (/proc, CPU model), bench/stats.py (percentiles),
-bench/net.py (free_port).
+tests/support/services.py (free_port).
 """
 
 from __future__ import annotations

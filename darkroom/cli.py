@@ -37,6 +37,23 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rederive(args: argparse.Namespace) -> int:
+    from darkroom.rederive import main
+
+    return main(_settings(args), owner=args.owner, everyone=args.all, dry_run=args.dry_run,
+                wait=args.wait)
+
+
+def cmd_owners_weight(args: argparse.Namespace) -> int:
+    from darkroom.stats import set_weight
+
+    if not 0 < args.weight <= 1000:
+        raise ConfigError("--weight must be above 0 and at most 1000")
+    asyncio.run(set_weight(_settings(args), args.owner, args.weight))
+    print(f"owner {args.owner}: weight {args.weight:g}")
+    return 0
+
+
 def cmd_derive(args: argparse.Namespace) -> int:
     from darkroom.derive import cli
 
@@ -143,6 +160,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("stats", cmd_stats, "queue health")
     p.add_argument("--json", action="store_true")
+
+    p = add("rederive", cmd_rederive,
+            "re-queue ready cards made with other derivative settings, as bulk work")
+    p.add_argument("--owner", default=None, help="only this owner's cards")
+    p.add_argument("--all", action="store_true", help="every owner's cards")
+    p.add_argument("--dry-run", action="store_true", help="count them; queue nothing")
+    p.add_argument("--wait", action="store_true",
+                   help="show a progress bar until every re-derive is published")
+
+    owners = sub.add_parser("owners", help="owners' shares of the workers").add_subparsers(
+        dest="owners_command", required=True)
+    p = owners.add_parser("weight", help="set an owner's share (default 1)")
+    p.add_argument("owner")
+    p.add_argument("weight", type=float)
+    p.set_defaults(func=cmd_owners_weight)
 
     keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="keys_command",
                                                                    required=True)

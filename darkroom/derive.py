@@ -82,6 +82,24 @@ class Limits:
         )
 
 
+# Bump when the pipeline itself changes what it writes (colour handling, metadata, ...),
+# so that `darkroom rederive --all` takes every derivative made before the change.
+PIPELINE_VERSION = 1
+
+
+def settings_fingerprint(settings: Settings) -> str:
+    """A short digest of everything that shapes a derivative's bytes, stored with each
+    derivative so that `darkroom rederive` finds those made with other settings.
+
+    Input limits (bytes, pixels) are left out: they decide whether a file is derived at
+    all, not what its derivative looks like.
+    """
+    shape = {"pipeline": PIPELINE_VERSION, "max_edge": settings.derivative_max_edge,
+             "format": "webp", "quality": WEBP_QUALITY, "effort": WEBP_EFFORT}
+    digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
+    return digest[:16]
+
+
 @dataclass(frozen=True)
 class Derivative:
     """The preview; `thumb` and `thumbhash` come with it from the same decode."""

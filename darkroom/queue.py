@@ -39,6 +39,17 @@ __all__ = ["ClaimUnknown", "ConfirmOutcome", "Derived", "Lease", "LeaseLost", "Q
 
 NOTIFY_CHANNEL = "darkroom_jobs"
 STATUSES = ("pending", "queued", "processing", "ready", "rejected", "deleting")
+# Owners listed by name in the backlog figures (stats, /v1/queue, /metrics): the rest are
+# summed, so no figure grows with the number of owners.
+TOP_OWNERS = 10
+
+
+class Priority(StrEnum):
+    """Which class a card waits in: every due interactive card is claimed before any
+    bulk one; within a class, owners share the workers fairly (DESIGN §3.9)."""
+
+    INTERACTIVE = "interactive"  # API uploads: someone is watching
+    BULK = "bulk"  # `darkroom import --bulk`, `darkroom rederive`
 
 
 class ClaimUnknown(DarkroomError):
@@ -140,6 +151,7 @@ class Queue:
         retry_cap_seconds: float,
         worker: str = "",
         rng: random.Random | None = None,
+        fingerprint: str | None = None,
     ) -> None:
         self.pool = pool
         self.lease_seconds = lease_seconds
@@ -148,10 +160,15 @@ class Queue:
         self.retry_cap_seconds = retry_cap_seconds
         self.worker = worker
         self._rng = rng or random.Random()
+        # The derivative settings this process derives with (derive.settings_fingerprint),
+        # stored with every derivative it publishes.
+        self.fingerprint = fingerprint
 
     @classmethod
     def from_settings(cls, pool: AsyncConnectionPool[Any], settings: Settings,
                       worker: str = "") -> Queue:
+        from darkroom.derive import settings_fingerprint
+
         return cls(
             pool,
             lease_seconds=settings.lease_seconds,
@@ -159,6 +176,7 @@ class Queue:
             retry_base_seconds=settings.retry_base_seconds,
             retry_cap_seconds=settings.retry_cap_seconds,
             worker=worker,
+            fingerprint=settings_fingerprint(settings),
         )
 
     async def _rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -178,14 +196,14 @@ class Queue:
 
     async def create_file(
         self, *, owner: str, filename: str, content_type: str, size: int,
-        file_id: uuid.UUID | None = None,
+        file_id: uuid.UUID | None = None, priority: Priority = Priority.INTERACTIVE,
     ) -> dict[str, Any]:
         """A new card in `pending`; its original goes under a key derived from its id."""
         file_id = file_id or uuid.uuid4()
         rows = await self._rows("create_file", {
             "id": file_id, "owner": owner, "filename": filename,
             "content_type": content_type, "size": size,
-            "original_key": original_key(file_id),
+            "original_key": original_key(file_id), "priority": str(Priority(priority)),
         })
         return rows[0]
 
@@ -193,6 +211,7 @@ class Queue:
         self, *, owner: str, filename: str, content_type: str, size: int,
         file_id: uuid.UUID | None = None, sha256: str | None = None,
         key_hash: bytes | None = None, request_hash: bytes | None = None,
+        priority: Priority = Priority.INTERACTIVE,
         quota_files: int = 0, quota_bytes: int = 0,
     ) -> dict[str, Any] | None:
         """`create_file` with a claimed digest and an idempotency key (both optional).
@@ -207,6 +226,7 @@ class Queue:
             "content_type": content_type, "size": size,
             "original_key": original_key(file_id), "sha256": sha256,
             "key_hash": key_hash, "request_hash": request_hash,
+            "priority": str(Priority(priority)),
         }
         if not quota_files and not quota_bytes:
             rows = await self._rows("create_file_keyed", params)
@@ -280,6 +300,7 @@ class Queue:
     async def create_file_within_quota(
         self, *, owner: str, filename: str, content_type: str, size: int,
         quota_files: int, quota_bytes: int, file_id: uuid.UUID | None = None,
+        priority: Priority = Priority.INTERACTIVE,
     ) -> dict[str, Any] | None:
         """`create_file`, or None when the card would take the owner past a quota (0: none).
 
@@ -290,7 +311,7 @@ class Queue:
         if not quota_files and not quota_bytes:
             return await self.create_file(owner=owner, filename=filename,
                                           content_type=content_type, size=size,
-                                          file_id=file_id)
+                                          file_id=file_id, priority=priority)
         file_id = file_id or uuid.uuid4()
         async with self.pool.connection() as conn, conn.transaction():
             await conn.execute(QUERIES["lock_owner_quota"], {"owner": owner})
@@ -303,7 +324,7 @@ class Queue:
             cur = await conn.execute(QUERIES["create_file"], {
                 "id": file_id, "owner": owner, "filename": filename,
                 "content_type": content_type, "size": size,
-                "original_key": original_key(file_id),
+                "original_key": original_key(file_id), "priority": str(Priority(priority)),
             })
             row: dict[str, Any] | None = await cur.fetchone()
         return row
@@ -395,7 +416,7 @@ class Queue:
             "thumb_heights": [d.thumb.height if d.thumb else None for _, d in results],
             "thumb_sizes": [d.thumb.size if d.thumb else None for _, d in results],
             "thumbhashes": [d.thumbhash for _, d in results],
-            "worker": self.worker,
+            "worker": self.worker, "fingerprint": self.fingerprint,
         })
         return {r["token"] for r in rows}
 
@@ -471,10 +492,36 @@ class Queue:
     async def resume_worker(self) -> None:
         await self._rows("resume_worker", {"worker": self.worker})
 
+    # --- re-derive -------------------------------------------------------------------
+
+    async def rederive_owners(self, fingerprint: str, owner: str | None = None
+                              ) -> dict[str, int]:
+        """Ready cards whose derivative was made with other settings, per owner."""
+        rows = await self._rows("rederive_owners",
+                                {"fingerprint": fingerprint, "owner": owner})
+        return {r["owner"]: int(r["n"]) for r in rows}
+
+    async def rederive(self, owner: str, fingerprint: str, limit: int = 500) -> int:
+        """ready -> queued (bulk) for up to `limit` of `owner`'s stale cards; answers how
+        many moved. Safe to repeat: only cards still ready and stale are taken."""
+        rows = await self._rows("rederive", {"owner": owner, "fingerprint": fingerprint,
+                                             "limit": limit})
+        return int(rows[0]["n"])
+
+    async def rederive_pending(self, owner: str | None = None) -> int:
+        rows = await self._rows("rederive_pending", {"owner": owner})
+        return int(rows[0]["n"])
+
+    async def set_owner_weight(self, owner: str, weight: float) -> None:
+        """An owner's share of the workers against others with work waiting (default 1).
+        It applies to cards stamped from now on."""
+        await self._rows("set_owner_weight", {"owner": owner, "weight": weight})
+
     # --- health ----------------------------------------------------------------------
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self, top: int = TOP_OWNERS) -> dict[str, Any]:
         """Queue health (DESIGN §6) as one JSON-ready object."""
+        backlog = (await self._rows("backlog", {"top": top}))[0]
         row = (await self._rows("stats", {}))[0]
         counts = {status: 0 for status in STATUSES}
         counts.update({k: int(v) for k, v in row["counts"].items()})
@@ -487,5 +534,15 @@ class Queue:
             "completed_last_minute": int(row["completed_last_minute"]),
             "lease_lost_total": int(row["lease_lost_total"]),
             "paused_workers": list(row["paused_workers"]),
+            "backlog": {
+                "by_priority": {
+                    p.value: {"waiting": 0, "oldest_wait_seconds": None}
+                    | backlog["by_priority"].get(p.value, {})
+                    for p in Priority
+                },
+                "owners_waiting": int(backlog["owners_waiting"]),
+                "top_owners": backlog["top_owners"],
+            },
+            "rederive_pending": int(backlog["rederive_pending"]),
         }
 

@@ -32,6 +32,18 @@ async def fetch(settings: Settings) -> dict[str, Any]:
         await pool.close()
 
 
+async def set_weight(settings: Settings, owner: str, weight: float) -> None:
+    pool = await open_pool(database_url(settings), min_size=1, max_size=1, name="owners")
+    try:
+        await Queue.from_settings(pool, settings).set_owner_weight(owner, weight)
+    finally:
+        await pool.close()
+
+
+def _age(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{seconds:.1f} s"
+
+
 def _share(value: float | None) -> str:
     return "—" if value is None else f"{value:.1%}"
 
@@ -51,5 +63,17 @@ def render(stats: dict[str, Any]) -> str:
         f"lease lost (total)     {stats['lease_lost_total']}",
         "paused workers         " + (", ".join(stats["paused_workers"]) or "none")
         + ("  (object store failing)" if stats["paused_workers"] else ""),
+        f"re-derives pending     {stats['rederive_pending']}",
+        "",
+        "priority     waiting  oldest wait",
     ]
+    backlog = stats["backlog"]
+    lines += [f"{p:<12} {b['waiting']:>7}  {_age(b['oldest_wait_seconds'])}"
+              for p, b in backlog["by_priority"].items()]
+    top = backlog["top_owners"]
+    lines += ["", f"owners waiting         {backlog['owners_waiting']}"]
+    if top:
+        lines += [f"{'owner':<24} {'waiting':>7} {'inter.':>7} {'bulk':>7}  oldest wait"]
+        lines += [f"{o['owner'][:24]:<24} {o['waiting']:>7} {o['interactive']:>7} "
+                  f"{o['bulk']:>7}  {_age(o['oldest_wait_seconds'])}" for o in top]
     return "\n".join(lines)

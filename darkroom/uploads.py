@@ -18,7 +18,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from darkroom.db.queries import QUERIES
-from darkroom.queue import Queue
+from darkroom.queue import Priority, Queue
 
 # A key is honoured at least this long; the sweeper removes older ones.
 KEY_RETENTION_SECONDS = 86_400
@@ -97,6 +97,7 @@ class Uploads:
     async def create(
         self, queue: Queue, *, owner: str, filename: str, content_type: str, size: int,
         sha256: str | None, allow_duplicate: bool, key: str | None, fields: dict[str, Any],
+        priority: Priority = Priority.INTERACTIVE,
         quota_files: int = 0, quota_bytes: int = 0,
     ) -> Created:
         """The create of `POST /v1/files` with its key and digest.
@@ -119,7 +120,7 @@ class Uploads:
             row = await queue.create_file_keyed(
                 owner=owner, filename=filename, content_type=content_type, size=size,
                 sha256=sha256, key_hash=hashed, request_hash=fingerprint,
-                quota_files=quota_files, quota_bytes=quota_bytes)
+                quota_files=quota_files, quota_bytes=quota_bytes, priority=priority)
             if row is not None:
                 return Created(row)
             # A concurrent create with the same key committed first: answer its card.

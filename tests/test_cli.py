@@ -95,3 +95,34 @@ def test_derive_prints_one_json_object(tmp_path: Path) -> None:
     junk.write_text("not an image")
     bad = darkroom("derive", str(junk))
     assert bad.returncode == 1 and json.loads(bad.stdout) == {"error_code": "unsupported_format"}
+
+
+def test_rederive_queues_stale_cards_once_and_stats_count_them(db_url: str) -> None:
+    import psycopg
+
+    # Three ready cards: two of alice made with other settings, one of bob likewise.
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
+            " original_key, original_version, status, attempts, derived_key, sha256,"
+            " derive_fingerprint)"
+            " SELECT o, 'f.jpg', 'image/jpeg', 1, 'originals/' || i, 'v1', 'ready', 1,"
+            " 'derived/' || i, repeat('0', 64), 'old'"
+            " FROM unnest(ARRAY['alice', 'alice', 'bob']) WITH ORDINALITY AS t(o, i)")
+    env = {"DARKROOM_DATABASE_URL": db_url}
+    assert darkroom("rederive", env=env).returncode == 2  # neither --owner nor --all
+    dry = darkroom("rederive", "--all", "--dry-run", env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert "3 ready card(s) of all owners" in dry.stdout
+    one = darkroom("rederive", "--owner", "bob", env=env)
+    assert one.returncode == 0 and "queued 1 re-derive(s)" in one.stdout
+    rest = darkroom("rederive", "--all", env=env)
+    assert rest.returncode == 0 and "queued 2 re-derive(s)" in rest.stdout
+    again = darkroom("rederive", "--all", env=env)
+    assert "queued 0 re-derive(s)" in again.stdout
+    stats = json.loads(darkroom("stats", "--json", env=env).stdout)
+    assert stats["rederive_pending"] == 3
+    assert stats["backlog"]["by_priority"]["bulk"]["waiting"] == 3
+    assert [o["owner"] for o in stats["backlog"]["top_owners"]] == ["alice", "bob"]
+    human = darkroom("stats", env=env).stdout
+    assert "re-derives pending     3" in human and "alice" in human

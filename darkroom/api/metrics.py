@@ -125,7 +125,41 @@ def queue_families(stats: dict[str, Any] | None) -> list[Metric]:
         "Workers not claiming because the object store is failing.",
         value=float(len(stats["paused_workers"])),
     )
-    return [up, files, oldest, expired, share, completed, lost, paused]
+    return [up, files, oldest, expired, share, completed, lost, paused,
+            *backlog_families(stats)]
+
+
+def backlog_families(stats: dict[str, Any]) -> list[Metric]:
+    """Who is waiting. Owners are labels only for the top few (Queue.stats' top_owners),
+    so the label set stays bounded however many owners the archive has."""
+    backlog = stats["backlog"]
+    waiting = GaugeMetricFamily("darkroom_queue_waiting", "Queued cards per priority.",
+                                labels=["priority"])
+    oldest = GaugeMetricFamily(
+        "darkroom_queue_oldest_wait_seconds",
+        "Wait of the oldest due card per priority (0 when there is none).",
+        labels=["priority"])
+    for priority, b in backlog["by_priority"].items():
+        waiting.add_metric([priority], float(b["waiting"]))
+        oldest.add_metric([priority], float(b["oldest_wait_seconds"] or 0.0))
+    owners = GaugeMetricFamily("darkroom_queue_owners_waiting",
+                               "Owners with at least one queued card.",
+                               value=float(backlog["owners_waiting"]))
+    top = GaugeMetricFamily(
+        "darkroom_queue_top_owner_waiting",
+        "Queued cards of the owners with the most waiting (top 10 only).",
+        labels=["owner"])
+    top_oldest = GaugeMetricFamily(
+        "darkroom_queue_top_owner_oldest_wait_seconds",
+        "Wait of the oldest due card of each of the top owners.", labels=["owner"])
+    for o in backlog["top_owners"]:
+        top.add_metric([o["owner"]], float(o["waiting"]))
+        top_oldest.add_metric([o["owner"]], float(o["oldest_wait_seconds"] or 0.0))
+    rederive = GaugeMetricFamily(
+        "darkroom_queue_rederive_pending",
+        "Re-derives queued or running (the card still serves its previous derivative).",
+        value=float(stats["rederive_pending"]))
+    return [waiting, oldest, owners, top, top_oldest, rederive]
 
 
 class _Exposition:

@@ -52,7 +52,7 @@ from darkroom.api.schemas import (
 from darkroom.config import Settings
 from darkroom.db.queries import QUERIES
 from darkroom.errors import ObjectMissing, StorageError, StorageUnavailable
-from darkroom.queue import ConfirmOutcome, Queue, QuotaExceeded, original_key
+from darkroom.queue import ConfirmOutcome, Priority, Queue, QuotaExceeded, original_key
 from darkroom.storage import ObjectInfo, ObjectStore
 from darkroom.uploads import KeyBusy, KeyReused, valid_key
 
@@ -239,6 +239,7 @@ async def create_file(
     row = await _queue(request).create_file_within_quota(
         owner=who.owner, filename=body.filename, content_type=body.content_type, size=body.size,
         quota_files=settings.owner_quota_files, quota_bytes=settings.owner_quota_bytes,
+        priority=Priority(body.priority),
     )
     if row is None:
         raise _quota_exceeded(settings)
@@ -291,6 +292,7 @@ async def _create_once(
             content_type=body.content_type, size=body.size, sha256=body.sha256,
             allow_duplicate=body.allow_duplicate, key=idempotency_key,
             fields=body.model_dump(mode="json", include=set(FINGERPRINT)),
+            priority=Priority(body.priority),
             quota_files=_settings(request).owner_quota_files,
             quota_bytes=_settings(request).owner_quota_bytes,
         )
@@ -581,7 +583,9 @@ async def derivative(
     ] = "preview",
 ) -> Response:
     row = await _card_row(request, file_id, who.owner)
-    if row["status"] != "ready":
+    # A card being re-derived keeps serving its previous derivative until the new one is
+    # published.
+    if row["derived_key"] is None:
         raise Problem(409, "not_ready", f"The file is {row['status']}, not ready.")
     store = _store(request)
     key, version, sha = row["derived_key"], row["derived_version"], row["sha256"]
@@ -594,9 +598,9 @@ async def derivative(
     if url is not None:
         return RedirectResponse(url, status_code=307, headers={"Cache-Control": "no-store"})
     etag = f'"{sha}"'
-    # Private: only the key's owner may see it. Immutable: a card's derivative never
-    # changes once ready (a new upload is a new card).
-    headers = {"ETag": etag, "Cache-Control": "private, max-age=86400, immutable"}
+    # Private: only the key's owner may see it. Revalidated (a 304 by ETag): a re-derive
+    # replaces a card's derivative under the same URL.
+    headers = {"ETag": etag, "Cache-Control": "private, no-cache"}
     if etag in request.headers.get("if-none-match", ""):
         return Response(status_code=304, headers=headers)
     try:

@@ -47,6 +47,12 @@ class NewFile(BaseModel):
     # An enum in the schema, so a type we do not take is a plain 422 naming this field.
     content_type: ImageType = Field(description="The media type of the original.")
     size: int = Field(ge=1, description="The size in bytes the client is about to upload.")
+    priority: Literal["interactive", "bulk"] = Field(
+        "interactive",
+        description="interactive (default): someone is waiting for it; bulk: claimed only "
+        "when no interactive card waits (imports, re-derives). Owners share the workers "
+        "fairly within each priority.",
+    )
     sha256: str | None = Field(
         default=None,
         pattern="^[0-9a-f]{64}$",
@@ -115,6 +121,7 @@ class Card(BaseModel):
     filename: str
     content_type: str
     size: int
+    priority: Literal["interactive", "bulk"]
     derivative: Derivative | None = Field(description="The preview (kept for older clients).")
     derivatives: Derivatives | None
     thumbhash: str | None = Field(
@@ -154,6 +161,26 @@ class Stored(BaseModel):
     version: str
 
 
+class PriorityBacklog(BaseModel):
+    waiting: int
+    oldest_wait_seconds: float | None
+
+
+class OwnerBacklog(BaseModel):
+    owner: str
+    waiting: int
+    interactive: int
+    bulk: int
+    oldest_wait_seconds: float | None
+
+
+class Backlog(BaseModel):
+    by_priority: dict[str, PriorityBacklog]
+    owners_waiting: int
+    top_owners: list[OwnerBacklog] = Field(
+        description="The owners with the most waiting cards (at most 10), most first.")
+
+
 class QueueStats(BaseModel):
     counts: dict[str, int]
     oldest_claimable_age_seconds: float | None
@@ -162,6 +189,8 @@ class QueueStats(BaseModel):
     rejected_share_24h: float | None
     completed_last_minute: int
     lease_lost_total: int
+    backlog: Backlog
+    rederive_pending: int
     # Workers that stopped claiming because the object store is failing.
     paused_workers: list[str] = Field(default_factory=list)
 
@@ -190,7 +219,8 @@ class ProblemDoc(BaseModel):
 
 def card_from_row(row: dict[str, Any]) -> Card:
     derivative = derivatives = None
-    if row["status"] == "ready":
+    # Also while a re-derive is on its way: the previous derivative is still served.
+    if row["derived_key"] is not None and row["status"] != "deleting":
         derivative = Derivative(
             url=f"/v1/files/{row['id']}/derivative",
             width=row["width"],
@@ -218,6 +248,7 @@ def card_from_row(row: dict[str, Any]) -> Card:
         filename=row["filename"],
         content_type=row["content_type"],
         size=row["size_bytes"],
+        priority=row["priority"],
         derivative=derivative,
         derivatives=derivatives,
         thumbhash=row.get("thumbhash") if row["status"] == "ready" else None,

@@ -3,8 +3,10 @@
 -- Lease times are always the database's now(), never a worker's clock.
 
 -- name: create_file
-INSERT INTO archive_files (id, owner, filename, content_type, size_bytes, original_key)
-VALUES (%(id)s, %(owner)s, %(filename)s, %(content_type)s, %(size)s, %(original_key)s)
+INSERT INTO archive_files (id, owner, filename, content_type, size_bytes, original_key,
+                           priority)
+VALUES (%(id)s, %(owner)s, %(filename)s, %(content_type)s, %(size)s, %(original_key)s,
+        %(priority)s)
 RETURNING *;
 
 -- name: create_file_keyed
@@ -19,9 +21,9 @@ WITH keyed AS (
     RETURNING file_id
 )
 INSERT INTO archive_files (id, owner, filename, content_type, size_bytes, original_key,
-                           original_sha256)
+                           original_sha256, priority)
 SELECT %(id)s, %(owner)s, %(filename)s, %(content_type)s, %(size)s, %(original_key)s,
-       %(sha256)s
+       %(sha256)s, %(priority)s
 WHERE %(key_hash)s::bytea IS NULL OR EXISTS (SELECT 1 FROM keyed)
 RETURNING *;
 
@@ -31,19 +33,48 @@ RETURNING *;
 -- computed from the stored bytes and it is the claimed one: an unverified or lying
 -- digest never reaches the queue, and only verified ones enter known_originals.
 -- With a stored size, only an upload of exactly the declared size moves the card.
+-- The card is stamped with its place in its owner's line (fair share, migration 0008):
+-- the owner's clock row is locked, so an owner's concurrent confirms get distinct stamps.
+-- A repeated (or refused) confirm moves nothing and stamps nothing.
 WITH target AS (
-    SELECT id, status, original_version, original_sha256, size_bytes
+    SELECT id, owner, priority, status, original_version, original_sha256, size_bytes,
+           status = 'pending'
+           AND (original_sha256 IS NULL OR original_sha256 = %(sha256)s::text)
+           AND (%(size)s::bigint IS NULL OR size_bytes = %(size)s::bigint) AS moves
     FROM archive_files
     WHERE id = %(id)s AND owner = %(owner)s AND status <> 'deleting'
     FOR UPDATE
+), head AS (
+    -- The class's virtual time: the smallest waiting stamp (one probe of the claim index).
+    SELECT (SELECT h.fair_stamp FROM archive_files h
+             WHERE h.status = 'queued' AND h.priority = t.priority
+             ORDER BY h.fair_stamp LIMIT 1) AS v,
+           coalesce((SELECT w.weight FROM owner_weights w WHERE w.owner = t.owner), 1) AS w
+    FROM target t WHERE t.moves
+), stamped AS (
+    INSERT INTO owner_clocks AS c (owner, priority, stamp, last_file)
+    SELECT t.owner, t.priority, coalesce(h.v, 0), t.id
+    FROM target t, head h WHERE t.moves
+    ON CONFLICT (owner, priority) DO UPDATE SET
+        stamp = coalesce(
+            -- The owner's previous card still waits: continue the owner's line. (Pending
+            -- here means it was confirmed by a transaction this statement cannot see yet;
+            -- a confirmed card never returns to pending.)
+            CASE WHEN EXISTS (SELECT 1 FROM archive_files l WHERE l.id = c.last_file
+                                AND l.status IN ('pending', 'queued'))
+                 THEN c.stamp + 1 / (SELECT w FROM head) END,
+            -- Otherwise join the class at its head: past work is neither credit nor debt.
+            (SELECT v FROM head),
+            -- Nothing waits in the class at all.
+            c.stamp + 1 / (SELECT w FROM head)),
+        last_file = excluded.last_file
+    RETURNING c.stamp
 ), moved AS (
     UPDATE archive_files f
     SET status = 'queued', original_version = %(version)s, available_at = now(),
-        updated_at = now()
+        fair_stamp = (SELECT stamp FROM stamped), updated_at = now()
     FROM target t
-    WHERE f.id = t.id AND t.status = 'pending'
-      AND (t.original_sha256 IS NULL OR t.original_sha256 = %(sha256)s::text)
-      AND (%(size)s::bigint IS NULL OR t.size_bytes = %(size)s::bigint)
+    WHERE f.id = t.id AND t.moves
     RETURNING f.*
 ), known AS (
     INSERT INTO known_originals (file_id, owner, sha256)
@@ -58,7 +89,7 @@ SELECT m.*, t.status AS previous_status, t.original_version AS previous_version,
 FROM target t LEFT JOIN moved m ON m.id = t.id;
 
 -- name: claim
--- Expired leases first (rescue), then due queued rows. A row that has already been
+-- Expired leases first (rescue), then due queued rows (interactive, then bulk). A row that has already been
 -- started max_attempts times is not started again: it ends rejected/attempts_exhausted.
 WITH expired AS (
     SELECT id FROM archive_files
@@ -66,14 +97,24 @@ WITH expired AS (
     ORDER BY lease_until
     LIMIT %(n)s
     FOR UPDATE SKIP LOCKED
-), due AS (
+), interactive AS (
+    -- Then due interactive cards in fair-share stamp order (migration 0008), then bulk
+    -- cards with the slots left over. Each is one range of archive_files_due; a LIMIT of
+    -- 0 reads nothing.
     SELECT id FROM archive_files
-    WHERE status = 'queued' AND available_at <= now()
-    ORDER BY available_at, id
+    WHERE status = 'queued' AND priority = 'interactive' AND available_at <= now()
+    ORDER BY fair_stamp, available_at
     LIMIT greatest(%(n)s - (SELECT count(*) FROM expired), 0)
     FOR UPDATE SKIP LOCKED
+), bulk AS (
+    SELECT id FROM archive_files
+    WHERE status = 'queued' AND priority = 'bulk' AND available_at <= now()
+    ORDER BY fair_stamp, available_at
+    LIMIT greatest(%(n)s - (SELECT count(*) FROM expired)
+                        - (SELECT count(*) FROM interactive), 0)
+    FOR UPDATE SKIP LOCKED
 ), picked AS (
-    SELECT id FROM expired UNION ALL SELECT id FROM due
+    SELECT id FROM expired UNION ALL SELECT id FROM interactive UNION ALL SELECT id FROM bulk
 ), claimed AS (
     UPDATE archive_files f
     SET status       = CASE WHEN f.attempts >= %(max_attempts)s THEN 'rejected' ELSE 'processing' END,
@@ -188,13 +229,18 @@ WITH done AS (
         thumb_key = d.thumb_key, thumb_version = d.thumb_version,
         thumb_sha256 = d.thumb_sha256, thumb_width = d.thumb_width,
         thumb_height = d.thumb_height, thumb_bytes = d.thumb_bytes, thumbhash = d.thumbhash,
+        derive_fingerprint = %(fingerprint)s::text,
         lease_token = NULL, lease_until = NULL, finished_at = now(), updated_at = now()
     FROM done d
     -- The token is the fence: CHECK lease_iff_processing makes a matching token imply
     -- status = 'processing'. Saying so again here would steer the planner to the partial
     -- index of every live lease instead of the primary key.
     WHERE f.id = ANY (%(ids)b::uuid[]) AND f.id = d.id AND f.lease_token = d.token
-    RETURNING f.id, f.attempts, d.token, d.derived_key, d.thumb_key, f.owner
+    -- A re-derive replaces a derivative: the statement's snapshot still holds the
+    -- card's previous keys, which stayed readable until this very commit.
+    RETURNING f.id, f.attempts, d.token, d.derived_key, d.thumb_key, f.owner,
+              (SELECT o.derived_key FROM archive_files o WHERE o.id = f.id) AS previous_key,
+              (SELECT o.thumb_key FROM archive_files o WHERE o.id = f.id) AS previous_thumb
 ), notified AS (
     SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'ready'))) AS n
     FROM published
@@ -206,6 +252,16 @@ WITH done AS (
     DELETE FROM orphan_objects o USING published p WHERE o.object_key = p.derived_key
 ), accounted_thumbs AS (
     DELETE FROM orphan_objects o USING published p WHERE o.object_key = p.thumb_key
+), superseded AS (
+    -- The replaced derivative is left to the sweeper (after its guard interval, so a
+    -- reader who just got its URL is not cut off). Not on a repeat of this commit.
+    INSERT INTO orphan_objects (object_key, file_id, token, reason)
+    SELECT previous_key, id, token, 'superseded' FROM published
+    WHERE previous_key IS NOT NULL AND previous_key <> derived_key
+    UNION ALL
+    SELECT previous_thumb, id, token, 'superseded' FROM published
+    WHERE previous_thumb IS NOT NULL AND previous_thumb IS DISTINCT FROM thumb_key
+    ON CONFLICT (object_key) DO NOTHING
 ), unpublished AS (
     -- The rows not published just above, read locked: so a commit of the same attempt
     -- that is still finishing (its sender already saw an error) is waited for and seen,
@@ -362,6 +418,75 @@ WITH revoked AS (
 )
 SELECT id FROM revoked;
 
+-- name: rederive_owners
+-- Owners with ready cards whose derivative was made with other settings, and how many.
+-- A scan of the cards: an admin's command, not a hot path.
+SELECT owner, count(*) AS n FROM archive_files
+WHERE status = 'ready' AND derive_fingerprint IS DISTINCT FROM %(fingerprint)s::text
+  AND (%(owner)s::text IS NULL OR owner = %(owner)s::text)
+GROUP BY owner
+ORDER BY owner;
+
+-- name: rederive
+-- ready -> queued as bulk work, for up to `limit` of one owner's ready cards whose
+-- derivative was made with other settings. The card keeps its derivative (readable) until
+-- the fenced commit publishes the new one and leaves the old one to the sweeper. A repeat
+-- takes only what is still ready and stale, so nothing is queued twice. Stamps continue
+-- the owner's bulk line exactly as `confirm` does, one step per card.
+WITH picked AS (
+    SELECT id FROM archive_files
+    WHERE owner = %(owner)s AND status = 'ready'
+      AND derive_fingerprint IS DISTINCT FROM %(fingerprint)s::text
+    ORDER BY created_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), ranked AS (
+    SELECT id, row_number() OVER (ORDER BY id) - 1 AS k, count(*) OVER () AS n FROM picked
+), head AS (
+    SELECT (SELECT h.fair_stamp FROM archive_files h
+             WHERE h.status = 'queued' AND h.priority = 'bulk'
+             ORDER BY h.fair_stamp LIMIT 1) AS v,
+           coalesce((SELECT w.weight FROM owner_weights w WHERE w.owner = %(owner)s), 1) AS w
+), stamped AS (
+    -- The clock ends at the batch's last stamp; excluded.stamp carries the batch's span.
+    INSERT INTO owner_clocks AS c (owner, priority, stamp, last_file)
+    SELECT %(owner)s, 'bulk', coalesce(h.v, 0) + (r.n - 1) / h.w, r.id
+    FROM ranked r, head h WHERE r.k = r.n - 1
+    ON CONFLICT (owner, priority) DO UPDATE SET
+        stamp = coalesce(
+            CASE WHEN EXISTS (SELECT 1 FROM archive_files l WHERE l.id = c.last_file
+                                AND l.status IN ('pending', 'queued'))
+                 THEN c.stamp + 1 / (SELECT w FROM head) END,
+            (SELECT v FROM head),
+            c.stamp + 1 / (SELECT w FROM head))
+          + (excluded.stamp - coalesce((SELECT v FROM head), 0)),
+        last_file = excluded.last_file
+    RETURNING c.stamp
+), moved AS (
+    UPDATE archive_files f
+    SET status = 'queued', priority = 'bulk', attempts = 0, error_code = NULL,
+        finished_at = NULL, available_at = now(), updated_at = now(),
+        fair_stamp = (SELECT stamp FROM stamped) - (r.n - 1 - r.k) / (SELECT w FROM head)
+    FROM ranked r
+    WHERE f.id = r.id
+    RETURNING f.id
+), logged AS (
+    INSERT INTO archive_events (file_id, kind) SELECT id, 'rederive' FROM moved
+)
+SELECT count(*) AS n,
+       CASE WHEN count(*) > 0 THEN pg_notify('darkroom_jobs', '') END AS notified
+FROM moved;
+
+-- name: rederive_pending
+-- Re-derives not yet published: cards waiting or running that already have a derivative.
+SELECT count(*) AS n FROM archive_files
+WHERE status IN ('queued', 'processing') AND derived_key IS NOT NULL
+  AND (%(owner)s::text IS NULL OR owner = %(owner)s::text);
+
+-- name: set_owner_weight
+INSERT INTO owner_weights (owner, weight) VALUES (%(owner)s, %(weight)s)
+ON CONFLICT (owner) DO UPDATE SET weight = excluded.weight;
+
 -- name: take_deleted
 -- A batch of deleted cards for one sweeper: taking them moves their next try (available_at,
 -- unused once a card is deleting) forward and commits, so no row lock or snapshot is held
@@ -464,6 +589,35 @@ ON CONFLICT (worker) DO UPDATE SET reason = EXCLUDED.reason, seen_at = now();
 
 -- name: resume_worker
 DELETE FROM worker_pauses WHERE worker = %(worker)s;
+
+-- name: backlog
+-- Who is waiting: per priority, and the top owners by waiting cards (with their oldest
+-- due card). One pass over the waiting cards, through the claim's partial index.
+WITH waiting AS (
+    SELECT owner, priority, available_at FROM archive_files WHERE status = 'queued'
+), owners AS (
+    SELECT owner, count(*) AS waiting,
+           count(*) FILTER (WHERE priority = 'interactive') AS interactive,
+           count(*) FILTER (WHERE priority = 'bulk') AS bulk,
+           extract(epoch FROM now() - min(available_at)
+                   FILTER (WHERE available_at <= now()))::float8 AS oldest_wait_seconds
+    FROM waiting GROUP BY owner
+    ORDER BY waiting DESC, oldest_wait_seconds DESC NULLS LAST, owner
+    LIMIT %(top)s
+)
+SELECT
+    (SELECT coalesce(jsonb_object_agg(priority, jsonb_build_object(
+                'waiting', n, 'oldest_wait_seconds', age)), '{}'::jsonb)
+       FROM (SELECT priority, count(*) AS n,
+                    extract(epoch FROM now() - min(available_at)
+                            FILTER (WHERE available_at <= now()))::float8 AS age
+               FROM waiting GROUP BY priority) p) AS by_priority,
+    (SELECT count(DISTINCT owner) FROM waiting) AS owners_waiting,
+    (SELECT coalesce(jsonb_agg(to_jsonb(o) ORDER BY o.waiting DESC,
+                                 o.oldest_wait_seconds DESC NULLS LAST, o.owner), '[]'::jsonb)
+       FROM owners o) AS top_owners,
+    (SELECT count(*) FROM archive_files
+      WHERE status IN ('queued', 'processing') AND derived_key IS NOT NULL) AS rederive_pending;
 
 -- name: lock_owner_quota
 -- Serializes the creations of one owner while quotas are on, so two concurrent creations

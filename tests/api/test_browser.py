@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from tests.api.conftest import Api
@@ -46,6 +47,18 @@ def test_upload_watch_view_and_delete(
             page.get_by_test_id("key-save").click()
             expect(page.get_by_test_id("key-set")).to_be_visible()
             expect(page.get_by_test_id("queue-panel")).to_be_visible(timeout=10_000)
+            # Another owner's bulk card, not due for an hour (so no worker takes it): the
+            # panel shows the backlog per priority and the owner among the top owners.
+            with psycopg.connect(api.db_url, autocommit=True) as conn:
+                conn.execute(
+                    "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
+                    " original_key, original_version, status, available_at, priority)"
+                    " VALUES ('importer', 'x.jpg', 'image/jpeg', 1, 'originals/x', 'v1',"
+                    " 'queued', now() + interval '1 hour', 'bulk')")
+            expect(page.get_by_test_id("q-bulk")).to_have_text(re.compile(r"^1\b"),
+                                                               timeout=10_000)
+            owners = page.get_by_test_id("q-owners")
+            expect(owners.locator('tr[data-owner="importer"] td').nth(3)).to_have_text("1")
 
             page.get_by_test_id("file-input").set_input_files([str(PHOTO), str(broken)])
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
@@ -10,6 +11,8 @@ from typing import Any
 
 import httpx
 
+from darkroom.db.connection import open_pool
+from darkroom.queue import Queue
 from tests.api.conftest import MAX_UPLOAD, Api
 from tests.api.helpers import (
     JPEG,
@@ -364,6 +367,48 @@ def test_unknown_routes_and_methods_are_problems(local_api: Api) -> None:
     with local_api.client(local_api.make_key()) as c:
         assert_problem(c.get("/v2/nothing"), 404, "not_found")
         assert_problem(c.patch("/v1/files"), 405, "method_not_allowed")
+
+
+def test_priority_and_the_derivative_during_a_rederive(local_api: Api) -> None:
+    api = local_api
+    with api.client(api.make_key()) as c:
+        assert create(c).json()["priority"] == "interactive"
+        r = c.post("/v1/files", json={"filename": "a.jpg", "content_type": "image/jpeg",
+                                      "size": 10, "priority": "bulk"})
+        assert r.status_code == 201 and r.json()["priority"] == "bulk"
+        bad = c.post("/v1/files", json={"filename": "a.jpg", "content_type": "image/jpeg",
+                                        "size": 10, "priority": "urgent"})
+        assert_problem(bad, 422, "validation_error")
+        card = confirmed(c)
+        make_ready(api.db_url, api.settings, api.store, card["id"], WEBP)
+
+        async def rederive() -> int:
+            pool = await open_pool(api.db_url, min_size=1, max_size=1)
+            try:
+                return await Queue(pool, lease_seconds=30, max_attempts=3,
+                                   retry_base_seconds=0, retry_cap_seconds=0
+                                   ).rederive("alice", "new settings")
+            finally:
+                await pool.close()
+
+        assert asyncio.run(rederive()) == 1
+        got = c.get(f"/v1/files/{card['id']}").json()
+        # Queued again, as bulk work, and still serving the derivative it has.
+        assert got["status"] == "queued" and got["priority"] == "bulk"
+        assert got["derivative"]["sha256"] == hashlib.sha256(WEBP).hexdigest()
+        r = c.get(got["derivative"]["url"])
+        assert r.status_code == 200 and r.content == WEBP
+        assert r.headers["cache-control"] == "private, no-cache"
+        root = api.make_key("root", admin=True)
+        with api.client(root) as admin:
+            q = admin.get("/v1/queue").json()
+        assert q["rederive_pending"] == 1
+        assert q["backlog"]["by_priority"]["bulk"]["waiting"] == 1
+        assert q["backlog"]["top_owners"][0]["owner"] == "alice"
+        text = httpx.get(f"{api.url}/metrics", headers={"Authorization": f"Bearer {root}"}).text
+        assert 'darkroom_queue_waiting{priority="bulk"} 1.0' in text
+        assert 'darkroom_queue_top_owner_waiting{owner="alice"} 1.0' in text
+        assert "darkroom_queue_rederive_pending 1.0" in text
 
 
 def test_metrics(local_api: Api) -> None:

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -190,10 +189,8 @@ def test_api_command_serves_and_stops_on_sigterm(db_url: str, tmp_path: Path) ->
                 return False
 
         poll(healthy, timeout=30)
-        started = time.monotonic()
         process.send_signal(signal.SIGTERM)
-        assert process.wait(20) == 0
-        assert time.monotonic() - started < 15
+        assert process.wait(20) == 0  # a deadline, not a measurement
         # Logs are JSON, one object a line.
         lines = [line for line in log.read_text().splitlines() if line.strip()]
         assert lines and all(line.startswith("{") for line in lines), lines

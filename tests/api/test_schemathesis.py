@@ -7,7 +7,6 @@ pytest plugin, whose lazy-fixture loader does not run under the pytest this proj
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import schemathesis
@@ -44,7 +43,6 @@ def test_api_honours_its_schema(local_api: Api) -> None:
     )
     schema = schemathesis.openapi.from_url(f"{api.url}/openapi.json", config=config)
     failures: list[str] = []
-    started = time.monotonic()
     operations = 0
     calls = 0
     for result in schema.get_all_operations():
@@ -78,4 +76,3 @@ def test_api_honours_its_schema(local_api: Api) -> None:
     assert operations >= 10
     assert calls >= operations * 20, calls  # really exercised, not skipped
     assert not failures, "\n\n".join(failures)
-    assert time.monotonic() - started < 120

@@ -6,13 +6,12 @@ import hashlib
 import io
 import resource
 import struct
-import time
 from pathlib import Path
 
 import pytest
 from PIL import Image, ImageCms
 
-from darkroom.derive import Derivative, Limits, _vips, derive, sniff
+from darkroom.derive import Derivative, Limits, _vips, derive, open_checked, sniff
 from darkroom.errors import DeriveError, ErrorCode
 from tests.derive import images as im
 
@@ -133,20 +132,26 @@ def test_png_bad_crc_is_invalid() -> None:
 # -- limits from the header alone -------------------------------------------------------
 
 
+def header_verdict(data: bytes, limits: Limits = LIMITS) -> ErrorCode | None:
+    """The verdict of the header check alone, before anything is decoded."""
+    try:
+        open_checked(data, limits)
+    except DeriveError as exc:
+        return exc.code
+    return None
+
+
 def test_png_header_claims_100k_square() -> None:
     data = im.png_header_only(100_000, 100_000)
-    started = time.perf_counter()
+    assert header_verdict(data) == ErrorCode.IMAGE_TOO_LARGE
     assert code_of(data) == ErrorCode.IMAGE_TOO_LARGE
-    assert time.perf_counter() - started < 0.05
 
 
 def test_zlib_bomb_rejected_fast_without_decoding(bomb: bytes) -> None:
     derive(im.save(im.quadrants(8, 8), "PNG"), LIMITS)  # libvips warm, as in the child
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    started = time.perf_counter()
+    assert header_verdict(bomb) == ErrorCode.IMAGE_TOO_LARGE
     assert code_of(bomb) == ErrorCode.IMAGE_TOO_LARGE
-    elapsed = time.perf_counter() - started
-    assert elapsed < 0.05, f"bomb took {elapsed * 1000:.1f} ms"
     # A full decode would need ~110 MB even at 1 bit per pixel.
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 20_000
 
@@ -154,9 +159,8 @@ def test_zlib_bomb_rejected_fast_without_decoding(bomb: bytes) -> None:
 def test_bomb_within_dimensions_but_over_pixels() -> None:
     # 7072 × 7071 = 50,006,112: each side is fine, the product is just over the default.
     data = im.png_zlib_bomb(7072, 7071)
-    started = time.perf_counter()
+    assert header_verdict(data) == ErrorCode.IMAGE_TOO_LARGE
     assert code_of(data) == ErrorCode.IMAGE_TOO_LARGE
-    assert time.perf_counter() - started < 0.05
 
 
 def test_pixel_limit_boundary() -> None:
@@ -362,6 +366,5 @@ def test_gif_frame_bomb() -> None:
     for width, height in ((60_000, 60_000), (8_000, 7_000)):
         gif[6:10] = struct.pack("<HH", width, height)  # logical screen
         gif[descriptor + 5 : descriptor + 9] = struct.pack("<HH", width, height)
-        started = time.perf_counter()
+        assert header_verdict(bytes(gif)) == ErrorCode.IMAGE_TOO_LARGE
         assert code_of(bytes(gif)) == ErrorCode.IMAGE_TOO_LARGE
-        assert time.perf_counter() - started < 0.05

@@ -276,8 +276,8 @@ async def test_listing_includes_processing_cards_in_order(pool: Any) -> None:
     # Processing cards are listed from the index of live leases, the rest from the owner's.
     q = make_queue(pool)
     ids = await new_queued(q, 6)
+    leases = await q.claim(3)  # alice's first three
     await new_queued(q, 2, owner="bob")
-    leases = await q.claim(3)  # alice's first three, confirmed before bob's
     assert {lease.owner for lease in leases} == {"alice"}
     await q.complete(leases[0], derived_for(leases[0]))
     newest_first = list(reversed(ids))
@@ -446,7 +446,7 @@ async def _racing_the_original(db_url: str, lease: Any, repeat: Any) -> Any:
             "heights": [d.height], "sizes": [d.size], "thumb_keys": [None],
             "thumb_versions": [None], "thumb_sha256s": [None], "thumb_widths": [None],
             "thumb_heights": [None], "thumb_sizes": [None], "thumbhashes": [None],
-            "worker": "test"})
+            "worker": "test", "fingerprint": None})
         task = asyncio.ensure_future(repeat())
         waiting = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
         async with waiting:

@@ -1,12 +1,15 @@
 """A Hypothesis state machine drives several simulated workers against the real queue.
 
 The clock is controlled by moving a lease's `lease_until` into the past ("expire"), so
-every interleaving of claim, heartbeat, commit, failure, expiry, release and revoke that
-Hypothesis finds is checked against the protocol's invariants after every step. Unknown
-outcomes are rules too: a statement repeated after it committed (its answer lost) must be
-recognized as the same success, and a claim whose answer was lost is adopted. Commits
-come one by one and in batches; the sweeper's orphan unit and reconciliation run between
-any two steps against a real local store, and no object a card references may ever go.
+every interleaving of claim, heartbeat, commit, failure, expiry, release, revoke and
+re-derive that Hypothesis finds is checked against the protocol's invariants after every
+step. Unknown outcomes are rules too: a statement repeated after it committed (its answer
+lost) must be recognized as the same success, and a claim whose answer was lost is
+adopted. Commits come one by one and in batches; the sweeper's orphan unit and
+reconciliation run between any two steps against a real local store, and no object a card
+references may ever go. Cards belong to several owners and come in both priorities: no
+claim takes bulk work while interactive work is due, and no owner with due work is passed
+over by more than a bounded number of claims of its class in a row (fair share).
 """
 
 from __future__ import annotations
@@ -27,12 +30,17 @@ from psycopg.rows import dict_row
 from darkroom.db.connection import open_pool
 from darkroom.db.queries import QUERIES
 from darkroom.errors import ErrorCode
-from darkroom.queue import Derived, Lease, LeaseLost, Queue, derived_key
+from darkroom.queue import Derived, Lease, LeaseLost, Priority, Queue, derived_key
 from darkroom.storage import open_store
 from darkroom.sweeper import Database, Orphans, Reconcile
 
 MAX_ATTEMPTS = 3
 WORKERS = 3
+OWNERS = ("a", "b", "c")
+# An owner with due work waits behind at most one card of each other owner per stamp it
+# is behind, and it joins at the head: two rounds of the others. Cards handed back or
+# retried keep their (earlier) stamps, so each of those may pass it once more.
+PASS_BOUND = 2 * (len(OWNERS) - 1)
 
 
 def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
@@ -42,7 +50,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             self.loop = asyncio.new_event_loop()
             self.db = psycopg.connect(db_url, autocommit=True, row_factory=dict_row)
             self.db.execute("TRUNCATE archive_files, archive_events, orphan_objects,"
-                            " maintenance_schedule CASCADE")
+                            " maintenance_schedule, owner_clocks CASCADE")
             self.objects = Path(tempfile.mkdtemp(prefix="darkroom-stateful-"))
             self.store = open_store(self.objects.as_uri())
             self.pool = self.run(open_pool(db_url, min_size=1, max_size=2))
@@ -55,6 +63,13 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             self.files: list[uuid.UUID] = []
             self.published: dict[uuid.UUID, uuid.UUID] = {}  # file -> token that published
             self.starts: dict[uuid.UUID, int] = {}
+            self.owner_of: dict[uuid.UUID, str] = {}
+            self.superseded: dict[uuid.UUID, uuid.UUID] = {}  # file -> token it replaces
+            # Fair share: claims of its class that passed an owner with due work, and the
+            # hand-backs and retries (which keep their earlier stamps) since it last got one.
+            self.passed: dict[tuple[str, str], int] = {}
+            self.requeued = 0
+            self.requeued_at: dict[tuple[str, str], int] = {}
             self.derived: dict[uuid.UUID, Derived] = {}
             # Statements that went through, to be repeated as if their answer was lost.
             self.finished: list[tuple[int, Lease, str, ErrorCode | None]] = []
@@ -85,20 +100,75 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             r = self.row(lease.file_id)
             return r["status"] == "processing" and r["lease_token"] == lease.token
 
-        @rule()
-        def add_file(self) -> None:
-            card = self.run(self.queues[0].create_file(
-                owner="o", filename="x.jpg", content_type="image/jpeg", size=1))
-            self.run(self.queues[0].confirm(card["id"], "o", "v1"))
-            self.files.append(card["id"])
+        @rule(owner=st.sampled_from(OWNERS), n=st.integers(1, 12),
+              priority=st.sampled_from(list(Priority)))
+        def add_files(self, owner: str, n: int, priority: Priority) -> None:
+            for _ in range(n):
+                card = self.run(self.queues[0].create_file(
+                    owner=owner, filename="x.jpg", content_type="image/jpeg", size=1,
+                    priority=priority))
+                self.run(self.queues[0].confirm(card["id"], owner, "v1"))
+                self.files.append(card["id"])
+                self.owner_of[card["id"]] = owner
+
+        def due(self) -> list[dict[str, Any]]:
+            return self.db.execute(
+                "SELECT id, owner, priority FROM archive_files"
+                " WHERE status = 'queued' AND available_at <= now()").fetchall()
 
         @rule(w=st.integers(0, WORKERS - 1), n=st.integers(1, 4))
         def claim(self, w: int, n: int) -> None:
+            due = self.due()
             leases = self.run(self.queues[w].claim(n))
             for lease in leases:
                 self.starts[lease.file_id] = self.starts.get(lease.file_id, 0) + 1
                 assert lease.attempt == self.starts[lease.file_id]
             self.held[w].extend(leases)
+            # What the claim took of the due cards: leased, or ended as attempts_exhausted.
+            still = {r["id"] for r in self.due()}
+            self.check_fair(due, [r["id"] for r in due if r["id"] not in still])
+
+        def check_fair(self, due: list[dict[str, Any]], taken: list[uuid.UUID]) -> None:
+            """Priority and fair share, judged from the due cards before a claim."""
+            due_class = {r["id"]: r["priority"] for r in due}
+            got = [(self.owner_of[i], due_class[i]) for i in taken]
+            interactive_due = sum(1 for r in due if r["priority"] == "interactive")
+            bulk_taken = sum(1 for _, p in got if p == "bulk")
+            assert bulk_taken == 0 or interactive_due <= len(got) - bulk_taken, \
+                "bulk claimed while interactive work was due"
+            waiting = {(r["owner"], r["priority"]) for r in due}
+            for key in list(self.passed):
+                if key not in waiting:  # nothing due any more: a fresh start next time
+                    del self.passed[key]
+            for key in waiting:
+                if key in got:
+                    self.passed[key] = 0
+                    self.requeued_at[key] = self.requeued
+                    continue
+                if key not in self.passed:
+                    self.passed[key] = 0
+                    self.requeued_at[key] = self.requeued
+                self.passed[key] += sum(1 for g in got if g[1] == key[1])
+                allowed = PASS_BOUND + (self.requeued - self.requeued_at[key])
+                assert self.passed[key] <= allowed, (
+                    f"owner {key[0]} ({key[1]}) passed over by {self.passed[key]} claims "
+                    f"(bound {allowed})")
+
+        @precondition(lambda self: bool(self.files))
+        @rule(owner=st.sampled_from(OWNERS))
+        def rederive(self, owner: str) -> None:
+            """Re-derive the owner's ready cards, twice (a repeat queues nothing more)."""
+            moved = self.run(self.queues[0].rederive(owner, "v2"))
+            assert self.run(self.queues[0].rederive(owner, "v2")) == 0
+            rows = self.db.execute(
+                "SELECT id FROM archive_files WHERE owner = %s AND status = 'queued'"
+                " AND derived_key IS NOT NULL AND priority = 'bulk'", (owner,)).fetchall()
+            again = [r["id"] for r in rows if r["id"] in self.published]
+            assert len(again) == moved
+            for file_id in again:
+                # A re-derive may publish once more; the old derivative stays on the card.
+                self.superseded[file_id] = self.published.pop(file_id)
+                self.starts[file_id] = 0  # a re-derive has max_attempts of its own
 
         @rule()
         def claim_pass(self) -> None:
@@ -126,6 +196,13 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             if published:
                 assert lease.file_id not in self.published, "published twice"
                 self.published[lease.file_id] = lease.token
+                replaced = self.superseded.pop(lease.file_id, None)
+                if replaced is not None:
+                    old_key = f"derived/{lease.file_id}/{replaced}.webp"
+                    orphan = self.db.execute(
+                        "SELECT reason FROM orphan_objects WHERE object_key = %s",
+                        (old_key,)).fetchone()
+                    assert orphan is not None and orphan["reason"] == "superseded"
                 self.finished.append((w, lease, "complete", None))
 
         @precondition(lambda self: any(self.held))
@@ -141,6 +218,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 return
             assert expected
             assert status in {"queued", "rejected"}
+            self.requeued += status == "queued"
             self.finished.append((w, lease, "fail", code))
 
         @precondition(lambda self: any(self.held))
@@ -156,6 +234,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 return
             assert expected
             self.starts[lease.file_id] -= 1  # the attempt is given back
+            self.requeued += 1
             self.finished.append((w, lease, "defer", ErrorCode.STORAGE_UNAVAILABLE))
 
         @precondition(lambda self: bool(self.finished))
@@ -182,7 +261,8 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 recognized = True
             except LeaseLost:
                 recognized = False
-            if kind == "complete":
+            if kind == "complete" and row["derived_key"] == derived_key(lease):
+                # (Unless a re-derive has published another derivative since.)
                 assert recognized, "a repeated publication was not recognized"
             elif row["settled_token"] == lease.token and row["status"] != "ready" and (
                     kind == "fail" or row["status"] != "rejected") and row["status"] != "deleting":
@@ -207,6 +287,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 if lease.token not in lost:
                     assert lease.file_id not in self.published, "published twice"
                     self.published[lease.file_id] = lease.token
+                    self.superseded.pop(lease.file_id, None)
                     self.finished.append((w, lease, "complete", None))
 
         @rule()
@@ -221,9 +302,12 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
         def claim_answer_lost(self, w: int, n: int) -> None:
             """The claim commits, its answer never arrives; the worker adopts by claim id."""
             claim_id = uuid.uuid4()
+            due = self.due()
             self.db.execute(QUERIES["claim"], {
                 "n": n, "max_attempts": MAX_ATTEMPTS, "claim": claim_id,
                 "lease_seconds": 60, "worker": f"w{w}"})
+            still = {r["id"] for r in self.due()}
+            self.check_fair(due, [r["id"] for r in due if r["id"] not in still])
             leases = self.run(self.queues[w].adopt_claim(claim_id))
             for lease in leases:
                 self.starts[lease.file_id] = self.starts.get(lease.file_id, 0) + 1
@@ -248,6 +332,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
         def release(self, w: int) -> None:
             holding = {lease.file_id for lease in self.held[w] if self.holds_lease(lease)}
             released = self.run(self.queues[w].release(self.held[w]))
+            self.requeued += len(released)
             assert released == holding
             self.finished += [(w, lease, "release", None) for lease in self.held[w]
                               if lease.file_id in released]
@@ -263,7 +348,8 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
         @precondition(lambda self: bool(self.files))
         @rule(data=st.data())
         def revoke(self, data: st.DataObject) -> None:
-            self.run(self.queues[0].revoke(data.draw(st.sampled_from(self.files)), "o"))
+            file_id = data.draw(st.sampled_from(self.files))
+            self.run(self.queues[0].revoke(file_id, self.owner_of[file_id]))
 
         @invariant()
         def protocol_holds(self) -> None:
@@ -285,6 +371,10 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                     assert self.store.get(r["derived_key"], r["derived_version"]) == b"webp"
                 elif r["status"] != "deleting":
                     assert r["id"] not in self.published
+                    replaced = self.superseded.get(r["id"])
+                    if replaced is not None and r["status"] in ("queued", "processing"):
+                        # Being re-derived: the previous derivative is still the card's.
+                        assert r["derived_key"] == f"derived/{r['id']}/{replaced}.webp"
 
     return LeaseProtocol
 
@@ -292,6 +382,6 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
 def test_lease_protocol_state_machine(db_url: str) -> None:
     machine = make_machine(db_url)
     machine.TestCase.settings = settings(
-        max_examples=40, stateful_step_count=30, deadline=None,
+        max_examples=60, stateful_step_count=40, deadline=None,
         suppress_health_check=[HealthCheck.too_slow])
     machine.TestCase().runTest()

@@ -232,3 +232,48 @@ def test_compromised_decoder_is_an_ordinary_failure_and_the_jail_is_logged_once(
         assert all("SIGSYS" in entry["detail"] for entry in failed)
     else:
         assert all("parent environ: refused" in entry["detail"] for entry in failed)
+
+
+def test_two_owners_share_the_workers_and_a_rederive_replaces_every_derivative(
+        harness: Harness) -> None:
+    # Owner a's import is waiting when owner b uploads one photo: b's is claimed within
+    # about one job of a slot freeing, not after a's whole backlog.
+    a_ids = [harness.upload(photo(i), owner="a") for i in range(10)]
+    harness.worker(concurrency=2)
+    wait_for(lambda: harness.statuses(a_ids).get("ready", 0) >= 1, timeout=120,
+             what="a's import under way")
+    mark = harness.db.execute("SELECT coalesce(max(id), 0) AS m FROM archive_events"
+                              ).fetchone()
+    assert mark is not None
+    b_id = harness.upload(photo(3), owner="b")
+    wait_for(lambda: harness.all_finished([*a_ids, b_id]), timeout=240, what="all finished")
+    claims = [e["file_id"] for e in harness.db.execute(
+        "SELECT file_id FROM archive_events WHERE kind = 'claimed' AND id > %s ORDER BY id",
+        (mark["m"],)).fetchall()]
+    assert b_id in claims and claims.index(b_id) <= 2, claims
+    for file_id in [*a_ids, b_id]:
+        harness.assert_published_once(file_id)
+
+    # New derivative settings: every card is re-derived as bulk work; the command waits
+    # with a progress bar, and the replaced derivatives go to the sweeper.
+    for proc in harness.processes:
+        proc.stop()
+    old = {i: harness.card(i)["derived_key"] for i in [*a_ids, b_id]}
+    small = {"DARKROOM_DERIVATIVE_MAX_EDGE": "256"}
+    harness.worker(concurrency=2, derivative_max_edge="256")
+    out = subprocess.run([sys.executable, "-m", "darkroom.cli", "rederive", "--all", "--wait"],
+                         env={**harness.env, **small}, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr
+    assert "queued 11 re-derive(s)" in out.stdout and "11/11" in out.stderr
+    for file_id, key in old.items():
+        card = harness.card(file_id)
+        assert card["status"] == "ready" and card["priority"] == "bulk"
+        assert card["derived_key"] != key and max(card["width"], card["height"]) <= 256
+    orphans = harness.db.execute("SELECT object_key FROM orphan_objects"
+                                 " WHERE reason = 'superseded'").fetchall()
+    assert {o["object_key"] for o in orphans} == set(old.values())
+    sweep_once(harness)
+    for file_id in old:
+        assert [k for k in harness.object_keys(file_id) if k.startswith("derived/")] == [
+            f"{harness.card(file_id)['derived_key']}@{harness.card(file_id)['derived_version']}"]

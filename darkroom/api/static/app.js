@@ -692,6 +692,22 @@ function age(seconds) {
   return `${(seconds / 3600).toFixed(1)} h`;
 }
 
+function renderOwners(owners) {
+  const table = $('[data-testid="q-owners"]');
+  const rows = owners.map((o) => {
+    const tr = document.createElement("tr");
+    tr.dataset.owner = o.owner;
+    for (const value of [o.owner, o.waiting, o.interactive, o.bulk, age(o.oldest_wait_seconds)]) {
+      const td = document.createElement("td");
+      td.textContent = String(value);  // owner names are data, never markup
+      tr.append(td);
+    }
+    return tr;
+  });
+  table.querySelector("tbody").replaceChildren(...rows);
+  table.hidden = rows.length === 0;
+}
+
 async function refreshQueue() {
   const panel = $('[data-testid="queue-panel"]');
   try {
@@ -704,6 +720,14 @@ async function refreshQueue() {
     $('[data-testid="q-rejected-share"]').textContent = `${share(s.rejected_share_1h)} · ${share(s.rejected_share_24h)}`;
     $('[data-testid="q-completed"]').textContent = s.completed_last_minute;
     $('[data-testid="q-lease-lost"]').textContent = s.lease_lost_total;
+    const byPriority = (s.backlog && s.backlog.by_priority) || {};
+    for (const priority of ["interactive", "bulk"]) {
+      const b = byPriority[priority];
+      $(`[data-testid="q-${priority}"]`).textContent =
+        b ? `${b.waiting}${b.waiting ? ` · oldest ${age(b.oldest_wait_seconds)}` : ""}` : "0";
+    }
+    $('[data-testid="q-rederive"]').textContent = s.rederive_pending ?? 0;
+    renderOwners((s.backlog && s.backlog.top_owners) || []);
     panel.hidden = false;
   } catch (error) {
     if (error.status === 403 || error.status === 401) { panel.hidden = true; stopQueue(); return; }

@@ -1,0 +1,175 @@
+"""Fair share between owners, interactive before bulk, and re-derive, on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import psycopg
+
+from darkroom.queue import Derived, Lease, Priority, Queue, derived_key
+from tests.conftest import make_queue
+
+
+async def add(q: Queue, owner: str, n: int = 1,
+              priority: Priority = Priority.INTERACTIVE) -> list[uuid.UUID]:
+    ids = []
+    for i in range(n):
+        card = await q.create_file(owner=owner, filename=f"{owner}{i}.jpg",
+                                   content_type="image/jpeg", size=1, priority=priority)
+        await q.confirm(card["id"], owner, "v1")
+        ids.append(card["id"])
+    return ids
+
+
+def derived_for(lease: Lease) -> Derived:
+    return Derived(key=derived_key(lease), version="dv", sha256="ab" * 32,
+                   width=1, height=1, size=1)
+
+
+async def claim_order(q: Queue) -> list[uuid.UUID]:
+    """Claim one at a time, completing each, until nothing is left: the claim order."""
+    order = []
+    while leases := await q.claim(1):
+        order.append(leases[0].file_id)
+        await q.complete(leases[0], derived_for(leases[0]))
+    return order
+
+
+def owners_of(db_url: str, ids: list[uuid.UUID]) -> list[str]:
+    with psycopg.connect(db_url) as conn:
+        rows = dict(conn.execute("SELECT id, owner FROM archive_files").fetchall())
+    return [rows[i] for i in ids]
+
+
+async def test_one_owner_is_first_in_first_out(pool: Any) -> None:
+    q = make_queue(pool)
+    ids = await add(q, "alice", 6)
+    assert await claim_order(q) == ids
+
+
+async def test_a_late_owner_starts_after_about_one_job(pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    await add(q, "a", 20)
+    first = await q.claim(2)  # two slots busy with A's import
+    [b] = await add(q, "b")
+    order = await claim_order(q)
+    assert order.index(b) <= 1, owners_of(db_url, order)[:4]
+    for lease in first:
+        await q.complete(lease, derived_for(lease))
+
+
+async def test_owners_alternate_while_both_wait(pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    await add(q, "a", 10)
+    await add(q, "b", 10)
+    await add(q, "c", 2)
+    owners = owners_of(db_url, await claim_order(q))
+    # c's two cards come within the first rounds, and a and b take turns.
+    assert owners.index("c") <= 2 and owners[:6].count("c") == 2
+    assert all(owners[i] != owners[i + 1] for i in range(0, 14))
+
+
+async def test_past_work_is_no_debt(pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    await add(q, "a", 10)
+    await claim_order(q)  # a's big import is done
+    await add(q, "b", 5)
+    [a] = await add(q, "a")
+    order = await claim_order(q)
+    assert order.index(a) <= 1
+
+
+async def test_weight_gives_a_larger_share(pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    await q.set_owner_weight("heavy", 3)
+    await add(q, "light", 20)
+    await add(q, "heavy", 20)
+    owners = owners_of(db_url, await claim_order(q))[:16]
+    assert owners.count("heavy") >= 11
+
+
+async def test_interactive_before_bulk_and_bulk_uses_idle_slots(pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    bulk = await add(q, "a", 5, Priority.BULK)
+    [first] = await q.claim(1)
+    assert first.file_id == bulk[0]  # nothing interactive waits: bulk runs
+    [inter] = await add(q, "b")
+    [nxt] = await q.claim(1)
+    assert nxt.file_id == inter
+    # The same owner's interactive upload also passes its own bulk work.
+    [mine] = await add(q, "a")
+    assert (await q.claim(1))[0].file_id == mine
+
+
+async def test_concurrent_confirms_of_one_owner_get_distinct_stamps(pool: Any,
+                                                                    db_url: str) -> None:
+    q = make_queue(pool)
+    cards = [await q.create_file(owner="a", filename=f"{i}.jpg", content_type="image/jpeg",
+                                 size=1) for i in range(12)]
+    await asyncio.gather(*(q.confirm(c["id"], "a", "v1") for c in cards))
+    with psycopg.connect(db_url) as conn:
+        stamps = [r[0] for r in conn.execute(
+            "SELECT fair_stamp FROM archive_files WHERE owner = 'a'").fetchall()]
+    assert len(set(stamps)) == 12
+
+
+async def test_repeated_confirm_stamps_once(pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    [a] = await add(q, "a")
+    await q.confirm(a, "a", "v1")
+    [a2] = await add(q, "a")
+    with psycopg.connect(db_url) as conn:
+        s = dict(conn.execute("SELECT id, fair_stamp FROM archive_files").fetchall())
+    assert s[a2] - s[a] == 1
+
+
+async def test_rederive_keeps_the_old_derivative_until_the_new_one_is_published(
+        pool: Any, db_url: str) -> None:
+    q = make_queue(pool, fingerprint="old")
+    [fid] = await add(q, "a")
+    [lease] = await q.claim(1)
+    await q.complete(lease, derived_for(lease))
+    new = make_queue(pool, fingerprint="new")
+    assert await new.rederive_owners("new") == {"a": 1}
+    assert await new.rederive_owners("old") == {}
+    assert await new.rederive("a", "new") == 1
+    assert await new.rederive("a", "new") == 0  # a repeat queues nothing twice
+    assert await new.rederive_pending() == 1 and await new.rederive_pending("b") == 0
+    with psycopg.connect(db_url, row_factory=psycopg.rows.dict_row) as conn:
+        row = conn.execute("SELECT * FROM archive_files WHERE id = %s", (fid,)).fetchone()
+        assert row is not None
+        assert row["status"] == "queued" and row["priority"] == "bulk"
+        assert row["derived_key"] == derived_key(lease) and row["attempts"] == 0
+    [again] = await new.claim(1)
+    assert again.file_id == fid and again.attempt == 1
+    await new.complete(again, derived_for(again))
+    assert await new.rederive_pending() == 0
+    with psycopg.connect(db_url, row_factory=psycopg.rows.dict_row) as conn:
+        row = conn.execute("SELECT * FROM archive_files WHERE id = %s", (fid,)).fetchone()
+        assert row is not None
+        assert row["status"] == "ready" and row["derive_fingerprint"] == "new"
+        assert row["derived_key"] == derived_key(again)
+        orphans = conn.execute("SELECT object_key, reason FROM orphan_objects").fetchall()
+        kinds = [r["kind"] for r in conn.execute(
+            "SELECT kind FROM archive_events WHERE file_id = %s ORDER BY id", (fid,))]
+    assert [(o["object_key"], o["reason"]) for o in orphans] == [
+        (derived_key(lease), "superseded")]
+    assert kinds == ["claimed", "ready", "rederive", "claimed", "ready"]
+    assert await new.rederive_owners("new") == {}
+
+
+async def test_backlog_figures(pool: Any) -> None:
+    q = make_queue(pool)
+    await add(q, "a", 3)
+    await add(q, "b", 1, Priority.BULK)
+    stats = await q.stats(top=1)
+    backlog = stats["backlog"]
+    assert backlog["by_priority"]["interactive"]["waiting"] == 3
+    assert backlog["by_priority"]["bulk"]["waiting"] == 1
+    assert backlog["owners_waiting"] == 2
+    [top] = backlog["top_owners"]
+    assert top["owner"] == "a" and top["waiting"] == 3 and top["interactive"] == 3
+    assert top["oldest_wait_seconds"] >= 0
+    assert stats["rederive_pending"] == 0

@@ -251,7 +251,7 @@ def card_from_row(row: dict[str, Any]) -> Card:
         priority=row["priority"],
         derivative=derivative,
         derivatives=derivatives,
-        thumbhash=row.get("thumbhash") if row["status"] == "ready" else None,
+        thumbhash=row.get("thumbhash") if derivatives is not None else None,
     )
 
 

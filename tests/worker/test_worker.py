@@ -259,6 +259,7 @@ def test_two_owners_share_the_workers_and_a_rederive_replaces_every_derivative(
     for proc in harness.processes:
         proc.stop()
     old = {i: harness.card(i)["derived_key"] for i in [*a_ids, b_id]}
+    old_thumbs = {harness.card(i)["thumb_key"] for i in old}
     small = {"DARKROOM_DERIVATIVE_MAX_EDGE": "256"}
     harness.worker(concurrency=2, derivative_max_edge="256")
     out = subprocess.run([sys.executable, "-m", "darkroom.cli", "rederive", "--all", "--wait"],
@@ -272,8 +273,11 @@ def test_two_owners_share_the_workers_and_a_rederive_replaces_every_derivative(
         assert card["derived_key"] != key and max(card["width"], card["height"]) <= 256
     orphans = harness.db.execute("SELECT object_key FROM orphan_objects"
                                  " WHERE reason = 'superseded'").fetchall()
-    assert {o["object_key"] for o in orphans} == set(old.values())
+    # The previous preview and thumb of every card, both superseded.
+    assert {o["object_key"] for o in orphans} == set(old.values()) | old_thumbs
     sweep_once(harness)
     for file_id in old:
-        assert [k for k in harness.object_keys(file_id) if k.startswith("derived/")] == [
-            f"{harness.card(file_id)['derived_key']}@{harness.card(file_id)['derived_version']}"]
+        card = harness.card(file_id)
+        assert [k for k in harness.object_keys(file_id) if k.startswith("derived/")] == sorted([
+            f"{card['derived_key']}@{card['derived_version']}",
+            f"{card['thumb_key']}@{card['thumb_version']}"])

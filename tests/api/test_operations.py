@@ -19,8 +19,8 @@ from darkroom.errors import StorageUnavailable
 from darkroom.keys import hash_key
 from darkroom.storage import LocalStore, ObjectStore
 from tests.api.conftest import Api, start_api
-from tests.api.helpers import JPEG, assert_problem, create, poll, upload
-from tests.support.services import free_port
+from tests.api.helpers import JPEG, assert_problem, create, upload
+from tests.support.services import free_port, wait_for
 
 
 class FaultyStore:
@@ -188,7 +188,7 @@ def test_api_command_serves_and_stops_on_sigterm(db_url: str, tmp_path: Path) ->
                 assert process.poll() is None, log.read_text()
                 return False
 
-        poll(healthy, timeout=30)
+        wait_for(healthy, timeout=30, what="the API")
         process.send_signal(signal.SIGTERM)
         assert process.wait(20) == 0  # a deadline, not a measurement
         # Logs are JSON, one object a line.

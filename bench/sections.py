@@ -82,10 +82,11 @@ def queue_section(src: Source) -> tuple[list[str], list[Target]]:
         lines += ["", "No-op throughput (claim → fenced complete), jobs/s, median of "
                   f"{plan.get('repeats', '?')} run(s) for darkroom/PgQueuer (range in "
                   "brackets), one run for the others. darkroom runs the worker's own "
-                  "completion path: each job commits on its own through `Queue.complete`, "
-                  "from as many tasks as the worker has slots, over its pool of 4 "
-                  "connections; \"darkroom, batched\" (one `complete_many` per claim of "
-                  "100) is what the worker does not do, measured as a reference:", ""]
+                  "completion path: as many job tasks as the worker has slots, each handing "
+                  "its result to the worker's `Completer`, which commits the results that "
+                  "finish together in one fenced statement, over its pool of 4 "
+                  "connections; \"darkroom, batched\" (claim 100, one `complete_many`) is "
+                  "the most batching any path can do, measured as a reference:", ""]
         lines += _per_worker_table(series, counts, jobs_per_s)
 
         # The same numbers as ratios to the two same-run baselines the issue names.
@@ -133,7 +134,7 @@ def queue_section(src: Source) -> tuple[list[str], list[Target]]:
                             for r in tp if r.system == BATCHED
                             if (own := best(tp, r.workers, "darkroom")))
         if batched:
-            lines += ["", "Batching the worker's completions (`complete_many`) against its "
+            lines += ["", "Full batches (`claim 100`, `complete_many`) against the worker's "
                       f"own path, same run, best configuration each: {batched}."]
         pictures.append("img/queue_throughput.png")
 

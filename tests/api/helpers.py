@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
-import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -102,17 +100,6 @@ def make_ready(
 
     asyncio.run(run())
 
-
-def poll(check: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
-    """Poll until `check()` answers something truthy, or fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(interval)
 
 PROBLEM = "application/problem+json"
 

@@ -8,7 +8,6 @@ import hashlib
 import http.server
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -23,6 +22,7 @@ from darkroom.errors import (
 from darkroom.storage import S3Store, make_client, open_store
 from tests.storage.conftest import fresh_bucket_name
 from tests.support.seaweed import SeaweedServer
+from tests.support.services import wait_for
 
 
 def assert_public(message: str) -> None:
@@ -194,16 +194,15 @@ def test_a_frozen_server_is_unavailable_and_recovers(
             with pytest.raises(StorageUnavailable) as failed:
                 operation()
             assert_public(str(failed.value))
-    # Back to normal once thawed: poll, with a deadline, until a request succeeds.
-    deadline = time.monotonic() + 30
-    while True:
+    # Back to normal once thawed: wait, with a deadline, until a request succeeds.
+
+    def answers() -> bool:
         try:
-            assert stalled.get("originals/f", version) == b"frozen"
-            break
+            return stalled.get("originals/f", version) == b"frozen"
         except StorageUnavailable:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+            return False
+
+    wait_for(answers, timeout=30, what="the thawed store")
 
 
 class _Answer(http.server.BaseHTTPRequestHandler):

@@ -232,12 +232,7 @@ class Queue:
             rows = await self._rows("create_file_keyed", params)
             return rows[0] if rows else None
         async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute(QUERIES["lock_owner_quota"], {"owner": owner})
-            cur = await conn.execute(QUERIES["owner_within_quota"], {
-                "owner": owner, "size": size,
-                "quota_files": quota_files, "quota_bytes": quota_bytes})
-            fits = await cur.fetchone()
-            if not fits or not fits["fits"]:
+            if not await _within_quota(conn, owner, size, quota_files, quota_bytes):
                 raise QuotaExceeded(owner)
             cur = await conn.execute(QUERIES["create_file_keyed"], params)
             row: dict[str, Any] | None = await cur.fetchone()
@@ -314,12 +309,7 @@ class Queue:
                                           file_id=file_id, priority=priority)
         file_id = file_id or uuid.uuid4()
         async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute(QUERIES["lock_owner_quota"], {"owner": owner})
-            cur = await conn.execute(QUERIES["owner_within_quota"], {
-                "owner": owner, "size": size,
-                "quota_files": quota_files, "quota_bytes": quota_bytes})
-            fits = await cur.fetchone()
-            if not fits or not fits["fits"]:
+            if not await _within_quota(conn, owner, size, quota_files, quota_bytes):
                 return None
             cur = await conn.execute(QUERIES["create_file"], {
                 "id": file_id, "owner": owner, "filename": filename,
@@ -546,3 +536,13 @@ class Queue:
             "rederive_pending": int(backlog["rederive_pending"]),
         }
 
+
+async def _within_quota(conn: Any, owner: str, size: int, quota_files: int,
+                        quota_bytes: int) -> bool:
+    """In the caller's transaction: take the owner's quota lock (so two creates cannot
+    both fit into the last free place), then answer whether one more card of `size` fits."""
+    await conn.execute(QUERIES["lock_owner_quota"], {"owner": owner})
+    cur = await conn.execute(QUERIES["owner_within_quota"], {
+        "owner": owner, "size": size, "quota_files": quota_files, "quota_bytes": quota_bytes})
+    fits = await cur.fetchone()
+    return bool(fits and fits["fits"])

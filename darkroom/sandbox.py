@@ -74,6 +74,8 @@ from darkroom.jail import (
 )
 
 log = logging.getLogger("darkroom.sandbox")
+# What the child answers when an allocation failed (see derive.py and _child_main).
+_OUT_OF_MEMORY = frozenset({"oom", "out of memory"})
 
 _FRAME = struct.Struct("!II")
 # Bounds on what either side accepts, so a confused peer cannot make us allocate wildly.
@@ -440,6 +442,12 @@ class DecoderProcess:
                 timer.cancel()
                 with self._lock:
                     self._job = 0
+            if meta.get("detail") in _OUT_OF_MEMORY:
+                # A heap that ran out is left fragmented: the next job, however small,
+                # could run out too. It gets a fresh child.
+                with self._lock:
+                    if self._proc is proc:
+                        self._retire_locked()
         return self._result(meta, payload)
 
     def _exchange(

@@ -195,8 +195,8 @@ def big_progressive_jpeg() -> bytes:
 
 
 def test_memory_limit_gives_a_bounded_code(big_progressive_jpeg: bytes) -> None:
-    # 120 MB: after an out-of-memory job the child's heap is fragmented, and a small job
-    # also makes a thumb and a thumbhash now (110 MB was just enough for the preview alone).
+    # After an out-of-memory answer the child is replaced (its heap is left fragmented),
+    # so the small job after it runs in a fresh one.
     with DecoderProcess(LIMITS, timeout=30.0, memory_mb=120) as proc:
         proc.derive(DUNE)  # small jobs fit
         with pytest.raises(DeriveError) as info:

@@ -28,7 +28,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from darkroom.storage import S3Store
-from tests.support.faults import FaultProxy
+from tests.support.faults import FaultProxy, through_proxy
 from tests.support.postgres import TestPostgres
 from tests.support.seaweed import SeaweedServer
 from tests.support.services import DarkroomProcess, free_port, wait_for
@@ -144,7 +144,7 @@ class System:
             "DARKROOM_SHUTDOWN_GRACE_SECONDS": "5",
         }
         self.n = 0
-        self.db_proxy, db_via_proxy = _pg_proxy(self.db_url)
+        self.db_proxy, db_via_proxy = through_proxy(self.db_url, seed=7)
         host, port = self.s3.endpoint_url.removeprefix("http://").split(":")
         self.s3_proxy = FaultProxy((host, int(port)))
         self.worker_env = {**self.env, "DARKROOM_DATABASE_URL": db_via_proxy,
@@ -188,19 +188,6 @@ class System:
         self.pg.stop()
 
 
-def _pg_proxy(db_url: str) -> tuple[FaultProxy, str]:
-    """A fault proxy in front of PostgreSQL, and the URL through it."""
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-    params = conninfo_to_dict(db_url)
-    host = str(params.get("host") or "127.0.0.1")
-    port = int(params.get("port") or 5432)
-    upstream: tuple[str, int] | str = (
-        f"{host}/.s.PGSQL.{port}" if host.startswith("/") else (host, port))
-    proxy = FaultProxy(upstream, postgres=True, seed=port)
-    params.update(host="127.0.0.1", port=str(proxy.port), sslmode="disable",
-                  gssencmode="disable")
-    return proxy, make_conninfo(**params)
 
 
 # --- the client ----------------------------------------------------------------------
@@ -457,6 +444,8 @@ def verify(system: System, db: psycopg.Connection[Any], expected: dict[uuid.UUID
         wanted.add((card["original_key"], card["original_version"]))
         if card["status"] == "ready":
             wanted.add((card["derived_key"], card["derived_version"]))
+            if card["thumb_key"]:  # the thumbnail published with it
+                wanted.add((card["thumb_key"], card["thumb_version"]))
             data = store.get(card["derived_key"], card["derived_version"])
             if hashlib.sha256(data).hexdigest() != card["sha256"]:
                 problems.append(f"{card['id']}: derivative does not match its sha256")

@@ -278,3 +278,18 @@ class _Frames:
                 return out
             out.append((self.buffer[0], bytes(self.buffer[:1 + length])))
             del self.buffer[:1 + length]
+
+
+def through_proxy(db_url: str, seed: int = 0) -> tuple[FaultProxy, str]:
+    """A PostgreSQL fault proxy in front of `db_url`'s server, and the URL through it."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(db_url)
+    host = str(params.get("host") or "127.0.0.1")
+    port = int(params.get("port") or 5432)
+    upstream: tuple[str, int] | str = (
+        f"{host}/.s.PGSQL.{port}" if host.startswith("/") else (host, port))
+    proxy = FaultProxy(upstream, postgres=True, seed=seed)
+    params.update(host="127.0.0.1", port=str(proxy.port), sslmode="disable",
+                  gssencmode="disable")
+    return proxy, make_conninfo(**params)

@@ -23,7 +23,7 @@ from darkroom.sweeper import (
     Sweeper,
     run_unit,
 )
-from tests.support.faults import FaultProxy
+from tests.support.faults import through_proxy
 from tests.support.services import make_queue, wait_for
 
 
@@ -210,17 +210,10 @@ async def test_reconcile_runs_once_per_interval_across_sweepers(
 
 async def test_a_database_outage_pauses_a_unit_and_never_ends_it(
         db_url: str, store: ObjectStore) -> None:
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
     from darkroom.db.connection import open_pool
 
-    params = conninfo_to_dict(db_url)
-    host, port = str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)
-    proxy = FaultProxy(f"{host}/.s.PGSQL.{port}" if host.startswith("/") else (host, port),
-                       postgres=True)
-    params.update(host="127.0.0.1", port=str(proxy.port), sslmode="disable",
-                  gssencmode="disable")
-    pool = await open_pool(make_conninfo(**params), min_size=1, max_size=2, fail_fast=False)
+    proxy, url = through_proxy(db_url)
+    pool = await open_pool(url, min_size=1, max_size=2, fail_fast=False)
     stop = asyncio.Event()
     try:
         q = make_queue(pool)

@@ -22,9 +22,8 @@ from typing import Any
 
 import httpx
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.support.faults import FaultProxy
+from tests.support.faults import FaultProxy, through_proxy
 from tests.support.services import DarkroomProcess, Harness, free_port, small_photos, wait_for
 
 # A fleet of real processes: not in `make test-fast`.
@@ -33,17 +32,6 @@ pytestmark = pytest.mark.fleet
 FILES = 200
 
 
-def through_proxy(db_url: str, seed: int) -> tuple[FaultProxy, str]:
-    """A PostgreSQL fault proxy for `db_url`, and the URL that goes through it."""
-    params = conninfo_to_dict(db_url)
-    host = str(params.get("host") or "127.0.0.1")
-    port = int(params.get("port") or 5432)
-    upstream: tuple[str, int] | str = (
-        f"{host}/.s.PGSQL.{port}" if host.startswith("/") else (host, port))
-    proxy = FaultProxy(upstream, postgres=True, seed=seed)
-    params.update(host="127.0.0.1", port=str(proxy.port), sslmode="disable",
-                  gssencmode="disable")
-    return proxy, make_conninfo(**params)
 
 
 def started(proc: DarkroomProcess) -> bool:

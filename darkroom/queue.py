@@ -38,7 +38,18 @@ __all__ = ["ClaimUnknown", "ConfirmOutcome", "Derived", "Lease", "LeaseLost", "Q
            "backoff_delay", "derived_key", "original_key", "thumb_key"]
 
 NOTIFY_CHANNEL = "darkroom_jobs"
-STATUSES = ("pending", "queued", "processing", "ready", "rejected", "deleting")
+class Status(StrEnum):
+    """A card's states (DESIGN §2), as the schema's CHECK constraint lists them."""
+
+    PENDING = "pending"
+    QUEUED = "queued"
+    PROCESSING = "processing"
+    READY = "ready"
+    REJECTED = "rejected"
+    DELETING = "deleting"
+
+
+STATUSES = tuple(str(s) for s in Status)
 # Owners listed by name in the backlog figures (stats, /v1/queue, /metrics): the rest are
 # summed, so no figure grows with the number of owners.
 TOP_OWNERS = 10

@@ -38,6 +38,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, TypeVar
 
 import psycopg
@@ -72,6 +73,18 @@ DB_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 # How long a stopping worker spends handing its leases back, and then waiting for its
 # cancelled jobs, at most.
 HAND_BACK_SECONDS = 5.0
+
+
+class Outcome(StrEnum):
+    """How an attempt ended, as the worker's metrics and logs name it."""
+
+    READY = "ready"
+    RETRY = "retry"  # failed, queued again with a backoff
+    REJECTED = "rejected"
+    DEFERRED = "deferred"  # the store was down: queued again, the attempt given back
+    LEASE_LOST = "lease_lost"
+    RELEASED = "released"  # handed back at shutdown
+    ERROR = "error"  # crashed, or timed out without being recorded
 
 
 @dataclass(eq=False)
@@ -226,7 +239,7 @@ class Worker:
         return min(30.0, self.settings.attempt_timeout_seconds / 4)
 
     async def _run_job(self, job: Job) -> None:
-        outcome = "error"
+        outcome = Outcome.ERROR
         budget = self.settings.attempt_timeout_seconds - self._timeout_reserve()
         try:
             try:
@@ -243,7 +256,7 @@ class Worker:
             self.idle_decoders.append(job.decoder)
             self.wake.set()  # a slot is free: claim again at once, so a backlog drains
 
-    async def _timed_out(self, job: Job) -> str:
+    async def _timed_out(self, job: Job) -> Outcome:
         """The attempt outlived its time (a stalled store or database): give it up and
         queue the card again, within the reserve kept for that."""
         metrics.ATTEMPT_TIMEOUTS.inc()
@@ -254,20 +267,20 @@ class Worker:
                 return await self._fail(job, ErrorCode.PROCESSING_TIMEOUT, "attempt timeout")
         except (TimeoutError, *DB_ERRORS):
             # Unrecorded: the lease runs out and another attempt takes the card.
-            return "error"
+            return Outcome.ERROR
 
-    async def _attempt(self, job: Job) -> str:
+    async def _attempt(self, job: Job) -> Outcome:
         lease = job.lease
         try:
             with _stage("fetch"):
                 original = await asyncio.to_thread(
                     self.store.get, lease.original_key, lease.original_version or "")
             if job.abandoned:
-                return "lease_lost"
+                return Outcome.LEASE_LOST
             with _stage("derive"):
                 result = await asyncio.to_thread(job.decoder.derive, original)
             if job.abandoned:
-                return "lease_lost"
+                return Outcome.LEASE_LOST
             key, small_key = derived_key(lease), thumb_key(lease)
             thumb = result.thumb
             keys = [key] if thumb is None else [key, small_key]
@@ -289,41 +302,41 @@ class Worker:
                 if not await self.completer.complete(lease, derived):
                     raise LeaseLost(lease.file_id, lease.token)
             log.info("ready", extra={**job.log_extra(), "bytes": result.size})
-            return "ready"
+            return Outcome.READY
         except LeaseLost:
             metrics.LEASE_LOST.inc()
             log.warning("lease lost; result not published", extra=job.log_extra())
-            return "lease_lost"
+            return Outcome.LEASE_LOST
         except ObjectMissing:
             return await self._fail(job, ErrorCode.ORIGINAL_MISSING, "original missing")
         except StorageError as exc:
             return await self._store_failed(job, exc)
         except DeriveError as exc:
             if job.abandoned:
-                return "lease_lost"
+                return Outcome.LEASE_LOST
             return await self._fail(job, exc.code, exc.detail)
 
-    async def _fail(self, job: Job, code: ErrorCode, detail: str) -> str:
+    async def _fail(self, job: Job, code: ErrorCode, detail: str) -> Outcome:
         if job.abandoned:
-            return "lease_lost"
+            return Outcome.LEASE_LOST
         try:
             status = await self._db(lambda: self.queue.fail(job.lease, code))
         except LeaseLost:
             metrics.LEASE_LOST.inc()
             log.warning("lease lost before the failure was recorded", extra=job.log_extra())
-            return "lease_lost"
+            return Outcome.LEASE_LOST
         if status == "queued":
             metrics.RETRIES.labels(str(code)).inc()
         log.info("attempt failed", extra={**job.log_extra(), "error_code": str(code),
                                           "status": status, "detail": detail[:300]})
-        return "retry" if status == "queued" else "rejected"
+        return Outcome.RETRY if status == "queued" else Outcome.REJECTED
 
-    async def _store_failed(self, job: Job, exc: StorageError) -> str:
+    async def _store_failed(self, job: Job, exc: StorageError) -> Outcome:
         """A store error: the file's own only if the store answers a probe. Otherwise the
         store is down: the card goes back with its attempt given back, and the breaker
         stops this worker claiming until the store answers again."""
         if job.abandoned:
-            return "lease_lost"
+            return Outcome.LEASE_LOST
         if await self.breaker.store_answers():
             return await self._fail(job, ErrorCode.STORAGE_UNAVAILABLE, str(exc))
         delay = backoff_delay(1, self.settings.retry_base_seconds,
@@ -333,10 +346,10 @@ class Worker:
                                                     delay))
         except LeaseLost:
             metrics.LEASE_LOST.inc()
-            return "lease_lost"
+            return Outcome.LEASE_LOST
         log.info("store unavailable; card handed back, attempt not counted",
                  extra={**job.log_extra(), "retry_in": round(delay, 1)})
-        return "deferred"
+        return Outcome.DEFERRED
 
     async def _probe_store(self) -> None:
         await asyncio.to_thread(self.store.check)
@@ -436,7 +449,7 @@ class Worker:
             released = set()
             log.warning("could not hand leases back; they will expire instead")
         for job in unfinished:
-            metrics.JOBS.labels("released").inc()
+            metrics.JOBS.labels(Outcome.RELEASED).inc()
             log.info("handed back" if job.lease.file_id in released else "not handed back",
                      extra=job.log_extra())
             if job.task is not None:

@@ -110,6 +110,12 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 self.run(self.queues[0].confirm(card["id"], owner, "v1"))
                 self.files.append(card["id"])
                 self.owner_of[card["id"]] = owner
+            # The owner waits from now: hand-backs from here on count in its allowance,
+            # even those before the next claim.
+            key = (owner, str(priority))
+            if key not in self.passed:
+                self.passed[key] = 0
+                self.requeued_at[key] = self.requeued
 
         def due(self) -> list[dict[str, Any]]:
             return self.db.execute(

@@ -224,9 +224,9 @@ async def stage(db_url: str, storage_url: str, owner: str,
         async with gate:
             card = await q.create_file(owner=owner, filename="bench", content_type=content_type,
                                        size=len(data))
-            version = await asyncio.to_thread(store.put, card["original_key"], data,
+            version = await asyncio.to_thread(store.put, card.original_key, data,
                                               content_type=content_type)
-            return card["id"], version
+            return card.id, version
 
     try:
         return list(await asyncio.gather(*(one(d, t) for d, t in images)))

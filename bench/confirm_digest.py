@@ -66,9 +66,9 @@ async def stage(db_url: str, storage_url: str, data: bytes, n: int
                     owner=OWNER, filename="b.jpg", content_type="image/jpeg", size=len(data),
                     sha256=digest if variant == "digest" else None)
                 assert row is not None
-                version = await asyncio.to_thread(store.put, row["original_key"], data,
+                version = await asyncio.to_thread(store.put, row.original_key, data,
                                                   content_type="image/jpeg")
-                staged.append((variant, str(row["id"]), version))
+                staged.append((variant, str(row.id), version))
     finally:
         await pool.close()
     return staged

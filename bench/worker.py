@@ -135,7 +135,7 @@ async def stage(db_url: str, storage_url: str, images: list[bytes]) -> list[tupl
     for data in images:
         card = await q.create_file(owner="bench", filename="x", content_type="image/jpeg",
                                    size=len(data))
-        staged.append((card["id"], store.put(card["original_key"], data)))
+        staged.append((card.id, store.put(card.original_key, data)))
     await pool.close()
     return staged
 

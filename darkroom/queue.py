@@ -21,12 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg.rows import class_row
 from psycopg_pool import AsyncConnectionPool
 
+from darkroom.card import STATUSES, Card, Event, Priority, Status
 from darkroom.db.queries import QUERIES
 from darkroom.errors import TRANSIENT_CODES, DarkroomError, ErrorCode
 from darkroom.layout import derived_key, original_key, thumb_key
@@ -34,33 +35,15 @@ from darkroom.layout import derived_key, original_key, thumb_key
 if TYPE_CHECKING:
     from darkroom.config import Settings
 
-__all__ = ["ClaimUnknown", "ConfirmOutcome", "Derived", "Lease", "LeaseLost", "Queue",
-           "backoff_delay", "derived_key", "original_key", "thumb_key"]
+__all__ = ["STATUSES", "Card", "ClaimUnknown", "ConfirmOutcome", "Confirmation", "Derived",
+           "Event", "Lease", "LeaseLost", "Priority", "Queue", "Status", "backoff_delay",
+           "derived_key", "original_key", "thumb_key"]
 
 NOTIFY_CHANNEL = "darkroom_jobs"
-class Status(StrEnum):
-    """A card's states (DESIGN §2), as the schema's CHECK constraint lists them."""
-
-    PENDING = "pending"
-    QUEUED = "queued"
-    PROCESSING = "processing"
-    READY = "ready"
-    REJECTED = "rejected"
-    DELETING = "deleting"
-
-
-STATUSES = tuple(str(s) for s in Status)
+Row = TypeVar("Row")  # what a statement's rows are built as: a Card, an Event
 # Owners listed by name in the backlog figures (stats, /v1/queue, /metrics): the rest are
 # summed, so no figure grows with the number of owners.
 TOP_OWNERS = 10
-
-
-class Priority(StrEnum):
-    """Which class a card waits in: every due interactive card is claimed before any
-    bulk one; within a class, owners share the workers fairly (DESIGN §3.9)."""
-
-    INTERACTIVE = "interactive"  # API uploads: someone is watching
-    BULK = "bulk"  # `darkroom import --bulk`, `darkroom rederive`
 
 
 class ClaimUnknown(DarkroomError):
@@ -137,6 +120,15 @@ class ConfirmOutcome(StrEnum):
     DIGEST_REQUIRED = "digest_required"  # pending, with a claimed digest not (yet) matched
 
 
+@dataclass(frozen=True, slots=True)
+class Confirmation:
+    """What `Queue.confirm_card` did."""
+
+    outcome: ConfirmOutcome
+    card: Card | None = None  # QUEUED (by this call): the card as it is now
+    claimed_sha256: str | None = None  # DIGEST_REQUIRED: the digest claimed at create
+
+
 def backoff_delay(
     attempt: int, base: float, cap: float, rng: random.Random | None = None
 ) -> float:
@@ -203,15 +195,21 @@ class Queue:
             leases: list[Lease] = await cur.fetchall()
             return leases
 
+    async def _rows_as(self, row_type: type[Row], name: str, params: dict[str, Any]
+                       ) -> list[Row]:
+        """Rows of a statement, each built as a `row_type` (a Card, an Event) by column name."""
+        async with self.pool.connection() as conn:
+            return await _built(conn, row_type, name, params)
+
     # --- cards -----------------------------------------------------------------------
 
     async def create_file(
         self, *, owner: str, filename: str, content_type: str, size: int,
         file_id: uuid.UUID | None = None, priority: Priority = Priority.INTERACTIVE,
-    ) -> dict[str, Any]:
+    ) -> Card:
         """A new card in `pending`; its original goes under a key derived from its id."""
         file_id = file_id or uuid.uuid4()
-        rows = await self._rows("create_file", {
+        rows = await self._rows_as(Card, "create_file", {
             "id": file_id, "owner": owner, "filename": filename,
             "content_type": content_type, "size": size,
             "original_key": original_key(file_id), "priority": str(Priority(priority)),
@@ -224,7 +222,7 @@ class Queue:
         key_hash: bytes | None = None, request_hash: bytes | None = None,
         priority: Priority = Priority.INTERACTIVE,
         quota_files: int = 0, quota_bytes: int = 0,
-    ) -> dict[str, Any] | None:
+    ) -> Card | None:
         """`create_file` with a claimed digest and an idempotency key (both optional).
 
         None when the owner already holds `key_hash` (made by an earlier or a concurrent
@@ -240,64 +238,64 @@ class Queue:
             "priority": str(Priority(priority)),
         }
         if not quota_files and not quota_bytes:
-            rows = await self._rows("create_file_keyed", params)
+            rows = await self._rows_as(Card, "create_file_keyed", params)
             return rows[0] if rows else None
         async with self.pool.connection() as conn, conn.transaction():
             if not await _within_quota(conn, owner, size, quota_files, quota_bytes):
                 raise QuotaExceeded(owner)
-            cur = await conn.execute(QUERIES["create_file_keyed"], params)
-            row: dict[str, Any] | None = await cur.fetchone()
-        return row
+            rows = await _built(conn, Card, "create_file_keyed", params)
+        return rows[0] if rows else None
 
     async def confirm(self, file_id: uuid.UUID, owner: str, version: str,
                       size: int | None = None) -> ConfirmOutcome:
         """pending -> queued for exactly `version`, with NOTIFY; idempotent for the same version."""
-        return (await self.confirm_card(file_id, owner, version, size=size))[0]
+        return (await self.confirm_card(file_id, owner, version, size=size)).outcome
 
     async def confirm_card(
         self, file_id: uuid.UUID, owner: str, version: str, sha256: str | None = None,
         size: int | None = None,
-    ) -> tuple[ConfirmOutcome, dict[str, Any] | None]:
-        """`confirm`, plus the queued card when this call moved it (else None).
+    ) -> Confirmation:
+        """`confirm`, plus the queued card when this call moved it.
 
         A card created with a claimed digest moves only with `sha256`, the digest of the
         stored bytes of `version`, equal to the claim: otherwise the answer is
-        DIGEST_REQUIRED and its row's `claimed_sha256` is the claim. With `size` (the
-        version's stored size), a card declared with another size stays pending
-        (SIZE_MISMATCH), whatever its digest.
+        DIGEST_REQUIRED with the claim. With `size` (the version's stored size), a card
+        declared with another size stays pending (SIZE_MISMATCH), whatever its digest.
         """
         rows = await self._rows("confirm", {"id": file_id, "owner": owner, "version": version,
                                             "sha256": sha256, "size": size})
         if not rows:
-            return ConfirmOutcome.NOT_FOUND, None
+            return Confirmation(ConfirmOutcome.NOT_FOUND)
         row = rows[0]
         if row["moved"]:
-            return ConfirmOutcome.QUEUED, row
-        if row["previous_status"] == "pending":
+            return Confirmation(ConfirmOutcome.QUEUED, card=Card.from_columns(row))
+        if row["previous_status"] == Status.PENDING:
             if size is not None and row["declared_size"] != size:
-                return ConfirmOutcome.SIZE_MISMATCH, None
-            return ConfirmOutcome.DIGEST_REQUIRED, row
+                return Confirmation(ConfirmOutcome.SIZE_MISMATCH)
+            return Confirmation(ConfirmOutcome.DIGEST_REQUIRED,
+                                claimed_sha256=row["claimed_sha256"])
         if row["previous_version"] == version:
-            return ConfirmOutcome.ALREADY, None
-        return ConfirmOutcome.CONFLICT, None
+            return Confirmation(ConfirmOutcome.ALREADY)
+        return Confirmation(ConfirmOutcome.CONFLICT)
 
-    async def get_file(self, file_id: uuid.UUID, owner: str) -> dict[str, Any] | None:
-        rows = await self._rows("get_file", {"id": file_id, "owner": owner})
+    async def get_file(self, file_id: uuid.UUID, owner: str) -> Card | None:
+        rows = await self._rows_as(Card, "get_file", {"id": file_id, "owner": owner})
         return rows[0] if rows else None
 
     async def list_files(
-        self, owner: str, *, status: str | None = None, limit: int = 50,
+        self, owner: str, *, status: Status | None = None, limit: int = 50,
         after: tuple[datetime, uuid.UUID] | None = None,
-    ) -> list[dict[str, Any]]:
-        return await self._rows("list_files", {
-            "owner": owner, "status": status, "limit": limit,
+    ) -> list[Card]:
+        return await self._rows_as(Card, "list_files", {
+            "owner": owner, "status": None if status is None else str(status),
+            "limit": limit,
             "after_created": after[0] if after else None,
             "after_id": after[1] if after else None,
         })
 
-    async def events(self, file_id: uuid.UUID) -> list[dict[str, Any]]:
+    async def events(self, file_id: uuid.UUID) -> list[Event]:
         """The file's history, oldest first (while its card exists; see file_events)."""
-        return await self._rows("file_events", {"id": file_id})
+        return await self._rows_as(Event, "file_events", {"id": file_id})
 
     async def revoke(self, file_id: uuid.UUID, owner: str) -> bool:
         """Any state -> deleting; the lease (if any) is revoked so nothing can publish."""
@@ -307,7 +305,7 @@ class Queue:
         self, *, owner: str, filename: str, content_type: str, size: int,
         quota_files: int, quota_bytes: int, file_id: uuid.UUID | None = None,
         priority: Priority = Priority.INTERACTIVE,
-    ) -> dict[str, Any] | None:
+    ) -> Card | None:
         """`create_file`, or None when the card would take the owner past a quota (0: none).
 
         The owner's creations are serialized for the check, so concurrent ones cannot
@@ -322,13 +320,12 @@ class Queue:
         async with self.pool.connection() as conn, conn.transaction():
             if not await _within_quota(conn, owner, size, quota_files, quota_bytes):
                 return None
-            cur = await conn.execute(QUERIES["create_file"], {
+            rows = await _built(conn, Card, "create_file", {
                 "id": file_id, "owner": owner, "filename": filename,
                 "content_type": content_type, "size": size,
                 "original_key": original_key(file_id), "priority": str(Priority(priority)),
             })
-            row: dict[str, Any] | None = await cur.fetchone()
-        return row
+        return rows[0]
 
     async def expire_pending(self, *, ttl_seconds: float, limit: int) -> list[uuid.UUID]:
         """pending -> deleting for a batch of cards unconfirmed for `ttl_seconds`.
@@ -426,7 +423,7 @@ class Queue:
         if await self.complete_many([(lease, derived)]):
             raise LeaseLost(lease.file_id, lease.token)
 
-    async def fail(self, lease: Lease, code: ErrorCode) -> str:
+    async def fail(self, lease: Lease, code: ErrorCode) -> Status:
         """Record a failed attempt; answers the card's new status (`queued` or `rejected`).
 
         Transient codes requeue with backoff and full jitter while attempts remain; a
@@ -446,7 +443,7 @@ class Queue:
         })
         if not rows:
             raise LeaseLost(lease.file_id, lease.token)
-        return str(rows[0]["status"])
+        return Status(rows[0]["status"])
 
     async def defer(self, lease: Lease, code: ErrorCode, delay: float) -> None:
         """Hand a card back after `delay` with its attempt given back: the store failed,
@@ -546,6 +543,15 @@ class Queue:
             },
             "rederive_pending": int(backlog["rederive_pending"]),
         }
+
+
+async def _built(conn: psycopg.AsyncConnection[Any], row_type: type[Row], name: str,
+                 params: dict[str, Any]) -> list[Row]:
+    """The rows of a statement on `conn`, each built as a `row_type` by column name."""
+    cur = conn.cursor(row_factory=class_row(row_type))
+    await cur.execute(QUERIES[name], params, prepare=True)
+    rows: list[Row] = await cur.fetchall()
+    return rows
 
 
 async def _within_quota(conn: Any, owner: str, size: int, quota_files: int,

@@ -17,8 +17,9 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from darkroom.card import Card, Priority, Status
 from darkroom.db.queries import QUERIES
-from darkroom.queue import Priority, Queue
+from darkroom.queue import Queue
 
 # A key is honoured at least this long; the sweeper removes older ones.
 KEY_RETENTION_SECONDS = 86_400
@@ -53,7 +54,7 @@ def valid_key(key: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Created:
-    row: dict[str, Any]
+    card: Card
     replayed: bool = False  # the key's earlier card, not a new one
     duplicate: bool = False  # the owner's live card with these bytes, not a new one
 
@@ -77,22 +78,21 @@ class Uploads:
         await self._rows("idempotency_release",
                          {"owner": owner, "key_hash": key, "file_id": file_id})
 
-    async def known_original(self, owner: str, sha256: str) -> dict[str, Any] | None:
+    async def known_original(self, owner: str, sha256: str) -> Card | None:
         rows = await self._rows("find_known_original", {"owner": owner, "sha256": sha256})
-        return rows[0] if rows else None
+        return Card.from_columns(rows[0]) if rows else None
 
-    async def _replay(self, owner: str, key: bytes, fingerprint: bytes
-                      ) -> dict[str, Any] | None:
+    async def _replay(self, owner: str, key: bytes, fingerprint: bytes) -> Card | None:
         """The key's live card; None when the key is free (never used, or its card is gone)."""
         found = await self.lookup(owner, key)
         if found is None:
             return None
         if bytes(found["key_request_hash"]) != fingerprint:
             raise KeyReused()
-        if found["id"] is None or found["status"] == "deleting":
+        if found["id"] is None or found["status"] == Status.DELETING:
             await self.release(owner, key, found["key_file_id"])
             return None
-        return found
+        return Card.from_columns(found)
 
     async def create(
         self, queue: Queue, *, owner: str, filename: str, content_type: str, size: int,

@@ -49,10 +49,13 @@ from darkroom.api.schemas import (
     decode_cursor,
     encode_cursor,
 )
+from darkroom.card import Card as CardRow
+from darkroom.card import Priority
+from darkroom.card import Status as CardStatus
 from darkroom.config import Settings
 from darkroom.db.queries import QUERIES
 from darkroom.errors import ObjectMissing, StorageError, StorageUnavailable
-from darkroom.queue import ConfirmOutcome, Priority, Queue, QuotaExceeded, original_key
+from darkroom.queue import Confirmation, ConfirmOutcome, Queue, QuotaExceeded, original_key
 from darkroom.storage import ObjectInfo, ObjectStore
 from darkroom.uploads import KeyBusy, KeyReused, valid_key
 
@@ -156,7 +159,7 @@ def _file_id(raw: str) -> uuid.UUID:
         raise not_found() from None
 
 
-async def _card_row(request: Request, raw_id: str, owner: str) -> dict[str, Any]:
+async def _card_row(request: Request, raw_id: str, owner: str) -> CardRow:
     row = await _queue(request).get_file(_file_id(raw_id), owner)
     if row is None:
         raise not_found()
@@ -245,7 +248,7 @@ async def create_file(
         raise _quota_exceeded(settings)
     upload = await _upload_instructions(request, row)
     card = NewCard(**card_from_row(row).model_dump(), upload=upload)
-    return _card_json(card, 201, {"Location": f"/v1/files/{row['id']}"})
+    return _card_json(card, 201, {"Location": f"/v1/files/{row.id}"})
 
 
 def _quota_exceeded(settings: Settings) -> Problem:
@@ -255,14 +258,14 @@ def _quota_exceeded(settings: Settings) -> Problem:
                    quota_bytes=settings.owner_quota_bytes or None)
 
 
-async def _upload_instructions(request: Request, row: dict[str, Any]) -> Upload:
-    content_type = row["content_type"]
+async def _upload_instructions(request: Request, row: CardRow) -> Upload:
+    content_type = row.content_type
     presigned = await to_thread.run_sync(
         lambda: _store(request).presign_put(
-            row["original_key"], content_type=content_type,
+            row.original_key, content_type=content_type,
             expires=max(1, min(_PRESIGN_PUT_SECONDS,
                                int(_settings(request).sweep_guard_seconds))),
-            size=row["size_bytes"],
+            size=row.size_bytes,
         )
     )
     if presigned is not None:
@@ -270,7 +273,7 @@ async def _upload_instructions(request: Request, row: dict[str, Any]) -> Upload:
     # The local store: the API takes the bytes itself (send the bearer key along). The URL
     # is relative, or on the configured public origin: never built from the request's
     # Host header, which the client chooses.
-    url = f"{_settings(request).public_url or ''}/v1/files/{row['id']}/content"
+    url = f"{_settings(request).public_url or ''}/v1/files/{row.id}/content"
     return Upload(method="PUT", url=url, headers={"Content-Type": content_type})
 
 
@@ -305,33 +308,33 @@ async def _create_once(
         ) from None
     except KeyBusy:
         raise Problem(409, "conflict", "The request is in progress; try again.") from None
-    row = created.row
-    headers = {"Location": f"/v1/files/{row['id']}"}
+    row = created.card
+    headers = {"Location": f"/v1/files/{row.id}"}
     if created.replayed:
         headers["Idempotent-Replayed"] = "true"
     if created.duplicate:
-        known = KnownCard(**card_from_row(row).model_dump(), duplicate_of=row["id"])
+        known = KnownCard(**card_from_row(row).model_dump(), duplicate_of=row.id)
         return _card_json(known, 200, headers)
-    if row["status"] != "pending":  # a repeat after the card was confirmed: no upload
+    if row.status is not CardStatus.PENDING:  # repeated after the card was confirmed
         return _card_json(card_from_row(row), 200, headers)
     uploaded = None
-    if created.replayed and row["original_sha256"] is not None:
+    if created.replayed and row.original_sha256 is not None:
         uploaded = await _complete_upload(request, row)
     upload = await _upload_instructions(request, row)
     card = NewCard(**card_from_row(row).model_dump(), upload=upload, uploaded_version=uploaded)
     return _card_json(card, 201, headers)
 
 
-async def _complete_upload(request: Request, row: dict[str, Any]) -> str | None:
+async def _complete_upload(request: Request, row: CardRow) -> str | None:
     """The newest stored version of a pending card's original when it has the declared
     size: the client that made it may have been cut off before it could confirm."""
     store = _store(request)
-    key = row["original_key"]
+    key = row.original_key
 
     def newest() -> str | None:
         for obj in store.list(key):
             if obj.key == key:  # versions of one key come newest first
-                return obj.version if obj.size == row["size_bytes"] else None
+                return obj.version if obj.size == row.size_bytes else None
         return None
 
     try:
@@ -359,7 +362,7 @@ async def _complete_upload(request: Request, row: dict[str, Any]) -> str | None:
 )
 async def put_content(file_id: FileId, who: Caller, request: Request) -> Stored:
     row = await _card_row(request, file_id, who.owner)
-    if row["status"] != "pending":
+    if row.status is not CardStatus.PENDING:
         raise Problem(409, "conflict", "The file was already confirmed.")
     limit = _settings(request).max_upload_bytes
     declared = request.headers.get("content-length")
@@ -376,15 +379,15 @@ async def put_content(file_id: FileId, who: Caller, request: Request) -> Stored:
             spool.write(chunk)
         if received == 0:
             raise invalid_field("body", "the upload is empty")
-        if received != row["size_bytes"]:
+        if received != row.size_bytes:
             raise _size_mismatch()
         spool.seek(0)
         store = _store(request)
-        key = row["original_key"]
+        key = row.original_key
         version = await to_thread.run_sync(
-            lambda: store.put(key, cast(BinaryIO, spool), content_type=row["content_type"])
+            lambda: store.put(key, cast(BinaryIO, spool), content_type=row.content_type)
         )
-    log.info("original stored", extra={"file_id": str(row["id"]), "bytes": received})
+    log.info("original stored", extra={"file_id": str(row.id), "bytes": received})
     # A pending card keeps only its latest upload: the earlier ones can never be confirmed
     # usefully, and would otherwise let one card fill the store.
     await to_thread.run_sync(lambda: _drop_versions(store, key, older_than=version))
@@ -450,8 +453,8 @@ async def confirm(file_id: FileId, body: Confirm, who: Caller, request: Request)
         # Decided from the card: a repeat stays idempotent even if the original has since
         # gone (the worker will report that as original_missing) or the store is down.
         row = await _card_row(request, file_id, who.owner)
-        if row["status"] != "pending":
-            if row["original_version"] == body.version:
+        if row.status is not CardStatus.PENDING:
+            if row.original_version == body.version:
                 return _card_json(card_from_row(row), 202, location)
             raise _conflict()
         if info is None:
@@ -465,10 +468,11 @@ async def confirm(file_id: FileId, body: Confirm, who: Caller, request: Request)
             await to_thread.run_sync(
                 lambda: _drop_version(_store(request), original_key(fid), body.version))
             raise _too_large(limit)
-    outcome, fresh = await queue.confirm_card(fid, who.owner, body.version, size=info.size)
-    if outcome is ConfirmOutcome.DIGEST_REQUIRED and fresh is not None:
-        outcome, fresh = await _confirm_digest(request, fid, who.owner, body.version,
-                                               fresh["claimed_sha256"], info.size)
+    done = await queue.confirm_card(fid, who.owner, body.version, size=info.size)
+    if done.outcome is ConfirmOutcome.DIGEST_REQUIRED and done.claimed_sha256 is not None:
+        done = await _confirm_digest(request, fid, who.owner, body.version,
+                                     done.claimed_sha256, info.size)
+    outcome, fresh = done.outcome, done.card
     if outcome is ConfirmOutcome.NOT_FOUND:
         raise not_found()
     if outcome is ConfirmOutcome.CONFLICT:
@@ -492,7 +496,7 @@ async def confirm(file_id: FileId, body: Confirm, who: Caller, request: Request)
 
 async def _confirm_digest(
     request: Request, fid: uuid.UUID, owner: str, version: str, claimed: str, size: int
-) -> tuple[ConfirmOutcome, dict[str, Any] | None]:
+) -> Confirmation:
     """The card claimed a digest at create: hash the stored bytes, and confirm only if
     they are the claimed ones. Only cards created with a `sha256` pay for this read."""
     store = _store(request)
@@ -550,10 +554,12 @@ async def list_files(
             after = decode_cursor(cursor)
         except ValueError:
             raise invalid_field("cursor", "not a cursor of this API") from None
-    rows = await _queue(request).list_files(who.owner, status=status, limit=limit + 1, after=after)
+    rows = await _queue(request).list_files(
+        who.owner, status=None if status is None else CardStatus(status), limit=limit + 1,
+        after=after)
     page = rows[:limit]
     next_cursor = (
-        encode_cursor(page[-1]["created_at"], page[-1]["id"]) if len(rows) > limit else None
+        encode_cursor(page[-1].created_at, page[-1].id) if len(rows) > limit else None
     )
     return CardList(items=[card_from_row(r) for r in page], next_cursor=next_cursor)
 
@@ -585,13 +591,14 @@ async def derivative(
     row = await _card_row(request, file_id, who.owner)
     # A card being re-derived keeps serving its previous derivative until the new one is
     # published.
-    if row["derived_key"] is None:
-        raise Problem(409, "not_ready", f"The file is {row['status']}, not ready.")
+    # (The fenced commit writes an object's key and version together.)
+    if row.derived_key is None or row.derived_version is None:
+        raise Problem(409, "not_ready", f"The file is {row.status}, not ready.")
     store = _store(request)
-    key, version, sha = row["derived_key"], row["derived_version"], row["sha256"]
-    if size == "thumb" and row.get("thumb_key") is not None:
+    key, version, sha = row.derived_key, row.derived_version, row.sha256
+    if size == "thumb" and row.thumb_key is not None and row.thumb_version is not None:
         # A card derived before thumbs existed falls through to its preview.
-        key, version, sha = row["thumb_key"], row["thumb_version"], row["thumb_sha256"]
+        key, version, sha = row.thumb_key, row.thumb_version, row.thumb_sha256
     url = await to_thread.run_sync(
         lambda: store.presign_get(key, version, expires=_PRESIGN_GET_SECONDS)
     )
@@ -607,7 +614,7 @@ async def derivative(
         data = await to_thread.run_sync(lambda: store.get(key, version))
     except ObjectMissing:
         # Ready but the bytes are gone: treat as missing rather than hint at internals.
-        log.error("derivative object missing", extra={"file_id": str(row["id"])})
+        log.error("derivative object missing", extra={"file_id": str(row.id)})
         raise not_found() from None
     return Response(data, media_type="image/webp", headers=headers)
 

@@ -7,9 +7,15 @@ import binascii
 import json
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, GetPydanticSchema, field_validator
+from pydantic_core import core_schema
+
+from darkroom.card import Card as CardRow
+from darkroom.card import Priority
+from darkroom.card import Status as CardStatus
 
 # What the API accepts to store. The worker sniffs the real format from the bytes; this
 # is only a first, cheap filter on what the client says it is sending.
@@ -22,7 +28,19 @@ ImageType = Literal[
     "image/heic", "image/heif", "image/avif", "image/tiff",
 ]
 DerivativeSize = Literal["preview", "thumb"]
-Status = Literal["pending", "queued", "processing", "ready", "rejected"]
+
+
+def _one_of(*members: StrEnum) -> GetPydanticSchema:
+    """A string that is one of these members' values. Inline in the OpenAPI document, as
+    a Literal is: an Enum type would become a schema of its own, documented by its
+    docstring."""
+    values = [str(m) for m in members]
+    return GetPydanticSchema(lambda _type, _handler: core_schema.literal_schema(values))
+
+
+# A card's states as its owner sees them: a card being deleted is already gone.
+Status = Annotated[str, _one_of(*(s for s in CardStatus if s is not CardStatus.DELETING))]
+PriorityName = Annotated[str, _one_of(*Priority)]
 
 MAX_FILENAME = 255
 MAX_VERSION = 1024
@@ -47,8 +65,8 @@ class NewFile(BaseModel):
     # An enum in the schema, so a type we do not take is a plain 422 naming this field.
     content_type: ImageType = Field(description="The media type of the original.")
     size: int = Field(ge=1, description="The size in bytes the client is about to upload.")
-    priority: Literal["interactive", "bulk"] = Field(
-        "interactive",
+    priority: PriorityName = Field(
+        Priority.INTERACTIVE.value,
         description="interactive (default): someone is waiting for it; bulk: claimed only "
         "when no interactive card waits (imports, re-derives). Owners share the workers "
         "fairly within each priority.",
@@ -121,7 +139,7 @@ class Card(BaseModel):
     filename: str
     content_type: str
     size: int
-    priority: Literal["interactive", "bulk"]
+    priority: PriorityName
     derivative: Derivative | None = Field(description="The preview (kept for older clients).")
     derivatives: Derivatives | None
     thumbhash: str | None = Field(
@@ -217,41 +235,43 @@ class ProblemDoc(BaseModel):
     errors: list[FieldError] | None = None
 
 
-def card_from_row(row: dict[str, Any]) -> Card:
+def card_from_row(row: CardRow) -> Card:
     derivative = derivatives = None
     # Also while a re-derive is on its way: the previous derivative is still served.
-    if row["derived_key"] is not None and row["status"] != "deleting":
+    # (The fenced commit writes a derivative's key and digest together.)
+    if (row.derived_key is not None and row.sha256 is not None
+            and row.status is not CardStatus.DELETING):
         derivative = Derivative(
-            url=f"/v1/files/{row['id']}/derivative",
-            width=row["width"],
-            height=row["height"],
-            bytes=row["derived_bytes"],
-            sha256=row["sha256"],
+            url=f"/v1/files/{row.id}/derivative",
+            width=row.width,
+            height=row.height,
+            bytes=row.derived_bytes,
+            sha256=row.sha256,
         )
         thumb = derivative
-        if row.get("thumb_key") is not None:
+        if row.thumb_key is not None and row.thumb_sha256 is not None:
             thumb = Derivative(
-                url=f"/v1/files/{row['id']}/derivative?size=thumb",
-                width=row["thumb_width"],
-                height=row["thumb_height"],
-                bytes=row["thumb_bytes"],
-                sha256=row["thumb_sha256"],
+                url=f"/v1/files/{row.id}/derivative?size=thumb",
+                width=row.thumb_width,
+                height=row.thumb_height,
+                bytes=row.thumb_bytes,
+                sha256=row.thumb_sha256,
             )
         derivatives = Derivatives(preview=derivative, thumb=thumb)
     return Card(
-        id=row["id"],
-        status=row["status"],
-        error_code=row["error_code"],
-        attempts=row["attempts"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        filename=row["filename"],
-        content_type=row["content_type"],
-        size=row["size_bytes"],
-        priority=row["priority"],
+        id=row.id,
+        status=row.status,
+        error_code=row.error_code,
+        attempts=row.attempts,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        filename=row.filename,
+        content_type=row.content_type,
+        size=row.size_bytes,
+        priority=row.priority,
         derivative=derivative,
         derivatives=derivatives,
-        thumbhash=row.get("thumbhash") if derivatives is not None else None,
+        thumbhash=row.thumbhash if derivatives is not None else None,
     )
 
 

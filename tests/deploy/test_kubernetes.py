@@ -231,8 +231,8 @@ async def test_worker_demand_counts_processing_and_due_cards(db_url: str) -> Non
         for i in range(7):
             c = await q.create_file(owner="o", filename=f"{i}.jpg", content_type="image/jpeg",
                                     size=1)
-            assert await q.confirm(c["id"], "o", "v1") is ConfirmOutcome.QUEUED
-            ids.append(c["id"])
+            assert await q.confirm(c.id, "o", "v1") is ConfirmOutcome.QUEUED
+            ids.append(c.id)
         await q.create_file(owner="o", filename="p.jpg", content_type="image/jpeg", size=1)
         assert await worker_demand(pool) == 7  # pending cards are not work yet
         done, retried, running = await q.claim(3)

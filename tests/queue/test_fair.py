@@ -18,8 +18,8 @@ async def add(q: Queue, owner: str, n: int = 1,
     for i in range(n):
         card = await q.create_file(owner=owner, filename=f"{owner}{i}.jpg",
                                    content_type="image/jpeg", size=1, priority=priority)
-        await q.confirm(card["id"], owner, "v1")
-        ids.append(card["id"])
+        await q.confirm(card.id, owner, "v1")
+        ids.append(card.id)
     return ids
 
 
@@ -108,7 +108,7 @@ async def test_concurrent_confirms_of_one_owner_get_distinct_stamps(pool: Any,
     q = make_queue(pool)
     cards = [await q.create_file(owner="a", filename=f"{i}.jpg", content_type="image/jpeg",
                                  size=1) for i in range(12)]
-    await asyncio.gather(*(q.confirm(c["id"], "a", "v1") for c in cards))
+    await asyncio.gather(*(q.confirm(c.id, "a", "v1") for c in cards))
     with psycopg.connect(db_url) as conn:
         stamps = [r[0] for r in conn.execute(
             "SELECT fair_stamp FROM archive_files WHERE owner = 'a'").fetchall()]

@@ -18,6 +18,7 @@ from darkroom.queue import (
     Derived,
     DerivedObject,
     LeaseLost,
+    Status,
     backoff_delay,
     derived_key,
     thumb_key,
@@ -30,8 +31,8 @@ async def new_queued(q: Any, n: int = 1, owner: str = "alice") -> list[uuid.UUID
     for i in range(n):
         card = await q.create_file(owner=owner, filename=f"f{i}.jpg",
                                    content_type="image/jpeg", size=10)
-        assert await q.confirm(card["id"], owner, "v1") is ConfirmOutcome.QUEUED
-        ids.append(card["id"])
+        assert await q.confirm(card.id, owner, "v1") is ConfirmOutcome.QUEUED
+        ids.append(card.id)
     return ids
 
 
@@ -69,11 +70,11 @@ def card(db_url: str, file_id: uuid.UUID) -> dict[str, Any]:
 async def test_confirm_is_idempotent_and_fenced_by_version(pool: Any) -> None:
     q = make_queue(pool)
     c = await q.create_file(owner="alice", filename="a.jpg", content_type="image/jpeg", size=1)
-    assert c["status"] == "pending"
-    assert await q.confirm(c["id"], "bob", "v1") is ConfirmOutcome.NOT_FOUND
-    assert await q.confirm(c["id"], "alice", "v1") is ConfirmOutcome.QUEUED
-    assert await q.confirm(c["id"], "alice", "v1") is ConfirmOutcome.ALREADY
-    assert await q.confirm(c["id"], "alice", "v2") is ConfirmOutcome.CONFLICT
+    assert c.status is Status.PENDING
+    assert await q.confirm(c.id, "bob", "v1") is ConfirmOutcome.NOT_FOUND
+    assert await q.confirm(c.id, "alice", "v1") is ConfirmOutcome.QUEUED
+    assert await q.confirm(c.id, "alice", "v1") is ConfirmOutcome.ALREADY
+    assert await q.confirm(c.id, "alice", "v2") is ConfirmOutcome.CONFLICT
     assert await q.confirm(uuid.uuid4(), "alice", "v1") is ConfirmOutcome.NOT_FOUND
 
 
@@ -268,9 +269,9 @@ async def test_file_events_reads_the_whole_history(pool: Any, db_url: str) -> No
     with pytest.raises(LeaseLost):
         await q.complete(first[fid], derived_for(first[fid]))
     history = await q.events(fid)
-    assert [e["kind"] for e in history] == events(db_url, fid) == [
+    assert [e.kind for e in history] == events(db_url, fid) == [
         "claimed", "retry_scheduled", "claimed", "ready", "lease_lost"]
-    assert {e["file_id"] for e in history} == {fid}
+    assert {e.file_id for e in history} == {fid}
 
 
 async def test_listing_includes_processing_cards_in_order(pool: Any) -> None:
@@ -282,16 +283,16 @@ async def test_listing_includes_processing_cards_in_order(pool: Any) -> None:
     assert {lease.owner for lease in leases} == {"alice"}
     await q.complete(leases[0], derived_for(leases[0]))
     newest_first = list(reversed(ids))
-    assert [r["id"] for r in await q.list_files("alice")] == newest_first
+    assert [r.id for r in await q.list_files("alice")] == newest_first
     pages: list[uuid.UUID] = []
     after = None
     while rows := await q.list_files("alice", limit=2, after=after):
-        pages += [r["id"] for r in rows]
-        after = (rows[-1]["created_at"], rows[-1]["id"])
+        pages += [r.id for r in rows]
+        after = (rows[-1].created_at, rows[-1].id)
     assert pages == newest_first
     processing = {lease.file_id for lease in leases[1:]}
-    assert {r["id"] for r in await q.list_files("alice", status="processing")} == processing
-    assert [r["id"] for r in await q.list_files("alice", status="ready")] == [leases[0].file_id]
+    assert {r.id for r in await q.list_files("alice", status=Status.PROCESSING)} == processing
+    assert [r.id for r in await q.list_files("alice", status=Status.READY)] == [leases[0].file_id]
 
 
 def derived_with_thumb(lease: Any) -> Derived:

@@ -107,9 +107,9 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 card = self.run(self.queues[0].create_file(
                     owner=owner, filename="x.jpg", content_type="image/jpeg", size=1,
                     priority=priority))
-                self.run(self.queues[0].confirm(card["id"], owner, "v1"))
-                self.files.append(card["id"])
-                self.owner_of[card["id"]] = owner
+                self.run(self.queues[0].confirm(card.id, owner, "v1"))
+                self.files.append(card.id)
+                self.owner_of[card.id] = owner
             # The owner waits from now: hand-backs from here on count in its allowance,
             # even those before the next claim.
             key = (owner, str(priority))

@@ -48,8 +48,8 @@ async def fill(db_url: str, store: ObjectStore, owner: str) -> uuid.UUID:
             name = LONG_NAME if i % 10 == 3 else f"photo-{i:05d}.jpg"
             card = await queue.create_file(owner=owner, filename=name,
                                            content_type="image/jpeg", size=1000 + i)
-            await queue.confirm(card["id"], owner, "v1")
-            return uuid.UUID(str(card["id"]))
+            await queue.confirm(card.id, owner, "v1")
+            return card.id
 
         ids: list[uuid.UUID] = []
         for start in range(0, CARDS - 1, 50):

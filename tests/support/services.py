@@ -179,10 +179,10 @@ class Harness:
         async def go(q: Queue) -> uuid.UUID:
             card = await q.create_file(owner=owner, filename=name, content_type="image/jpeg",
                                        size=len(data))
-            version = await asyncio.to_thread(self.store.put, card["original_key"], data,
+            version = await asyncio.to_thread(self.store.put, card.original_key, data,
                                               content_type="image/jpeg")
-            assert await q.confirm(card["id"], owner, version) is ConfirmOutcome.QUEUED
-            return uuid.UUID(str(card["id"]))
+            assert await q.confirm(card.id, owner, version) is ConfirmOutcome.QUEUED
+            return card.id
 
         return self._with_queue(go)
 
@@ -193,10 +193,10 @@ class Harness:
             for i, data in enumerate(photos):
                 card = await q.create_file(owner=owner, filename=f"p{i}.jpg",
                                            content_type="image/jpeg", size=len(data))
-                version = await asyncio.to_thread(self.store.put, card["original_key"], data,
+                version = await asyncio.to_thread(self.store.put, card.original_key, data,
                                                   content_type="image/jpeg")
-                assert await q.confirm(card["id"], owner, version) is ConfirmOutcome.QUEUED
-                ids.append(uuid.UUID(str(card["id"])))
+                assert await q.confirm(card.id, owner, version) is ConfirmOutcome.QUEUED
+                ids.append(card.id)
             return ids
 
         return self._with_queue(go)

@@ -51,9 +51,9 @@ def store(tmp_path: Path) -> ObjectStore:
 async def queued_card(q: Queue, store: ObjectStore, owner: str = "o") -> uuid.UUID:
     card = await q.create_file(owner=owner, filename="a.jpg", content_type="image/jpeg",
                                size=3)
-    version = await asyncio.to_thread(store.put, card["original_key"], b"abc")
-    await q.confirm(card["id"], owner, version)
-    return uuid.UUID(str(card["id"]))
+    version = await asyncio.to_thread(store.put, card.original_key, b"abc")
+    await q.confirm(card.id, owner, version)
+    return card.id
 
 
 async def orphan(q: Queue, store: ObjectStore, lease: Lease) -> str:
@@ -168,7 +168,7 @@ async def test_reconcile_deletes_only_what_nothing_accounts_for(
     assert again.unaccounted == []
     card = await q.get_file(file_id, "o")
     assert card is not None
-    assert store.get(card["original_key"], card["original_version"]) == b"abc"
+    assert store.get(card.original_key, card.original_version) == b"abc"
     assert store.get(key, version) == b"webp2"
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +26,8 @@ async def test_reclaiming_its_own_card_runs_one_attempt_and_keeps_the_slots(
     [data] = small_photos(1)
     card = await queue.create_file(owner="o", filename="a.jpg", content_type="image/jpeg",
                                    size=len(data))
-    version = await asyncio.to_thread(store.put, card["original_key"], data)
-    await queue.confirm(card["id"], "o", version)
+    version = await asyncio.to_thread(store.put, card.original_key, data)
+    await queue.confirm(card.id, "o", version)
     [stale] = await queue.claim(1)
     with psycopg.connect(db_url, autocommit=True) as conn:  # the outage outlived the lease
         conn.execute("UPDATE archive_files SET lease_until = now() - interval '1 s'")
@@ -48,10 +47,10 @@ async def test_reclaiming_its_own_card_runs_one_attempt_and_keeps_the_slots(
         assert worker.jobs == {} and len(worker.idle_decoders) == 2
         leases = await queue.claim(2)
         assert leases == []
-        row = await queue.get_file(uuid.UUID(str(card["id"])), "o")
-        assert row is not None and row["status"] == "ready" and row["attempts"] == 2
-        assert str(fresh.token) in row["derived_key"]
-        kinds = [e["kind"] for e in await queue.events(fresh.file_id)]
+        row = await queue.get_file(card.id, "o")
+        assert row is not None and row.status == "ready" and row.attempts == 2
+        assert str(fresh.token) in row.derived_key
+        kinds = [e.kind for e in await queue.events(fresh.file_id)]
         assert kinds == ["claimed", "claimed", "ready"]
     finally:
         completer.cancel()

@@ -18,7 +18,7 @@ async def new_queued(q: Any, n: int) -> None:
     for i in range(n):
         card = await q.create_file(owner="o", filename=f"f{i}.jpg",
                                    content_type="image/jpeg", size=1)
-        await q.confirm(card["id"], "o", "v1")
+        await q.confirm(card.id, "o", "v1")
 
 
 def result(lease: Lease) -> Derived:

@@ -1,8 +1,10 @@
 """A card: one row of `archive_files`, one per file (DESIGN §2), and its history.
 
-The statements that answer cards (`db/queries.sql`, `db/uploads.sql`) return whole rows,
-and a `Card` has a field for every column, built by name: a column added by a migration
-is added here in the same change. Only `queue.py` changes a card's status.
+The statements that answer cards (`db/queries.sql`, `db/uploads.sql`) name the card's
+columns, the fields of `Card`, and a card is built from them by name. Named, not `*`:
+migrations only add, and a running process must keep reading (and its prepared
+statements keep answering) the same columns after the next one. Only `queue.py` changes
+a card's status.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ class Priority(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Card:
-    """One file's row, as a statement read or returned it."""
+    """One file as its owner and the tools see it. The lease and the queue's bookkeeping
+    (`lease_token`, `available_at`, `fair_stamp`, ...) stay in the protocol's statements."""
 
     id: uuid.UUID
     owner: str
@@ -50,12 +53,11 @@ class Card:
     size_bytes: int
     original_key: str
     original_version: str | None
+    # The digest the client claimed at create; confirm moves the card only if it holds.
+    original_sha256: str | None
     status: Status
+    priority: Priority
     attempts: int
-    available_at: datetime
-    lease_token: uuid.UUID | None
-    lease_until: datetime | None
-    lease_owner: str | None
     error_code: str | None
     # The preview: set by the fenced commit, kept while a re-derive is on its way.
     derived_key: str | None
@@ -64,16 +66,6 @@ class Card:
     width: int | None
     height: int | None
     derived_bytes: int | None
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
-    deleted_at: datetime | None
-    settled_token: uuid.UUID | None
-    # The digest the client claimed at create; confirm moves the card only if it holds.
-    original_sha256: str | None
-    priority: Priority
-    fair_stamp: float
-    derive_fingerprint: str | None
     # The thumb (≤ 400 px), published with the preview; None for cards derived before it.
     thumb_key: str | None
     thumb_version: str | None
@@ -82,6 +74,8 @@ class Card:
     thumb_height: int | None
     thumb_bytes: int | None
     thumbhash: str | None
+    created_at: datetime
+    updated_at: datetime
 
     def __post_init__(self) -> None:
         # The columns are text (CHECK-constrained): the row gives strings.

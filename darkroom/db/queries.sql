@@ -3,11 +3,16 @@
 -- Lease times are always the database's now(), never a worker's clock.
 
 -- name: create_file
+-- Statements that answer cards name the columns of darkroom.card.Card, never `*`.
 INSERT INTO archive_files (id, owner, filename, content_type, size_bytes, original_key,
                            priority)
 VALUES (%(id)s, %(owner)s, %(filename)s, %(content_type)s, %(size)s, %(original_key)s,
         %(priority)s)
-RETURNING *;
+RETURNING id, owner, filename, content_type, size_bytes, original_key, original_version,
+          original_sha256, status, priority, attempts, error_code, derived_key,
+          derived_version, sha256, width, height, derived_bytes, thumb_key,
+          thumb_version, thumb_sha256, thumb_width, thumb_height, thumb_bytes,
+          thumbhash, created_at, updated_at;
 
 -- name: create_file_keyed
 -- A new card that may carry a claimed sha256 and an idempotency key. The key's row is
@@ -25,7 +30,11 @@ INSERT INTO archive_files (id, owner, filename, content_type, size_bytes, origin
 SELECT %(id)s, %(owner)s, %(filename)s, %(content_type)s, %(size)s, %(original_key)s,
        %(sha256)s, %(priority)s
 WHERE %(key_hash)s::bytea IS NULL OR EXISTS (SELECT 1 FROM keyed)
-RETURNING *;
+RETURNING id, owner, filename, content_type, size_bytes, original_key, original_version,
+          original_sha256, status, priority, attempts, error_code, derived_key,
+          derived_version, sha256, width, height, derived_bytes, thumb_key,
+          thumb_version, thumb_sha256, thumb_width, thumb_height, thumb_bytes,
+          thumbhash, created_at, updated_at;
 
 -- name: confirm
 -- pending -> queued for exactly this version; the NOTIFY is delivered at COMMIT.
@@ -82,7 +91,12 @@ WITH target AS (
     ON CONFLICT (file_id) DO NOTHING
 )
 -- The card as it is now (when it moved), so the API answers without reading it again.
-SELECT m.*, t.status AS previous_status, t.original_version AS previous_version,
+SELECT m.id, m.owner, m.filename, m.content_type, m.size_bytes, m.original_key,
+       m.original_version, m.original_sha256, m.status, m.priority, m.attempts,
+       m.error_code, m.derived_key, m.derived_version, m.sha256, m.width, m.height,
+       m.derived_bytes, m.thumb_key, m.thumb_version, m.thumb_sha256, m.thumb_width,
+       m.thumb_height, m.thumb_bytes, m.thumbhash, m.created_at, m.updated_at,
+       t.status AS previous_status, t.original_version AS previous_version,
        t.original_sha256 AS claimed_sha256, t.size_bytes AS declared_size,
        m.id IS NOT NULL AS moved,
        CASE WHEN m.id IS NOT NULL THEN pg_notify('darkroom_jobs', '') END AS notified
@@ -513,7 +527,12 @@ WITH card AS (
 DELETE FROM orphan_objects WHERE file_id IN (SELECT id FROM card);
 
 -- name: get_file
-SELECT * FROM archive_files WHERE id = %(id)s AND owner = %(owner)s AND status <> 'deleting';
+SELECT id, owner, filename, content_type, size_bytes, original_key, original_version,
+       original_sha256, status, priority, attempts, error_code, derived_key,
+       derived_version, sha256, width, height, derived_bytes, thumb_key, thumb_version,
+       thumb_sha256, thumb_width, thumb_height, thumb_bytes, thumbhash, created_at,
+       updated_at
+FROM archive_files WHERE id = %(id)s AND owner = %(owner)s AND status <> 'deleting';
 
 -- name: list_files
 -- Newest first; the cursor is the (created_at, id) of the last card of the previous page.
@@ -535,7 +554,12 @@ WITH page AS (
        AND (%(after_created)s::timestamptz IS NULL
             OR (created_at, id) < (%(after_created)s::timestamptz, %(after_id)s::uuid)))
 )
-SELECT * FROM page
+SELECT id, owner, filename, content_type, size_bytes, original_key, original_version,
+       original_sha256, status, priority, attempts, error_code, derived_key,
+       derived_version, sha256, width, height, derived_bytes, thumb_key, thumb_version,
+       thumb_sha256, thumb_width, thumb_height, thumb_bytes, thumbhash, created_at,
+       updated_at
+FROM page
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
@@ -544,10 +568,11 @@ LIMIT %(limit)s;
 -- file: they are read through the BRIN time index within the card's lifetime, since each
 -- is written with the card's updated_at. After a purge only the indexed kinds remain
 -- findable this way (the rest until retention only by a scan).
-SELECT * FROM archive_events
+SELECT id, file_id, kind, attempt, token, worker, error_code, created_at FROM archive_events
 WHERE file_id = %(id)s AND kind NOT IN ('claimed', 'ready')
 UNION ALL
-SELECT e.* FROM archive_files f
+SELECT e.id, e.file_id, e.kind, e.attempt, e.token, e.worker, e.error_code, e.created_at
+FROM archive_files f
 JOIN archive_events e
   ON e.file_id = f.id AND e.kind IN ('claimed', 'ready')
  AND e.created_at >= f.created_at AND e.created_at <= f.updated_at

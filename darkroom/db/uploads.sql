@@ -4,7 +4,12 @@
 -- name: idempotency_lookup
 -- The card an owner's key made, with the request that made it. The card columns are
 -- NULL when the card was purged in between.
-SELECT k.request_hash AS key_request_hash, k.file_id AS key_file_id, f.*
+SELECT k.request_hash AS key_request_hash, k.file_id AS key_file_id,
+       f.id, f.owner, f.filename, f.content_type, f.size_bytes, f.original_key,
+       f.original_version, f.original_sha256, f.status, f.priority, f.attempts,
+       f.error_code, f.derived_key, f.derived_version, f.sha256, f.width, f.height,
+       f.derived_bytes, f.thumb_key, f.thumb_version, f.thumb_sha256, f.thumb_width,
+       f.thumb_height, f.thumb_bytes, f.thumbhash, f.created_at, f.updated_at
 FROM idempotency_keys k
 LEFT JOIN archive_files f ON f.id = k.file_id
 WHERE k.owner = %(owner)s AND k.key_hash = %(key_hash)s;
@@ -17,7 +22,11 @@ WHERE owner = %(owner)s AND key_hash = %(key_hash)s AND file_id = %(file_id)s;
 
 -- name: find_known_original
 -- The owner's live card whose confirmed original has this digest; a ready one first.
-SELECT f.*
+SELECT f.id, f.owner, f.filename, f.content_type, f.size_bytes, f.original_key,
+       f.original_version, f.original_sha256, f.status, f.priority, f.attempts,
+       f.error_code, f.derived_key, f.derived_version, f.sha256, f.width, f.height,
+       f.derived_bytes, f.thumb_key, f.thumb_version, f.thumb_sha256, f.thumb_width,
+       f.thumb_height, f.thumb_bytes, f.thumbhash, f.created_at, f.updated_at
 FROM known_originals k
 JOIN archive_files f ON f.id = k.file_id
 WHERE k.owner = %(owner)s AND k.sha256 = %(sha256)s

@@ -38,6 +38,7 @@ from typing import Any
 import psycopg
 
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.db.migrations import migrate
 from darkroom.queue import Priority, Queue
 
@@ -97,7 +98,7 @@ async def one_run(url: str, policy: str, plan: Plan) -> dict[str, Any]:
         conn.execute("TRUNCATE archive_files, archive_events, orphan_objects, owner_clocks")
     pool = await open_pool(url, min_size=SLOTS + 1, max_size=SLOTS + 1, name="bench-fair")
     try:
-        queues = [Queue(pool, lease_seconds=300, max_attempts=3, retry_base_seconds=1,
+        queues = [Queue(Database(pool), lease_seconds=300, max_attempts=3, retry_base_seconds=1,
                         retry_cap_seconds=1, worker=f"slot{i}") for i in range(SLOTS + 1)]
         api = queues[-1]
         a_priority = Priority.BULK if policy == "fair_bulk" else Priority.INTERACTIVE
@@ -212,7 +213,7 @@ async def _confirm_rate(url: str, owners: int, n: int) -> float:
     pool = await open_pool(url, min_size=CONFIRM_CLIENTS, max_size=CONFIRM_CLIENTS,
                            name="bench-confirm")
     try:
-        q = Queue(pool, lease_seconds=300, max_attempts=3, retry_base_seconds=1,
+        q = Queue(Database(pool), lease_seconds=300, max_attempts=3, retry_base_seconds=1,
                   retry_cap_seconds=1)
         cards = [await q.create_file(owner=f"o{i % owners}", filename="c", size=1,
                                      content_type="image/jpeg") for i in range(n)]

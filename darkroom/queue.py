@@ -21,14 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, TypeVar
-
-import psycopg
-from psycopg.rows import class_row
-from psycopg_pool import AsyncConnectionPool
+from typing import TYPE_CHECKING, Any
 
 from darkroom.card import STATUSES, Card, Event, Priority, Status
-from darkroom.db.queries import QUERIES
+from darkroom.db.database import CONNECTION_ERRORS, Database, Statements
 from darkroom.errors import TRANSIENT_CODES, DarkroomError, ErrorCode
 from darkroom.layout import derived_key, original_key, thumb_key
 
@@ -40,7 +36,6 @@ __all__ = ["STATUSES", "Card", "ClaimUnknown", "ConfirmOutcome", "Confirmation",
            "derived_key", "original_key", "thumb_key"]
 
 NOTIFY_CHANNEL = "darkroom_jobs"
-Row = TypeVar("Row")  # what a statement's rows are built as: a Card, an Event
 # Owners listed by name in the backlog figures (stats, /v1/queue, /metrics): the rest are
 # summed, so no figure grows with the number of owners.
 TOP_OWNERS = 10
@@ -146,7 +141,7 @@ class Queue:
 
     def __init__(
         self,
-        pool: AsyncConnectionPool[Any],
+        db: Database,
         *,
         lease_seconds: float,
         max_attempts: int,
@@ -156,7 +151,7 @@ class Queue:
         rng: random.Random | None = None,
         fingerprint: str | None = None,
     ) -> None:
-        self.pool = pool
+        self.db = db
         self.lease_seconds = lease_seconds
         self.max_attempts = max_attempts
         self.retry_base_seconds = retry_base_seconds
@@ -168,12 +163,11 @@ class Queue:
         self.fingerprint = fingerprint
 
     @classmethod
-    def from_settings(cls, pool: AsyncConnectionPool[Any], settings: Settings,
-                      worker: str = "") -> Queue:
+    def from_settings(cls, db: Database, settings: Settings, worker: str = "") -> Queue:
         from darkroom.derive import settings_fingerprint
 
         return cls(
-            pool,
+            db,
             lease_seconds=settings.lease_seconds,
             max_attempts=settings.max_attempts,
             retry_base_seconds=settings.retry_base_seconds,
@@ -183,23 +177,15 @@ class Queue:
         )
 
     async def _rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(QUERIES[name], params, prepare=True)
-            return list(await cur.fetchall()) if cur.description else []
+        return await self.db.rows(name, params)
 
     async def _leases(self, name: str, params: dict[str, Any]) -> list[Lease]:
         """Rows of a statement that answers leases, built by column name."""
-        async with self.pool.connection() as conn:
-            cur = conn.cursor(row_factory=class_row(Lease))
-            await cur.execute(QUERIES[name], params, prepare=True)
-            leases: list[Lease] = await cur.fetchall()
-            return leases
+        return await self.db.typed(name, params, Lease)
 
-    async def _rows_as(self, row_type: type[Row], name: str, params: dict[str, Any]
-                       ) -> list[Row]:
-        """Rows of a statement, each built as a `row_type` (a Card, an Event) by column name."""
-        async with self.pool.connection() as conn:
-            return await _built(conn, row_type, name, params)
+    async def _cards(self, name: str, params: dict[str, Any]) -> list[Card]:
+        """Rows of a statement that answers cards, built by column name."""
+        return await self.db.typed(name, params, Card)
 
     # --- cards -----------------------------------------------------------------------
 
@@ -209,7 +195,7 @@ class Queue:
     ) -> Card:
         """A new card in `pending`; its original goes under a key derived from its id."""
         file_id = file_id or uuid.uuid4()
-        rows = await self._rows_as(Card, "create_file", {
+        rows = await self._cards("create_file", {
             "id": file_id, "owner": owner, "filename": filename,
             "content_type": content_type, "size": size,
             "original_key": original_key(file_id), "priority": str(Priority(priority)),
@@ -238,12 +224,12 @@ class Queue:
             "priority": str(Priority(priority)),
         }
         if not quota_files and not quota_bytes:
-            rows = await self._rows_as(Card, "create_file_keyed", params)
+            rows = await self._cards("create_file_keyed", params)
             return rows[0] if rows else None
-        async with self.pool.connection() as conn, conn.transaction():
-            if not await _within_quota(conn, owner, size, quota_files, quota_bytes):
+        async with self.db.transaction() as tx:
+            if not await _within_quota(tx, owner, size, quota_files, quota_bytes):
                 raise QuotaExceeded(owner)
-            rows = await _built(conn, Card, "create_file_keyed", params)
+            rows = await tx.typed("create_file_keyed", params, Card)
         return rows[0] if rows else None
 
     async def confirm(self, file_id: uuid.UUID, owner: str, version: str,
@@ -279,14 +265,14 @@ class Queue:
         return Confirmation(ConfirmOutcome.CONFLICT)
 
     async def get_file(self, file_id: uuid.UUID, owner: str) -> Card | None:
-        rows = await self._rows_as(Card, "get_file", {"id": file_id, "owner": owner})
+        rows = await self._cards("get_file", {"id": file_id, "owner": owner})
         return rows[0] if rows else None
 
     async def list_files(
         self, owner: str, *, status: Status | None = None, limit: int = 50,
         after: tuple[datetime, uuid.UUID] | None = None,
     ) -> list[Card]:
-        return await self._rows_as(Card, "list_files", {
+        return await self._cards("list_files", {
             "owner": owner, "status": None if status is None else str(status),
             "limit": limit,
             "after_created": after[0] if after else None,
@@ -295,7 +281,7 @@ class Queue:
 
     async def events(self, file_id: uuid.UUID) -> list[Event]:
         """The file's history, oldest first (while its card exists; see file_events)."""
-        return await self._rows_as(Event, "file_events", {"id": file_id})
+        return await self.db.typed("file_events", {"id": file_id}, Event)
 
     async def revoke(self, file_id: uuid.UUID, owner: str) -> bool:
         """Any state -> deleting; the lease (if any) is revoked so nothing can publish."""
@@ -317,14 +303,14 @@ class Queue:
                                           content_type=content_type, size=size,
                                           file_id=file_id, priority=priority)
         file_id = file_id or uuid.uuid4()
-        async with self.pool.connection() as conn, conn.transaction():
-            if not await _within_quota(conn, owner, size, quota_files, quota_bytes):
+        async with self.db.transaction() as tx:
+            if not await _within_quota(tx, owner, size, quota_files, quota_bytes):
                 return None
-            rows = await _built(conn, Card, "create_file", {
+            rows = await tx.typed("create_file", {
                 "id": file_id, "owner": owner, "filename": filename,
                 "content_type": content_type, "size": size,
                 "original_key": original_key(file_id), "priority": str(Priority(priority)),
-            })
+            }, Card)
         return rows[0]
 
     async def expire_pending(self, *, ttl_seconds: float, limit: int) -> list[uuid.UUID]:
@@ -357,7 +343,7 @@ class Queue:
                 "n": n, "max_attempts": self.max_attempts, "claim": claim_id,
                 "lease_seconds": self.lease_seconds, "worker": self.worker,
             })
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        except CONNECTION_ERRORS as exc:
             raise ClaimUnknown(claim_id) from exc
 
     async def adopt_claim(self, claim_id: uuid.UUID) -> list[Lease]:
@@ -545,21 +531,11 @@ class Queue:
         }
 
 
-async def _built(conn: psycopg.AsyncConnection[Any], row_type: type[Row], name: str,
-                 params: dict[str, Any]) -> list[Row]:
-    """The rows of a statement on `conn`, each built as a `row_type` by column name."""
-    cur = conn.cursor(row_factory=class_row(row_type))
-    await cur.execute(QUERIES[name], params, prepare=True)
-    rows: list[Row] = await cur.fetchall()
-    return rows
-
-
-async def _within_quota(conn: Any, owner: str, size: int, quota_files: int,
+async def _within_quota(tx: Statements, owner: str, size: int, quota_files: int,
                         quota_bytes: int) -> bool:
     """In the caller's transaction: take the owner's quota lock (so two creates cannot
     both fit into the last free place), then answer whether one more card of `size` fits."""
-    await conn.execute(QUERIES["lock_owner_quota"], {"owner": owner})
-    cur = await conn.execute(QUERIES["owner_within_quota"], {
+    await tx.rows("lock_owner_quota", {"owner": owner})
+    fits = await tx.row("owner_within_quota", {
         "owner": owner, "size": size, "quota_files": quota_files, "quota_bytes": quota_bytes})
-    fits = await cur.fetchone()
     return bool(fits and fits["fits"])

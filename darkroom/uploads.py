@@ -1,4 +1,4 @@
-"""Uploads that are safe to retry: idempotency keys and known content (issue 17).
+"""Uploads that are safe to retry: idempotency keys and known content.
 
 A client that lost the answer to `POST /v1/files` sends the same request again with the
 same `Idempotency-Key` and gets the card the first one made, never a second card. A
@@ -15,10 +15,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
-
 from darkroom.card import Card, Priority, Status
-from darkroom.db.queries import QUERIES
+from darkroom.db.database import Database
 from darkroom.queue import Queue
 
 # A key is honoured at least this long; the sweeper removes older ones.
@@ -62,13 +60,11 @@ class Created:
 class Uploads:
     """The statements of `db/uploads.sql`. None of them changes a card's status."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
-        self.pool = pool
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     async def _rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(QUERIES[name], params, prepare=True)
-            return list(await cur.fetchall()) if cur.description else []
+        return await self.db.rows(name, params)
 
     async def lookup(self, owner: str, key: bytes) -> dict[str, Any] | None:
         rows = await self._rows("idempotency_lookup", {"owner": owner, "key_hash": key})
@@ -79,8 +75,9 @@ class Uploads:
                          {"owner": owner, "key_hash": key, "file_id": file_id})
 
     async def known_original(self, owner: str, sha256: str) -> Card | None:
-        rows = await self._rows("find_known_original", {"owner": owner, "sha256": sha256})
-        return Card.from_columns(rows[0]) if rows else None
+        rows = await self.db.typed("find_known_original", {"owner": owner, "sha256": sha256},
+                                   Card)
+        return rows[0] if rows else None
 
     async def _replay(self, owner: str, key: bytes, fingerprint: bytes) -> Card | None:
         """The key's live card; None when the key is free (never used, or its card is gone)."""

@@ -53,7 +53,6 @@ from darkroom.card import Card as CardRow
 from darkroom.card import Priority
 from darkroom.card import Status as CardStatus
 from darkroom.config import Settings
-from darkroom.db.queries import QUERIES
 from darkroom.errors import ObjectMissing, StorageError, StorageUnavailable
 from darkroom.queue import Confirmation, ConfirmOutcome, Queue, QuotaExceeded, original_key
 from darkroom.storage import ObjectInfo, ObjectStore
@@ -742,8 +741,7 @@ async def readyz(request: Request) -> Response:
     checks: dict[str, str] = {}
 
     async def database() -> None:
-        async with request.app.state.pool.connection(timeout=_READY_TIMEOUT) as conn:
-            await conn.execute(QUERIES["ping"])
+        await request.app.state.db.ping(_READY_TIMEOUT)
 
     async def storage() -> None:
         await to_thread.run_sync(_store(request).check)

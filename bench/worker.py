@@ -144,7 +144,7 @@ async def confirm_all(db_url: str, staged: list[tuple[Any, str]]) -> None:
     pool = await open_pool(db_url, min_size=1, max_size=2)
     q = Queue(pool, lease_seconds=30, max_attempts=3, retry_base_seconds=1, retry_cap_seconds=1)
     for file_id, version in staged:
-        assert await q.confirm(file_id, "bench", version) is ConfirmOutcome.QUEUED
+        assert (await q.confirm_card(file_id, "bench", version))[0] is ConfirmOutcome.QUEUED
     await pool.close()
 
 

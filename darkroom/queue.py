@@ -249,16 +249,12 @@ class Queue:
             row: dict[str, Any] | None = await cur.fetchone()
         return row
 
-    async def confirm(self, file_id: uuid.UUID, owner: str, version: str,
-                      size: int | None = None) -> ConfirmOutcome:
-        """pending -> queued for exactly `version`, with NOTIFY; idempotent for the same version."""
-        return (await self.confirm_card(file_id, owner, version, size=size))[0]
-
     async def confirm_card(
         self, file_id: uuid.UUID, owner: str, version: str, sha256: str | None = None,
         size: int | None = None,
     ) -> tuple[ConfirmOutcome, dict[str, Any] | None]:
-        """`confirm`, plus the queued card when this call moved it (else None).
+        """pending -> queued for exactly `version`, with NOTIFY; idempotent for the same
+        version. Also the queued card when this call moved it (else None).
 
         A card created with a claimed digest moves only with `sha256`, the digest of the
         stored bytes of `version`, equal to the claim: otherwise the answer is

@@ -11,7 +11,7 @@ from darkroom.derive import Limits, derive
 from darkroom.errors import ErrorCode
 from darkroom.queue import Derived, DerivedObject, Lease, Queue
 from darkroom.storage import ObjectStore
-from tests.support.services import CORPUS
+from tests.support.services import CORPUS, confirm
 
 CARDS = 2000
 REJECTED_EVERY = 9  # every ninth card is rejected, with its error shown
@@ -48,7 +48,7 @@ async def fill(db_url: str, store: ObjectStore, owner: str) -> uuid.UUID:
             name = LONG_NAME if i % 10 == 3 else f"photo-{i:05d}.jpg"
             card = await queue.create_file(owner=owner, filename=name,
                                            content_type="image/jpeg", size=1000 + i)
-            await queue.confirm(card["id"], owner, "v1")
+            await confirm(queue, card["id"], owner, "v1")
             return uuid.UUID(str(card["id"]))
 
         ids: list[uuid.UUID] = []

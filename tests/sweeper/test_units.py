@@ -24,7 +24,7 @@ from darkroom.sweeper import (
     run_unit,
 )
 from tests.support.faults import through_proxy
-from tests.support.services import make_queue, wait_for
+from tests.support.services import confirm, make_queue, wait_for
 
 
 class RefusingStore:
@@ -52,7 +52,7 @@ async def queued_card(q: Queue, store: ObjectStore, owner: str = "o") -> uuid.UU
     card = await q.create_file(owner=owner, filename="a.jpg", content_type="image/jpeg",
                                size=3)
     version = await asyncio.to_thread(store.put, card["original_key"], b"abc")
-    await q.confirm(card["id"], owner, version)
+    await confirm(q, card["id"], owner, version)
     return uuid.UUID(str(card["id"]))
 
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageCms
 
-from darkroom.derive import Derivative, Limits, _vips, derive, open_checked, sniff
+from darkroom.derive import Derivative, Limits, _vips, derive, open_checked
 from darkroom.errors import DeriveError, ErrorCode
+from darkroom.formats import sniff
 from tests.derive import images as im
 
 LIMITS = Limits()

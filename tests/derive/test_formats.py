@@ -16,8 +16,9 @@ import pytest
 from fast_thumbhash import thumb_hash_to_average_rgba
 from PIL import Image
 
-from darkroom.derive import Derivative, Limits, derive, sniff
+from darkroom.derive import Derivative, Limits, derive
 from darkroom.errors import DeriveError, ErrorCode
+from darkroom.formats import sniff
 from tests.derive import images as im
 
 LIMITS = Limits()

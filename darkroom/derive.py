@@ -60,10 +60,13 @@ _ALLOWED_LOADER_CLASSES = (
 
 @dataclass(frozen=True)
 class Limits:
-    max_bytes: int = 25_000_000
-    max_pixels: int = 50_000_000
-    max_dimension: int = 16_384
-    max_edge: int = 2048
+    """What one derive accepts and makes. The first four are settings, whose defaults live
+    in `Settings` alone: build these with `from_settings`."""
+
+    max_bytes: int
+    max_pixels: int
+    max_dimension: int
+    max_edge: int
     thumb_edge: int = 400
 
     @classmethod

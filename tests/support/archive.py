@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+from darkroom.config import Settings
 from darkroom.db.connection import open_pool
 from darkroom.derive import Limits, derive
 from darkroom.errors import ErrorCode
@@ -22,7 +23,7 @@ def _photos(store: ObjectStore) -> list[Derived]:
     """The corpus photos' real derivatives, stored once and shared by every card."""
     out = []
     for path in sorted(CORPUS.glob("*.jpg")):
-        result = derive(path.read_bytes(), Limits())
+        result = derive(path.read_bytes(), Limits.from_settings(Settings()))
         assert result.thumb is not None
         key, small = f"derived/shared/{path.stem}.webp", f"derived/shared/{path.stem}.t.webp"
         thumb = DerivedObject(

@@ -1,4 +1,4 @@
-"""Uploads that are safe to retry: idempotency keys and known content (issue 17).
+"""Uploads that are safe to retry: idempotency keys and known content.
 
 A client that lost the answer to `POST /v1/files` sends the same request again with the
 same `Idempotency-Key` and gets the card the first one made, never a second card. A

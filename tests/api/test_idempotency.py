@@ -1,4 +1,4 @@
-"""Uploads that are safe to retry (issue 17): Idempotency-Key, known content, and the
+"""Uploads that are safe to retry: Idempotency-Key, known content, and the
 digest checked at confirm. Real API over HTTP, real PostgreSQL, both stores."""
 
 from __future__ import annotations

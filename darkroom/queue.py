@@ -377,11 +377,6 @@ class Queue:
         })
         return {r["token"] for r in rows}
 
-    async def register_attempt_object(self, lease: Lease, key: str) -> None:
-        """Record the key an attempt is about to write, before it writes it."""
-        await self._rows("register_attempt_object",
-                         {"key": key, "id": lease.file_id, "token": lease.token})
-
     async def register_attempt_objects(self, lease: Lease, keys: Sequence[str]) -> None:
         """Record every key an attempt is about to write, before it writes any."""
         await self._rows("register_attempt_objects",

@@ -337,7 +337,7 @@ async def test_repeated_batch_commit_publishes_once_and_orphans_nothing(
     leases = await q.claim(4)
     results = [(lease, derived_for(lease)) for lease in leases]
     for lease in leases:
-        await q.register_attempt_object(lease, derived_key(lease))
+        await q.register_attempt_objects(lease, [derived_key(lease)])
     assert await q.complete_many(results) == set()
     assert await q.complete_many(results) == set()  # the whole batch again
     assert orphans(db_url) == []

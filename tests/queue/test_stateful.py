@@ -87,7 +87,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
         def derive(self, w: int, lease: Lease) -> Derived:
             """What an attempt does before its commit: register its key, then PUT."""
             key = derived_key(lease)
-            self.run(self.queues[w].register_attempt_object(lease, key))
+            self.run(self.queues[w].register_attempt_objects(lease, [key]))
             version = self.store.put(key, b"webp")
             return Derived(key, version, "0" * 64, 1, 1, 4)
 

@@ -58,7 +58,7 @@ async def queued_card(q: Queue, store: ObjectStore, owner: str = "o") -> uuid.UU
 
 async def orphan(q: Queue, store: ObjectStore, lease: Lease) -> str:
     key = derived_key(lease)
-    await q.register_attempt_object(lease, key)
+    await q.register_attempt_objects(lease, [key])
     await asyncio.to_thread(store.put, key, b"webp")
     return key
 
@@ -79,7 +79,7 @@ async def test_orphans_are_deleted_but_never_a_referenced_object(
     await q.complete(published, Derived(kept, "v", "0" * 64, 1, 1, 4))
     await q.revoke(lost.file_id, "o")
     # As an old bug did: the published key registered as an orphan after all.
-    await q.register_attempt_object(published, kept)
+    await q.register_attempt_objects(published, [kept])
     unit = Orphans(Database(q), store, guard_seconds=0)
     assert await unit.run_once() == 2
     assert orphan_rows(db_url) == {}
@@ -148,7 +148,7 @@ async def test_reconcile_deletes_only_what_nothing_accounts_for(
     file_id = await queued_card(q, store)
     [lease] = await q.claim(1)
     key = derived_key(lease)
-    await q.register_attempt_object(lease, key)
+    await q.register_attempt_objects(lease, [key])
     version = store.put(key, b"webp2")
     await q.complete(lease, Derived(key, version, "0" * 64, 1, 1, 5))
     stray_original = original_key(uuid.uuid4())  # bytes that landed after a purge

@@ -88,9 +88,8 @@ _MAX_OUTPUT = 256 * 1024 * 1024
 # child may not create files.
 TEST_HANG_ENV = "DARKROOM_SANDBOX_TEST_HANG"
 # Only tests set this: instead of decoding, the child plays a compromised decoder and
-# tries the named attack (`HOSTILE_ACTIONS`), answering what happened as the detail.
+# tries the named attack (see `_hostile`), answering what happened as the detail.
 TEST_HOSTILE_ENV = "DARKROOM_SANDBOX_TEST_HOSTILE"
-HOSTILE_ACTIONS = ("environ", "socket", "write", "exec", "fork", "ptrace")
 _TEST_ENVS = (
     TEST_HANG_ENV, TEST_HOSTILE_ENV, TEST_HOSTILE_ENV + "_PORT", TEST_HOSTILE_ENV + "_PATH"
 )

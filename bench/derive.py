@@ -39,13 +39,13 @@ sys.path.insert(0, str(ROOT))
 
 from PIL import Image, ImageOps  # noqa: E402
 
-from darkroom.config import Settings  # noqa: E402
+from darkroom.config import load_settings  # noqa: E402
 from darkroom.derive import Limits, _vips, decode_resized, derive, encode  # noqa: E402
 from darkroom.errors import DeriveError  # noqa: E402
 from darkroom.sandbox import DecoderProcess  # noqa: E402
 from tests.derive.images import png_header_only, png_zlib_bomb  # noqa: E402
 
-LIMITS = Limits.from_settings(Settings())
+LIMITS = Limits.from_settings(load_settings())
 BIG_NAME = "Elephants_5640x3172.jpg"
 TARGETS = {"ratio": 0.90, "two_vs_one": 1.8, "rss_mb": 200.0, "bomb_ms": 50.0,
            "jail_ratio": 0.95}

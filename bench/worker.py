@@ -41,7 +41,7 @@ from bench.results import WorkerLatency, WorkerResult, WorkerSlots, save
 from bench.runs import BY_NAME
 from bench.sections import worker_section
 from bench.stats import percentile
-from darkroom.config import Settings
+from darkroom.config import load_settings
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
 from darkroom.db.migrations import migrate
@@ -61,7 +61,7 @@ def corpus(n: int) -> list[bytes]:
 
 def pipeline_alone(images: list[bytes], parallel: int) -> float:
     """Images per second through `parallel` decoder children fed from threads."""
-    limits = Limits.from_settings(Settings())
+    limits = Limits.from_settings(load_settings())
     decoders = [DecoderProcess(limits, timeout=120, memory_mb=1024) for _ in range(parallel)]
     for d in decoders:
         d.start()

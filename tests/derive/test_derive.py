@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageCms
 
-from darkroom.config import Settings
+from darkroom.config import load_settings
 from darkroom.derive import Derivative, Limits, _vips, derive, open_checked
 from darkroom.errors import DeriveError, ErrorCode
 from darkroom.formats import sniff
 from tests.derive import images as im
 
-LIMITS = Limits.from_settings(Settings())
+LIMITS = Limits.from_settings(load_settings())
 
 
 def code_of(data: bytes, limits: Limits = LIMITS) -> ErrorCode:

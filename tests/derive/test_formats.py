@@ -17,13 +17,13 @@ import pytest
 from fast_thumbhash import thumb_hash_to_average_rgba
 from PIL import Image
 
-from darkroom.config import Settings
+from darkroom.config import load_settings
 from darkroom.derive import Derivative, Limits, derive
 from darkroom.errors import DeriveError, ErrorCode
 from darkroom.formats import sniff
 from tests.derive import images as im
 
-LIMITS = Limits.from_settings(Settings())
+LIMITS = Limits.from_settings(load_settings())
 FORMATS = ("heic", "avif", "tiff")
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from darkroom.config import Settings
+from darkroom.config import load_settings
 from darkroom.derive import Limits, _vips, derive
 from darkroom.errors import DeriveError, ErrorCode
 from darkroom.jail import KILLED, PROTECTIONS, SYSCALLS
@@ -34,7 +34,7 @@ from darkroom.sandbox import (
 from tests.derive import images as im
 
 DUNE = (im.CORPUS / "Dune.jpg").read_bytes()
-LIMITS = Limits.from_settings(Settings())
+LIMITS = Limits.from_settings(load_settings())
 SECRETS = {
     "DARKROOM_DATABASE_URL": "postgresql://darkroom:hunter2-db@db.internal/darkroom",
     "AWS_SECRET_ACCESS_KEY": "hunter2-s3-secret-key",

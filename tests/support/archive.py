@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from darkroom.config import Settings
+from darkroom.config import load_settings
 from darkroom.db.connection import open_pool
 from darkroom.derive import Limits, derive
 from darkroom.errors import ErrorCode
@@ -23,7 +23,7 @@ def _photos(store: ObjectStore) -> list[Derived]:
     """The corpus photos' real derivatives, stored once and shared by every card."""
     out = []
     for path in sorted(CORPUS.glob("*.jpg")):
-        result = derive(path.read_bytes(), Limits.from_settings(Settings()))
+        result = derive(path.read_bytes(), Limits.from_settings(load_settings()))
         assert result.thumb is not None
         key, small = f"derived/shared/{path.stem}.webp", f"derived/shared/{path.stem}.t.webp"
         thumb = DerivedObject(

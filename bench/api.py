@@ -243,7 +243,7 @@ async def confirm_direct(db_url: str, staged: list[tuple[uuid.UUID, str]], owner
               retry_cap_seconds=1)
     try:
         for file_id, version in staged:
-            assert await q.confirm(file_id, owner, version) is ConfirmOutcome.QUEUED
+            assert (await q.confirm_card(file_id, owner, version))[0] is ConfirmOutcome.QUEUED
     finally:
         await pool.close()
 

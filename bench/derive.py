@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +39,13 @@ sys.path.insert(0, str(ROOT))
 
 from PIL import Image, ImageOps  # noqa: E402
 
+from darkroom.config import load_settings  # noqa: E402
 from darkroom.derive import Limits, _vips, decode_resized, derive, encode  # noqa: E402
 from darkroom.errors import DeriveError  # noqa: E402
 from darkroom.sandbox import DecoderProcess  # noqa: E402
 from tests.derive.images import png_header_only, png_zlib_bomb  # noqa: E402
 
-LIMITS = Limits()
+LIMITS = Limits.from_settings(load_settings())
 BIG_NAME = "Elephants_5640x3172.jpg"
 TARGETS = {"ratio": 0.90, "two_vs_one": 1.8, "rss_mb": 200.0, "bomb_ms": 50.0,
            "jail_ratio": 0.95}
@@ -196,7 +198,7 @@ def bomb_ms(proc: DecoderProcess, bomb: bytes, rounds: int) -> float:
     return best_of(rounds, reject) * 1000
 
 
-FORMAT_LIMITS = Limits(max_bytes=100_000_000)
+FORMAT_LIMITS = replace(LIMITS, max_bytes=100_000_000)
 # An iPhone's 12 MP frame.
 PHONE_SIZE = (4032, 3024)
 

@@ -77,7 +77,7 @@ def log(msg: str) -> None:
 async def _upload(q: Queue, owner: str, name: str, priority: Priority) -> uuid.UUID:
     card = await q.create_file(owner=owner, filename=name, content_type="image/jpeg", size=1,
                                priority=priority)
-    await q.confirm(card["id"], owner, "v1")
+    await q.confirm_card(card["id"], owner, "v1")
     return uuid.UUID(str(card["id"]))
 
 
@@ -221,7 +221,7 @@ async def _confirm_rate(url: str, owners: int, n: int) -> float:
 
         async def client() -> None:
             for card in todo:
-                await q.confirm(card["id"], card["owner"], "v1")
+                await q.confirm_card(card["id"], card["owner"], "v1")
 
         t = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(CONFIRM_CLIENTS)))

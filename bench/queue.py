@@ -812,7 +812,7 @@ def darkroom_latency(server: Server, plan: Plan) -> list[float]:
             queue = _queue(pool, "producer")
             enqueued: dict[str, float] = {}
             try:
-                await queue.confirm(uuid.uuid4(), "bench", "warm-up")  # prepare, not timed
+                await queue.confirm_card(uuid.uuid4(), "bench", "warm-up")  # prepare, not timed
                 start = time.time()
                 for i in range(n):
                     delay = start + i / plan.latency_rate - time.time()
@@ -821,7 +821,7 @@ def darkroom_latency(server: Server, plan: Plan) -> list[float]:
                     # Taken before the statement: the latency includes the enqueue's own
                     # commit, so it can only be overstated, never flattered.
                     enqueued[str(ids[i])] = time.time()
-                    await queue.confirm(ids[i], "bench", "v1")
+                    await queue.confirm_card(ids[i], "bench", "v1")
             finally:
                 await pool.close()
             return enqueued

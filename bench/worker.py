@@ -41,6 +41,7 @@ from bench.results import WorkerLatency, WorkerResult, WorkerSlots, save
 from bench.runs import BY_NAME
 from bench.sections import worker_section
 from bench.stats import percentile
+from darkroom.config import load_settings
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
@@ -61,7 +62,8 @@ def corpus(n: int) -> list[bytes]:
 
 def pipeline_alone(images: list[bytes], parallel: int) -> float:
     """Images per second through `parallel` decoder children fed from threads."""
-    decoders = [DecoderProcess(Limits(), timeout=120, memory_mb=1024) for _ in range(parallel)]
+    limits = Limits.from_settings(load_settings())
+    decoders = [DecoderProcess(limits, timeout=120, memory_mb=1024) for _ in range(parallel)]
     for d in decoders:
         d.start()
         d.derive(images[0])  # warm: the child has imported libvips
@@ -147,7 +149,7 @@ async def confirm_all(db_url: str, staged: list[tuple[Any, str]]) -> None:
     q = Queue(Database(pool), lease_seconds=30, max_attempts=3, retry_base_seconds=1,
               retry_cap_seconds=1)
     for file_id, version in staged:
-        assert await q.confirm(file_id, "bench", version) is ConfirmOutcome.QUEUED
+        assert (await q.confirm_card(file_id, "bench", version))[0] is ConfirmOutcome.QUEUED
     await pool.close()
 
 

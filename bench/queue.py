@@ -95,6 +95,11 @@ class Plan:
     latency_rounds: int = 3  # latency_seconds split into rounds that take the systems in turn
     quick: bool = False
 
+    @property
+    def latency_jobs(self) -> int:
+        """Jobs each system is sent in its idle-latency run."""
+        return int(self.latency_rate * self.latency_seconds)
+
 
 FULL = Plan(jobs=20_000, slow_jobs=4_000, repeats=5, finished_rows=1_000_000,
             queued_rows=20_000, claims=300, latency_seconds=10.0, backlog_rows=200_000)
@@ -756,10 +761,9 @@ def _latencies(enqueued: dict[str, float], claimed: dict[str, float]) -> list[fl
 
 
 def _run_with_producer(target: Callable[..., Any], args: tuple[Any, ...],
-                       produce: Callable[[], dict[str, float]]
-                       ) -> tuple[dict[str, float], dict[str, float]]:
-    """Runs one worker process and the producer (here) at the same time; answers when
-    each job was enqueued and when it started, by job id."""
+                       produce: Callable[[], dict[str, float]]) -> list[float]:
+    """Runs one worker process and the producer (here) at the same time; answers each
+    job's enqueue → start (`_latencies`)."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(2)
     results = ctx.Queue()
@@ -776,13 +780,13 @@ def _run_with_producer(target: Callable[..., Any], args: tuple[Any, ...],
             proc.kill()
     if isinstance(claimed, BaseException):
         raise RuntimeError(f"latency worker failed: {claimed!r}") from claimed
-    return enqueued, claimed
+    return _latencies(enqueued, claimed)
 
 
 def darkroom_latency(server: Server, plan: Plan) -> list[float]:
     """Producer: create pending cards, then `confirm` them (UPDATE + pg_notify, one txn)."""
     url = server.db_url("bench_darkroom")
-    n = int(plan.latency_rate * plan.latency_seconds)
+    n = plan.latency_jobs
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(DARKROOM_EMPTY)
         ids = [r[0] for r in conn.execute(
@@ -808,16 +812,15 @@ def darkroom_latency(server: Server, plan: Plan) -> list[float]:
             return enqueued
         return asyncio.run(go())
 
-    r = _run_with_producer(darkroom_latency_worker,
-                           (url, n, plan.latency_seconds + 20, 1.0), produce)
-    return _latencies(*r)
+    return _run_with_producer(darkroom_latency_worker,
+                              (url, n, plan.latency_seconds + 20, 1.0), produce)
 
 
 def seed_latency(server: Server, plan: Plan) -> list[float]:
     """Producer: INSERT a queued row, as the seed's API does on confirm (no NOTIFY)."""
     url = server.db_url("bench_seed")
     seed_prepare(url)
-    n = int(plan.latency_rate * plan.latency_seconds)
+    n = plan.latency_jobs
 
     def produce() -> dict[str, float]:
         enqueued: dict[str, float] = {}
@@ -832,15 +835,14 @@ def seed_latency(server: Server, plan: Plan) -> list[float]:
                     (fid, f"f{i}", f"originals/{fid}"))
         return enqueued
 
-    r = _run_with_producer(seed_latency_worker, (url, n, plan.latency_seconds + 20), produce)
-    return _latencies(*r)
+    return _run_with_producer(seed_latency_worker, (url, n, plan.latency_seconds + 20), produce)
 
 
 def pgqueuer_latency(server: Server, plan: Plan) -> list[float]:
     """Producer: one `Queries.enqueue` per job (its INSERT notifies the channel)."""
     url = server.db_url("bench_pgqueuer")
     pgqueuer_seed_jobs(url, 0)
-    n = int(plan.latency_rate * plan.latency_seconds)
+    n = plan.latency_jobs
 
     def produce() -> dict[str, float]:
         async def go() -> dict[str, float]:
@@ -856,16 +858,15 @@ def pgqueuer_latency(server: Server, plan: Plan) -> list[float]:
             return enqueued
         return asyncio.run(go())
 
-    r = _run_with_producer(pgqueuer_latency_worker, (url, n, plan.latency_seconds + 20),
-                           produce)
-    return _latencies(*r)
+    return _run_with_producer(pgqueuer_latency_worker, (url, n, plan.latency_seconds + 20),
+                              produce)
 
 
 def procrastinate_latency(server: Server, plan: Plan) -> list[float]:
     """Producer: one `defer_async` per job (its INSERT notifies the worker)."""
     url = server.db_url("bench_procrastinate")
     procrastinate_seed_jobs(url, 0)
-    n = int(plan.latency_rate * plan.latency_seconds)
+    n = plan.latency_jobs
 
     def produce() -> dict[str, float]:
         async def go() -> dict[str, float]:
@@ -879,9 +880,8 @@ def procrastinate_latency(server: Server, plan: Plan) -> list[float]:
             return enqueued
         return asyncio.run(go())
 
-    r = _run_with_producer(procrastinate_latency_worker, (url, n, plan.latency_seconds + 20),
-                           produce)
-    return _latencies(*r)
+    return _run_with_producer(procrastinate_latency_worker, (url, n, plan.latency_seconds + 20),
+                              produce)
 
 
 # One per system: (how it wakes an idle worker, how its run is measured).

@@ -61,8 +61,9 @@ from bench.sections import publish
 from bench.stats import percentile
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.db.migrations import migrate
-from darkroom.keys import create_key
+from darkroom.keys import create_key_at
 from darkroom.queue import ConfirmOutcome, Queue
 from darkroom.storage import open_store
 from tests.support.services import free_port
@@ -213,7 +214,8 @@ async def stage(db_url: str, storage_url: str, owner: str,
     """Pending cards with their originals stored: (id, version) per image."""
     store = open_store(storage_url)
     pool = await open_pool(db_url, min_size=4, max_size=4)
-    q = Queue(pool, lease_seconds=60, max_attempts=3, retry_base_seconds=1, retry_cap_seconds=1)
+    q = Queue(Database(pool), lease_seconds=60, max_attempts=3, retry_base_seconds=1,
+              retry_cap_seconds=1)
     # Concurrent: each put fsyncs three times, so one at a time would take minutes.
     gate = asyncio.Semaphore(8)
 
@@ -234,7 +236,8 @@ async def stage(db_url: str, storage_url: str, owner: str,
 async def confirm_direct(db_url: str, staged: list[tuple[uuid.UUID, str]], owner: str) -> None:
     """The backlog is queued behind the API's back: it is the load, not what is measured."""
     pool = await open_pool(db_url, min_size=1, max_size=1)
-    q = Queue(pool, lease_seconds=60, max_attempts=3, retry_base_seconds=1, retry_cap_seconds=1)
+    q = Queue(Database(pool), lease_seconds=60, max_attempts=3, retry_base_seconds=1,
+              retry_cap_seconds=1)
     try:
         for file_id, version in staged:
             assert await q.confirm(file_id, owner, version) is ConfirmOutcome.QUEUED
@@ -512,7 +515,7 @@ async def measured(name: str, base_url: str, route: str, method: str,
 
 
 async def run(system: System, plan: Plan) -> dict[str, Any]:
-    key = await create_key(system.db_url, OWNER)
+    key = await create_key_at(system.db_url, OWNER)
     per_phase = int(plan.rate * plan.seconds)
     warm = int(plan.rate * plan.warmup_seconds)
     n_confirm = 2 * (warm + per_phase) + len(plan.clients) * plan.ceiling_cards

@@ -53,7 +53,8 @@ from bench.runs import OUT, command
 from bench.sections import confirm_digest_section
 from bench.stats import percentile
 from darkroom.db.connection import open_pool
-from darkroom.keys import create_key
+from darkroom.db.database import Database
+from darkroom.keys import create_key_at
 from darkroom.queue import Queue
 from darkroom.storage import open_store
 from tests.support.seaweed import SeaweedServer
@@ -70,7 +71,7 @@ async def stage(db_url: str, storage_url: str, data: bytes, n: int
     pool = await open_pool(db_url, min_size=1, max_size=2)
     staged: list[tuple[str, str, str]] = []
     try:
-        queue = Queue(pool, lease_seconds=60, max_attempts=3, retry_base_seconds=1,
+        queue = Queue(Database(pool), lease_seconds=60, max_attempts=3, retry_base_seconds=1,
                       retry_cap_seconds=1)
         for _ in range(n):
             for variant in ("plain", "digest"):
@@ -162,7 +163,7 @@ def run_store(kind: str, n: int, sizes: dict[str, bytes], baseline: str | None =
             os.environ.update(weed.env())
         api = system.start_api()
         try:
-            key = asyncio.run(create_key(system.db_url, OWNER, False))
+            key = asyncio.run(create_key_at(system.db_url, OWNER, False))
             results = ConfirmDigestStore({})
             for label, data in sizes.items():
                 staged = asyncio.run(stage(system.db_url, system.storage_url, data, n))

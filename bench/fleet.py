@@ -50,6 +50,7 @@ from bench.cpu import TICK, machine, machine_ticks, process_ticks
 from bench.queue import Server, darkroom_seed_jobs, noop_result, run_processes
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.db.migrations import migrate
 from darkroom.queue import Lease, Queue, derived_key
 
@@ -159,7 +160,7 @@ async def _simulate(barrier: Any, url: str, workers: int, slots_per_worker: int,
                                  min_size=2, max_size=2, name="fleet-heartbeat")
 
     def queue(pool: Any) -> Queue:
-        return Queue(pool, lease_seconds=lease, max_attempts=3, retry_base_seconds=1,
+        return Queue(Database(pool), lease_seconds=lease, max_attempts=3, retry_base_seconds=1,
                      retry_cap_seconds=1, worker=f"fleet-{os.getpid()}")
 
     meter, rng = Meter(), random.Random(seed)

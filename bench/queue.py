@@ -55,6 +55,7 @@ from bench.stats import latency_summary
 from darkroom.completer import Completer
 from darkroom.completer import running as completer_running
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.db.migrations import migrate
 from darkroom.db.queries import QUERIES
 from darkroom.queue import Derived, Lease, Queue, derived_key
@@ -217,7 +218,7 @@ def noop_result(lease: Lease) -> Derived:
 
 
 def _queue(pool: Any, name: str) -> Queue:
-    return Queue(pool, lease_seconds=300, max_attempts=3, retry_base_seconds=1,
+    return Queue(Database(pool), lease_seconds=300, max_attempts=3, retry_base_seconds=1,
                  retry_cap_seconds=1, worker=name)
 
 

@@ -39,6 +39,7 @@ from bench.sections import publish
 from bench.stats import percentile
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.db.migrations import migrate
 from darkroom.derive import Limits
 from darkroom.queue import ConfirmOutcome, Queue
@@ -126,7 +127,8 @@ async def stage(db_url: str, storage_url: str, images: list[bytes]) -> list[tupl
     """Cards with their originals stored, still pending: confirmed later, all at once."""
     store = open_store(storage_url)
     pool = await open_pool(db_url, min_size=1, max_size=2)
-    q = Queue(pool, lease_seconds=30, max_attempts=3, retry_base_seconds=1, retry_cap_seconds=1)
+    q = Queue(Database(pool), lease_seconds=30, max_attempts=3, retry_base_seconds=1,
+              retry_cap_seconds=1)
     staged = []
     for data in images:
         card = await q.create_file(owner="bench", filename="x", content_type="image/jpeg",
@@ -138,7 +140,8 @@ async def stage(db_url: str, storage_url: str, images: list[bytes]) -> list[tupl
 
 async def confirm_all(db_url: str, staged: list[tuple[Any, str]]) -> None:
     pool = await open_pool(db_url, min_size=1, max_size=2)
-    q = Queue(pool, lease_seconds=30, max_attempts=3, retry_base_seconds=1, retry_cap_seconds=1)
+    q = Queue(Database(pool), lease_seconds=30, max_attempts=3, retry_base_seconds=1,
+              retry_cap_seconds=1)
     for file_id, version in staged:
         assert await q.confirm(file_id, "bench", version) is ConfirmOutcome.QUEUED
     await pool.close()

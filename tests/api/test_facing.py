@@ -1,4 +1,4 @@
-"""Facing the internet (issue 12): limits before work, keys, bound uploads, headers,
+"""Facing the internet: limits before work, keys, bound uploads, headers,
 metrics and local files, each against a real server (uvicorn over real sockets, the
 real `darkroom api` process where the process itself is what is measured)."""
 

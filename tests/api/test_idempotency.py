@@ -1,4 +1,4 @@
-"""Uploads that are safe to retry (issue 17): Idempotency-Key, known content, and the
+"""Uploads that are safe to retry: Idempotency-Key, known content, and the
 digest checked at confirm. Real API over HTTP, real PostgreSQL, both stores."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.queue import Queue
 from darkroom.sweeper import Sweeper
 from tests.api.conftest import Api
@@ -188,7 +189,7 @@ def test_a_deleted_card_frees_its_key_and_old_keys_are_swept(local_api: Api) -> 
         async def sweep() -> int:
             pool = await open_pool(api.db_url, min_size=1, max_size=1)
             try:
-                sweeper = Sweeper(Queue.from_settings(pool, api.settings), api.store,
+                sweeper = Sweeper(Queue.from_settings(Database(pool), api.settings), api.store,
                                   guard_seconds=300, retention_seconds=86_400)
                 return (await sweeper.sweep_once()).keys_pruned
             finally:

@@ -28,11 +28,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from psycopg.rows import dict_row
 
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.db.queries import QUERIES
 from darkroom.errors import ErrorCode
 from darkroom.queue import Derived, Lease, LeaseLost, Priority, Queue, derived_key
 from darkroom.storage import open_store
-from darkroom.sweeper import Database, Orphans, Reconcile
+from darkroom.sweeper import Orphans, Reconcile
 
 MAX_ATTEMPTS = 3
 WORKERS = 3
@@ -55,7 +56,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             self.store = open_store(self.objects.as_uri())
             self.pool = self.run(open_pool(db_url, min_size=1, max_size=2))
             self.queues = [
-                Queue(self.pool, lease_seconds=60, max_attempts=MAX_ATTEMPTS,
+                Queue(Database(self.pool), lease_seconds=60, max_attempts=MAX_ATTEMPTS,
                       retry_base_seconds=0, retry_cap_seconds=0, worker=f"w{i}")
                 for i in range(WORKERS)
             ]
@@ -299,7 +300,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
         @rule()
         def sweep(self) -> None:
             """The orphan unit and reconciliation, between any two steps (guard 0)."""
-            db = Database(self.queues[0])
+            db = self.queues[0].db
             while self.run(Orphans(db, self.store, guard_seconds=0).run_once()):
                 pass
             self.run(Reconcile(db, self.store, guard_seconds=0).run(dry_run=False))

@@ -7,6 +7,7 @@ import asyncio
 import uuid
 
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.derive import Limits, derive
 from darkroom.errors import ErrorCode
 from darkroom.queue import Derived, DerivedObject, Lease, Queue
@@ -41,7 +42,7 @@ async def fill(db_url: str, store: ObjectStore, owner: str) -> uuid.UUID:
     photos = _photos(store)
     pool = await open_pool(db_url, min_size=2, max_size=6)
     try:
-        queue = Queue(pool, lease_seconds=600, max_attempts=3, retry_base_seconds=0,
+        queue = Queue(Database(pool), lease_seconds=600, max_attempts=3, retry_base_seconds=0,
                       retry_cap_seconds=0, worker="seed")
 
         async def one(i: int) -> uuid.UUID:
@@ -94,7 +95,7 @@ async def finish(db_url: str, store: ObjectStore, file_id: uuid.UUID) -> None:
     """Play the worker for one card, through the protocol."""
     pool = await open_pool(db_url, min_size=1, max_size=2)
     try:
-        queue = Queue(pool, lease_seconds=600, max_attempts=3, retry_base_seconds=0,
+        queue = Queue(Database(pool), lease_seconds=600, max_attempts=3, retry_base_seconds=0,
                       retry_cap_seconds=0, worker="test")
         [lease] = [le for le in await queue.claim(5) if le.file_id == file_id]
         await queue.complete(lease, _photos(store)[0])

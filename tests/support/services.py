@@ -21,6 +21,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.queue import ConfirmOutcome, Queue
 from darkroom.storage import ObjectStore
 
@@ -167,7 +168,7 @@ class Harness:
         async def go() -> T:
             pool = await open_pool(self.db_url, min_size=1, max_size=1)
             try:
-                return await call(Queue(pool, lease_seconds=2, max_attempts=3,
+                return await call(Queue(Database(pool), lease_seconds=2, max_attempts=3,
                                         retry_base_seconds=0, retry_cap_seconds=0))
             finally:
                 await pool.close()
@@ -267,4 +268,4 @@ def make_queue(pool: Any, **overrides: Any) -> Queue:
         "retry_base_seconds": 0.0, "retry_cap_seconds": 0.0, "worker": "test",
     }
     options.update(overrides)
-    return Queue(pool, **options)
+    return Queue(Database(pool), **options)

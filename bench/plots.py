@@ -30,14 +30,15 @@ CAPTION_LINE_IN = 0.16  # one 7.5 pt caption line, in inches
 
 
 def figure(title: str, sources: list[Source], ncols: int = 2) -> tuple[Any, Any]:
-    """Two panels, and a caption naming the machine and command of every source drawn:
+    """`ncols` panels, and a caption naming the machine and command of every source drawn:
     a figure may combine JSONs from runs of different dates."""
     import matplotlib.pyplot as plt
 
     # The figure grows by the caption's height, so the panels keep their size.
     height = 4.8 + CAPTION_LINE_IN * len(sources)
-    fig, axes = plt.subplots(1, ncols, figsize=(12.4 if ncols == 2 else 5.4 * ncols, height),
-                             dpi=100)
+    # A single panel stays wide enough for its caption line.
+    width = {1: 8.0, 2: 12.4}.get(ncols, 5.4 * ncols)
+    fig, axes = plt.subplots(1, ncols, figsize=(width, height), dpi=100)
     fig.suptitle(title, fontsize=12, fontweight="bold")
     caption = "\n".join(f"{s.bench.name}: {s.caption()}   ({s.short_command()})"
                         for s in sources)

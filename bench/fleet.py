@@ -386,7 +386,7 @@ def summary(result: dict[str, Any]) -> list[str]:
 
 
 def write_doc(result: dict[str, Any]) -> None:
-    from bench.report import DOC, block, splice
+    from bench.splice import DOC, block, splice
 
     plot = draw(result)
     a = result["argv"]

@@ -37,7 +37,6 @@ import itertools
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -45,7 +44,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +55,9 @@ import pyvips
 from bench.cpu import TICK, machine, machine_ticks, process_ticks
 from bench.loadgen import ERRORS as LOAD_ERRORS
 from bench.loadgen import LoadClient
-from bench.markdown import targets_table
-from bench.provenance import Source
-from bench.results import ApiResult, load, save
-from bench.runs import BY_NAME
-from bench.sections import api_section
+from bench.results import ApiResult, load
+from bench.runs import command
+from bench.sections import publish
 from bench.stats import percentile
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
@@ -243,7 +240,7 @@ async def confirm_direct(db_url: str, staged: list[tuple[uuid.UUID, str]], owner
               retry_cap_seconds=1)
     try:
         for file_id, version in staged:
-            assert await q.confirm(file_id, owner, version) is ConfirmOutcome.QUEUED
+            assert (await q.confirm_card(file_id, owner, version)).outcome is ConfirmOutcome.QUEUED
     finally:
         await pool.close()
 
@@ -643,11 +640,9 @@ def main() -> None:
     gc_pause = gc_full_pass_ms()
     data = {"machine": info, "plan": vars(plan), "results": results,
             "gc_full_pass_ms": gc_pause,
-            "command": shlex.join([".venv/bin/python", "-m", "bench.api", *sys.argv[1:]])}
+            "command": command("api")}
     result = load(ApiResult, data)
-    save(result, ROOT / "bench" / "out" / "api.json")
-    lines, targets = api_section(Source.of(BY_NAME["api"], asdict(result)))
-    print("\n".join([*lines, "", *targets_table(targets)]))
+    publish("api", result)
 
 
 if __name__ == "__main__":

@@ -107,7 +107,7 @@ class SimWorker:
             self.wake.clear()
 
     async def job(self, lease: Lease) -> None:
-        await self.jobs.register_attempt_object(lease, derived_key(lease))
+        await self.jobs.register_attempt_objects(lease, [derived_key(lease)])
         await asyncio.sleep(self.rng.uniform(*self.job_seconds))
         lost = await self.jobs.complete_many([(lease, noop_result(lease))])
         del self.held[lease.file_id]
@@ -386,7 +386,7 @@ def summary(result: dict[str, Any]) -> list[str]:
 
 
 def write_doc(result: dict[str, Any]) -> None:
-    from bench.report import DOC, block, splice
+    from bench.splice import DOC, block, splice
 
     plot = draw(result)
     a = result["argv"]

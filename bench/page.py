@@ -124,7 +124,7 @@ async def drain_ratio(db_url: str, jobs: int, rounds: int) -> dict[str, Any]:
 async def _enqueue(queue: Queue, i: int) -> None:
     card = await queue.create_file(owner=f"o{i % 7}", filename=f"{i}.jpg",
                                    content_type="image/jpeg", size=1, file_id=uuid.uuid4())
-    await queue.confirm(card.id, card.owner, "v1")
+    await queue.confirm_card(card.id, card.owner, "v1")
 
 
 def main() -> int:

@@ -232,16 +232,12 @@ class Queue:
             rows = await tx.typed("create_file_keyed", params, Card)
         return rows[0] if rows else None
 
-    async def confirm(self, file_id: uuid.UUID, owner: str, version: str,
-                      size: int | None = None) -> ConfirmOutcome:
-        """pending -> queued for exactly `version`, with NOTIFY; idempotent for the same version."""
-        return (await self.confirm_card(file_id, owner, version, size=size)).outcome
-
     async def confirm_card(
         self, file_id: uuid.UUID, owner: str, version: str, sha256: str | None = None,
         size: int | None = None,
     ) -> Confirmation:
-        """`confirm`, plus the queued card when this call moved it.
+        """pending -> queued for exactly `version`, with NOTIFY; idempotent for the same
+        version. Also the queued card when this call moved it.
 
         A card created with a claimed digest moves only with `sha256`, the digest of the
         stored bytes of `version`, equal to the claim: otherwise the answer is
@@ -363,11 +359,6 @@ class Queue:
             "lease_seconds": self.lease_seconds, "worker": self.worker,
         })
         return {r["token"] for r in rows}
-
-    async def register_attempt_object(self, lease: Lease, key: str) -> None:
-        """Record the key an attempt is about to write, before it writes it."""
-        await self._rows("register_attempt_object",
-                         {"key": key, "id": lease.file_id, "token": lease.token})
 
     async def register_attempt_objects(self, lease: Lease, keys: Sequence[str]) -> None:
         """Record every key an attempt is about to write, before it writes any."""

@@ -9,7 +9,7 @@ reader finds every statement in SQL and every connection in this file.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -123,11 +123,21 @@ class Database:
         async with conn:
             await conn.execute(f"LISTEN {channel}")
 
-            async def payloads() -> AsyncIterator[str]:
-                async for notify in conn.notifies():
-                    yield notify.payload
+            async def payloads() -> AsyncGenerator[str, None]:
+                # A waiting `notifies()` holds the connection: it is closed before the
+                # connection is, or leaving the block would wait on it for ever.
+                notifies = conn.notifies()
+                try:
+                    async for notify in notifies:
+                        yield notify.payload
+                finally:
+                    await notifies.aclose()
 
-            yield payloads()
+            gen = payloads()
+            try:
+                yield gen
+            finally:
+                await gen.aclose()
 
 
 @asynccontextmanager

@@ -40,7 +40,6 @@ async def test_a_transaction_that_fails_commits_nothing(pool: Any) -> None:
 async def test_listen_yields_what_is_notified_after_it_began(db_url: str) -> None:
     async with opened(db_url, name="test") as db:
         async with db.listen(NOTIFY_CHANNEL) as notifications:
-            await db.pool.check()  # the pool's own connection is not the listener's
             with psycopg.connect(db_url, autocommit=True) as other:
                 other.execute("SELECT pg_notify(%s, 'hello')", (NOTIFY_CHANNEL,))
             payload = await asyncio.wait_for(anext(notifications), timeout=30)

@@ -25,7 +25,7 @@ from darkroom.db.queries import QUERIES
 from darkroom.errors import ErrorCode
 from darkroom.queue import ConfirmOutcome, Derived, derived_key
 from darkroom.stats import worker_demand
-from tests.support.services import make_queue
+from tests.support.services import confirm, make_queue
 
 ROOT = Path(__file__).resolve().parents[2]
 KUSTOMIZATION = ROOT / "deploy" / "kubernetes"
@@ -232,7 +232,7 @@ async def test_worker_demand_counts_processing_and_due_cards(db_url: str) -> Non
         for i in range(7):
             c = await q.create_file(owner="o", filename=f"{i}.jpg", content_type="image/jpeg",
                                     size=1)
-            assert await q.confirm(c.id, "o", "v1") is ConfirmOutcome.QUEUED
+            assert await confirm(q, c.id, "o", "v1") is ConfirmOutcome.QUEUED
             ids.append(c.id)
         await q.create_file(owner="o", filename="p.jpg", content_type="image/jpeg", size=1)
         assert await worker_demand(Database(pool)) == 7  # pending cards are not work yet

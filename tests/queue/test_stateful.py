@@ -34,6 +34,7 @@ from darkroom.errors import ErrorCode
 from darkroom.queue import Derived, Lease, LeaseLost, Priority, Queue, derived_key
 from darkroom.storage import open_store
 from darkroom.sweeper import Orphans, Reconcile
+from tests.support.services import confirm
 
 MAX_ATTEMPTS = 3
 WORKERS = 3
@@ -87,7 +88,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
         def derive(self, w: int, lease: Lease) -> Derived:
             """What an attempt does before its commit: register its key, then PUT."""
             key = derived_key(lease)
-            self.run(self.queues[w].register_attempt_object(lease, key))
+            self.run(self.queues[w].register_attempt_objects(lease, [key]))
             version = self.store.put(key, b"webp")
             return Derived(key, version, "0" * 64, 1, 1, 4)
 
@@ -108,7 +109,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 card = self.run(self.queues[0].create_file(
                     owner=owner, filename="x.jpg", content_type="image/jpeg", size=1,
                     priority=priority))
-                self.run(self.queues[0].confirm(card.id, owner, "v1"))
+                self.run(confirm(self.queues[0], card.id, owner, "v1"))
                 self.files.append(card.id)
                 self.owner_of[card.id] = owner
             # The owner waits from now: hand-backs from here on count in its allowance,

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+from darkroom.config import load_settings
 from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
 from darkroom.derive import Limits, derive
 from darkroom.errors import ErrorCode
 from darkroom.queue import Derived, DerivedObject, Lease, Queue
 from darkroom.storage import ObjectStore
-from tests.support.services import CORPUS
+from tests.support.services import CORPUS, confirm
 
 CARDS = 2000
 REJECTED_EVERY = 9  # every ninth card is rejected, with its error shown
@@ -23,7 +24,7 @@ def _photos(store: ObjectStore) -> list[Derived]:
     """The corpus photos' real derivatives, stored once and shared by every card."""
     out = []
     for path in sorted(CORPUS.glob("*.jpg")):
-        result = derive(path.read_bytes(), Limits())
+        result = derive(path.read_bytes(), Limits.from_settings(load_settings()))
         assert result.thumb is not None
         key, small = f"derived/shared/{path.stem}.webp", f"derived/shared/{path.stem}.t.webp"
         thumb = DerivedObject(
@@ -49,7 +50,7 @@ async def fill(db_url: str, store: ObjectStore, owner: str) -> uuid.UUID:
             name = LONG_NAME if i % 10 == 3 else f"photo-{i:05d}.jpg"
             card = await queue.create_file(owner=owner, filename=name,
                                            content_type="image/jpeg", size=1000 + i)
-            await queue.confirm(card.id, owner, "v1")
+            await confirm(queue, card.id, owner, "v1")
             return card.id
 
         ids: list[uuid.UUID] = []

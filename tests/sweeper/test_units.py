@@ -23,7 +23,7 @@ from darkroom.sweeper import (
     run_unit,
 )
 from tests.support.faults import through_proxy
-from tests.support.services import make_queue, wait_for
+from tests.support.services import confirm, make_queue, wait_for
 
 
 class RefusingStore:
@@ -51,13 +51,13 @@ async def queued_card(q: Queue, store: ObjectStore, owner: str = "o") -> uuid.UU
     card = await q.create_file(owner=owner, filename="a.jpg", content_type="image/jpeg",
                                size=3)
     version = await asyncio.to_thread(store.put, card.original_key, b"abc")
-    await q.confirm(card.id, owner, version)
+    await confirm(q, card.id, owner, version)
     return card.id
 
 
 async def orphan(q: Queue, store: ObjectStore, lease: Lease) -> str:
     key = derived_key(lease)
-    await q.register_attempt_object(lease, key)
+    await q.register_attempt_objects(lease, [key])
     await asyncio.to_thread(store.put, key, b"webp")
     return key
 
@@ -78,7 +78,7 @@ async def test_orphans_are_deleted_but_never_a_referenced_object(
     await q.complete(published, Derived(kept, "v", "0" * 64, 1, 1, 4))
     await q.revoke(lost.file_id, "o")
     # As an old bug did: the published key registered as an orphan after all.
-    await q.register_attempt_object(published, kept)
+    await q.register_attempt_objects(published, [kept])
     unit = Orphans(q.db, store, guard_seconds=0)
     assert await unit.run_once() == 2
     assert orphan_rows(db_url) == {}
@@ -147,7 +147,7 @@ async def test_reconcile_deletes_only_what_nothing_accounts_for(
     file_id = await queued_card(q, store)
     [lease] = await q.claim(1)
     key = derived_key(lease)
-    await q.register_attempt_object(lease, key)
+    await q.register_attempt_objects(lease, [key])
     version = store.put(key, b"webp2")
     await q.complete(lease, Derived(key, version, "0" * 64, 1, 1, 5))
     stray_original = original_key(uuid.uuid4())  # bytes that landed after a purge

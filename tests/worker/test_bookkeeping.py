@@ -13,7 +13,7 @@ from darkroom.db.database import Database
 from darkroom.queue import Queue
 from darkroom.storage import open_store
 from darkroom.worker import Worker
-from tests.support.services import small_photos
+from tests.support.services import confirm, small_photos
 
 
 async def test_reclaiming_its_own_card_runs_one_attempt_and_keeps_the_slots(
@@ -28,7 +28,7 @@ async def test_reclaiming_its_own_card_runs_one_attempt_and_keeps_the_slots(
     card = await queue.create_file(owner="o", filename="a.jpg", content_type="image/jpeg",
                                    size=len(data))
     version = await asyncio.to_thread(store.put, card.original_key, data)
-    await queue.confirm(card.id, "o", version)
+    await confirm(queue, card.id, "o", version)
     [stale] = await queue.claim(1)
     with psycopg.connect(db_url, autocommit=True) as conn:  # the outage outlived the lease
         conn.execute("UPDATE archive_files SET lease_until = now() - interval '1 s'")

@@ -96,6 +96,9 @@ class CutProxy:
 
     def close(self) -> None:
         self._closed.set()
+        # close() alone does not wake the accepter blocked in accept(); shutdown does.
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._listener.close()
         with self._lock:

@@ -42,6 +42,20 @@ class TestPostgres:
         pgdata = base / "pg"
         return cls(embedded.url(pgdata, stop_on_exit=True), pgdata)
 
+    def skip_flushes(self) -> None:
+        """For the tests' own server, no flushes to disk: every test creates a database
+        and commits often, and on a shared disk the flushes are most of that time. A
+        commit is still written to the server's log before it is acknowledged
+        (synchronous_commit stays on), so a killed or restarted server loses nothing; only
+        a machine crash could, and the files are deleted after the run anyway. An external
+        server is left as it is."""
+        if self.pgdata is None:
+            return
+        with self._admin() as conn:
+            for setting in ("fsync", "full_page_writes"):
+                conn.execute(f"ALTER SYSTEM SET {setting} = off")
+            conn.execute("SELECT pg_reload_conf()")
+
     def restart(self) -> None:
         """Restart the server under its clients (fast shutdown: every session is cut)."""
         assert self.pgdata is not None, "only the embedded server can be restarted"

@@ -37,7 +37,6 @@ import itertools
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -45,7 +44,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,16 +55,15 @@ import pyvips
 from bench.cpu import TICK, machine, machine_ticks, process_ticks
 from bench.loadgen import ERRORS as LOAD_ERRORS
 from bench.loadgen import LoadClient
-from bench.markdown import targets_table
-from bench.provenance import Source
-from bench.results import ApiResult, load, save
-from bench.runs import BY_NAME
-from bench.sections import api_section
+from bench.results import ApiResult, load
+from bench.runs import command
+from bench.sections import publish
 from bench.stats import percentile
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.db.migrations import migrate
-from darkroom.keys import create_key
+from darkroom.keys import create_key_at
 from darkroom.queue import ConfirmOutcome, Queue
 from darkroom.storage import open_store
 from tests.support.services import free_port
@@ -216,7 +214,8 @@ async def stage(db_url: str, storage_url: str, owner: str,
     """Pending cards with their originals stored: (id, version) per image."""
     store = open_store(storage_url)
     pool = await open_pool(db_url, min_size=4, max_size=4)
-    q = Queue(pool, lease_seconds=60, max_attempts=3, retry_base_seconds=1, retry_cap_seconds=1)
+    q = Queue(Database(pool), lease_seconds=60, max_attempts=3, retry_base_seconds=1,
+              retry_cap_seconds=1)
     # Concurrent: each put fsyncs three times, so one at a time would take minutes.
     gate = asyncio.Semaphore(8)
 
@@ -237,10 +236,11 @@ async def stage(db_url: str, storage_url: str, owner: str,
 async def confirm_direct(db_url: str, staged: list[tuple[uuid.UUID, str]], owner: str) -> None:
     """The backlog is queued behind the API's back: it is the load, not what is measured."""
     pool = await open_pool(db_url, min_size=1, max_size=1)
-    q = Queue(pool, lease_seconds=60, max_attempts=3, retry_base_seconds=1, retry_cap_seconds=1)
+    q = Queue(Database(pool), lease_seconds=60, max_attempts=3, retry_base_seconds=1,
+              retry_cap_seconds=1)
     try:
         for file_id, version in staged:
-            assert await q.confirm(file_id, owner, version) is ConfirmOutcome.QUEUED
+            assert (await q.confirm_card(file_id, owner, version))[0] is ConfirmOutcome.QUEUED
     finally:
         await pool.close()
 
@@ -515,7 +515,7 @@ async def measured(name: str, base_url: str, route: str, method: str,
 
 
 async def run(system: System, plan: Plan) -> dict[str, Any]:
-    key = await create_key(system.db_url, OWNER)
+    key = await create_key_at(system.db_url, OWNER)
     per_phase = int(plan.rate * plan.seconds)
     warm = int(plan.rate * plan.warmup_seconds)
     n_confirm = 2 * (warm + per_phase) + len(plan.clients) * plan.ceiling_cards
@@ -640,11 +640,9 @@ def main() -> None:
     gc_pause = gc_full_pass_ms()
     data = {"machine": info, "plan": vars(plan), "results": results,
             "gc_full_pass_ms": gc_pause,
-            "command": shlex.join([".venv/bin/python", "-m", "bench.api", *sys.argv[1:]])}
+            "command": command("api")}
     result = load(ApiResult, data)
-    save(result, ROOT / "bench" / "out" / "api.json")
-    lines, targets = api_section(Source.of(BY_NAME["api"], asdict(result)))
-    print("\n".join([*lines, "", *targets_table(targets)]))
+    publish("api", result)
 
 
 if __name__ == "__main__":

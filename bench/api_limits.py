@@ -25,7 +25,7 @@ import httpx
 
 from bench.api import System
 from bench.loadgen import LoadClient
-from darkroom.keys import create_key
+from darkroom.keys import create_key_at
 from tests.support.services import free_port
 
 
@@ -78,7 +78,7 @@ def main() -> int:
         procs = [start(system, args.before, ports["before"], "before"),
                  start(system, None, ports["this"], "this")]
         try:
-            key = asyncio.run(create_key(system.db_url, "bench"))
+            key = asyncio.run(create_key_at(system.db_url, "bench"))
             with httpx.Client(base_url=f"http://127.0.0.1:{ports['this']}",
                               headers={"Authorization": f"Bearer {key}"}) as c:
                 card = c.post("/v1/files", json={"filename": "a.jpg",

@@ -10,11 +10,13 @@ tiny original and a corpus photo, on the local store and on SeaweedFS (S3; the p
 upload carries no checksum, so the API streams the object back to hash it).
 
 One sequential client (closed loop) against a real `darkroom api` process, a private
-PostgreSQL (pgserver) and each store; cards are staged before the clock starts. Prints
-one JSON object: per store and size, the median and p90 in ms of each variant and the
-ratio of the medians. With `--baseline-pythonpath`, also the plain confirm of this code
-against another copy of darkroom (two API processes on one database, requests
-alternating), to show that cards without a digest did not get slower.
+PostgreSQL (pgserver) and each store; cards are staged before the clock starts. Writes
+bench/out/confirm_digest.json (bench/results.py `ConfirmDigestResult`: per store and
+size, the median and p90 in ms of each variant and the ratio of the medians) and prints
+it through its renderer (bench/sections.py `confirm_digest_section`). With
+`--baseline-pythonpath`, also the plain confirm of this code against another copy of
+darkroom (two API processes on one database, requests alternating), to show that cards
+without a digest did not get slower.
 
     rm -rf /tmp/darkroom-base && mkdir /tmp/darkroom-base
     git archive 9fcc8ad darkroom | tar -x -C /tmp/darkroom-base
@@ -27,7 +29,6 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
-import json
 import os
 import statistics
 import tempfile
@@ -39,9 +40,21 @@ from typing import Any
 import httpx
 
 from bench.api import CORPUS, System, stop, tiny_jpeg
+from bench.cpu import machine
+from bench.results import (
+    ConfirmBaseline,
+    ConfirmDigestCase,
+    ConfirmDigestResult,
+    ConfirmDigestStore,
+    ConfirmTiming,
+    save,
+)
+from bench.runs import OUT, command
+from bench.sections import confirm_digest_section
 from bench.stats import percentile
 from darkroom.db.connection import open_pool
-from darkroom.keys import create_key
+from darkroom.db.database import Database
+from darkroom.keys import create_key_at
 from darkroom.queue import Queue
 from darkroom.storage import open_store
 from tests.support.seaweed import SeaweedServer
@@ -58,7 +71,7 @@ async def stage(db_url: str, storage_url: str, data: bytes, n: int
     pool = await open_pool(db_url, min_size=1, max_size=2)
     staged: list[tuple[str, str, str]] = []
     try:
-        queue = Queue(pool, lease_seconds=60, max_attempts=3, retry_base_seconds=1,
+        queue = Queue(Database(pool), lease_seconds=60, max_attempts=3, retry_base_seconds=1,
                       retry_cap_seconds=1)
         for _ in range(n):
             for variant in ("plain", "digest"):
@@ -74,7 +87,14 @@ async def stage(db_url: str, storage_url: str, data: bytes, n: int
     return staged
 
 
-def measure(base_url: str, key: str, staged: list[tuple[str, str, str]]) -> dict[str, Any]:
+def timing(values: list[float], p90: bool = True) -> ConfirmTiming:
+    values = sorted(values)
+    return ConfirmTiming(round(statistics.median(values), 2),
+                         round(percentile(values, 0.9), 2) if p90 else None)
+
+
+def measure(base_url: str, key: str, staged: list[tuple[str, str, str]],
+            size: int) -> ConfirmDigestCase:
     times: dict[str, list[float]] = {"plain": [], "digest": []}
     with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"},
                       timeout=60) as client:
@@ -84,13 +104,9 @@ def measure(base_url: str, key: str, staged: list[tuple[str, str, str]]) -> dict
             elapsed = (time.perf_counter() - start) * 1000
             assert r.status_code == 202, r.text
             times[variant].append(elapsed)
-    out: dict[str, Any] = {}
-    for variant, values in times.items():
-        values.sort()
-        out[variant] = {"median_ms": round(statistics.median(values), 2),
-                        "p90_ms": round(percentile(values, 0.9), 2)}
-    out["ratio_median"] = round(out["digest"]["median_ms"] / out["plain"]["median_ms"], 2)
-    return out
+    plain, digest = timing(times["plain"]), timing(times["digest"])
+    return ConfirmDigestCase(size, plain, digest,
+                             round(digest.median_ms / plain.median_ms, 2))
 
 
 def start_baseline(system: System, pythonpath: str) -> tuple[Any, str]:
@@ -110,7 +126,7 @@ def start_baseline(system: System, pythonpath: str) -> tuple[Any, str]:
 
 
 def compare_plain(urls: dict[str, str], key: str, staged: list[tuple[str, str, str]]
-                  ) -> dict[str, Any]:
+                  ) -> ConfirmBaseline:
     """Plain confirms (no digest) sent alternately to this code and the baseline's."""
     plain = [s for s in staged if s[0] == "plain"]
     times: dict[str, list[float]] = {name: [] for name in urls}
@@ -127,14 +143,12 @@ def compare_plain(urls: dict[str, str], key: str, staged: list[tuple[str, str, s
     finally:
         for client in clients.values():
             client.close()
-    out: dict[str, Any] = {name: {"median_ms": round(statistics.median(v), 2)}
-                           for name, v in times.items()}
-    out["ratio_median"] = round(out["this"]["median_ms"] / out["baseline"]["median_ms"], 2)
-    return out
+    this, baseline = timing(times["this"], p90=False), timing(times["baseline"], p90=False)
+    return ConfirmBaseline(this, baseline, round(this.median_ms / baseline.median_ms, 2))
 
 
 def run_store(kind: str, n: int, sizes: dict[str, bytes], baseline: str | None = None
-              ) -> dict[str, Any]:
+              ) -> ConfirmDigestStore:
     tmp = Path(tempfile.mkdtemp(prefix="darkroom-bench-digest-"))
     system = System(tmp, None)
     weed = None
@@ -149,13 +163,13 @@ def run_store(kind: str, n: int, sizes: dict[str, bytes], baseline: str | None =
             os.environ.update(weed.env())
         api = system.start_api()
         try:
-            key = asyncio.run(create_key(system.db_url, OWNER, False))
-            results = {}
+            key = asyncio.run(create_key_at(system.db_url, OWNER, False))
+            results = ConfirmDigestStore({})
             for label, data in sizes.items():
                 staged = asyncio.run(stage(system.db_url, system.storage_url, data, n))
-                measure(system.base_url, key, staged[:4])  # warm the connection and caches
-                results[label] = measure(system.base_url, key, staged[4:])
-                results[label]["bytes"] = len(data)
+                # The first four warm the connection and caches.
+                measure(system.base_url, key, staged[:4], len(data))
+                results.sizes[label] = measure(system.base_url, key, staged[4:], len(data))
             if baseline is not None:
                 base_proc, base_url = start_baseline(system, baseline)
                 try:
@@ -163,7 +177,7 @@ def run_store(kind: str, n: int, sizes: dict[str, bytes], baseline: str | None =
                                                sizes["tiny"], 2 * n))
                     urls = {"this": system.base_url, "baseline": base_url}
                     compare_plain(urls, key, staged[:8])  # warm both
-                    results["plain_vs_baseline"] = compare_plain(urls, key, staged[8:])
+                    results.plain_vs_baseline = compare_plain(urls, key, staged[8:])
                 finally:
                     stop(base_proc)
             return results
@@ -178,15 +192,21 @@ def run_store(kind: str, n: int, sizes: dict[str, bytes], baseline: str | None =
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=40, help="confirms per variant and size")
+    parser.add_argument("--out", type=Path, default=OUT / "confirm_digest.json")
     parser.add_argument("--baseline-pythonpath", default=None,
                         help="a directory holding another darkroom/ (e.g. `git archive` of"
                              " the commit before): its plain confirm is timed against ours")
     args = parser.parse_args()
     photo = CORPUS / "Dune.jpg"
     sizes = {"tiny": tiny_jpeg(), "photo": photo.read_bytes()}
-    report = {kind: run_store(kind, args.n, sizes, args.baseline_pythonpath)
-              for kind in ("local", "s3")}
-    print(json.dumps(report, indent=2))
+    result = ConfirmDigestResult(
+        machine=machine(), n=args.n,
+        command=command("confirm_digest"),
+        stores={kind: run_store(kind, args.n, sizes, args.baseline_pythonpath)
+                for kind in ("local", "s3")})
+    save(result, args.out)
+    print("\n".join(confirm_digest_section(result)))
+    print(f"\nJSON: {args.out}")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,11 @@ def process_ticks(pid: int) -> int:
         return 0  # exited in between
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process (a decoder child, a backend)."""
+    return process_ticks(pid) / TICK
+
+
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo, as captions and JSONs cite it."""
     try:

@@ -1,23 +1,24 @@
 """Benchmark of the derivative pipeline (issue 3): throughput per core, limits, memory, bombs.
 
-    .venv/bin/python bench/derive.py [--corpus DIR] [--rounds N] [--big PATH]
-    .venv/bin/python bench/derive.py --formats [--rounds N]   # issue 14's section only
+    .venv/bin/python -m bench.derive [--corpus DIR] [--rounds N] [--big PATH]
+    .venv/bin/python -m bench.derive --formats [--rounds N]   # issue 14's section only
 
-Prints a Markdown table and writes bench/out/derive.json. Every figure is measured in the
-same run: the pipeline against its own components (decode+resize alone, encode alone),
-against Pillow doing the same job, two decoder processes against one, the child's peak
-RSS on a 17.9 MP JPEG, and the time to reject a decompression bomb. The decoder jail
-(issue 12) is measured against the child without it ("today's child", `jail=False`):
-start-up to the first answer and per-image CPU, interleaved in the same run.
+Writes bench/out/derive.json (bench/results.py `DeriveResult`) and prints it through its
+renderer (bench/sections.py `derive_section`); `--formats` writes
+bench/out/derive_formats.json (`DeriveFormatsResult`, `derive_formats_section`). Every
+figure is measured in the same run: the pipeline against its own components
+(decode+resize alone, encode alone), against Pillow doing the same job, two decoder
+processes against one, the child's peak RSS on a 17.9 MP JPEG, and the time to reject a
+decompression bomb. The decoder jail (issue 12) is measured against the child without it
+("today's child", `jail=False`): start-up to the first answer and per-image CPU,
+interleaved in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -26,6 +27,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,23 +40,19 @@ sys.path.insert(0, str(ROOT))
 
 from PIL import Image, ImageOps  # noqa: E402
 
+from bench.cpu import machine, process_cpu_seconds  # noqa: E402
+from bench.markdown import targets_table  # noqa: E402
+from bench.results import DeriveFormatsResult, DeriveJail, DeriveResult, save  # noqa: E402
+from bench.runs import BY_NAME, OUT, command  # noqa: E402
+from bench.sections import derive_formats_section, publish  # noqa: E402
+from darkroom.config import load_settings  # noqa: E402
 from darkroom.derive import Limits, _vips, decode_resized, derive, encode  # noqa: E402
 from darkroom.errors import DeriveError  # noqa: E402
 from darkroom.sandbox import DecoderProcess  # noqa: E402
 from tests.derive.images import png_header_only, png_zlib_bomb  # noqa: E402
 
-LIMITS = Limits()
+LIMITS = Limits.from_settings(load_settings())
 BIG_NAME = "Elephants_5640x3172.jpg"
-TARGETS = {"ratio": 0.90, "two_vs_one": 1.8, "rss_mb": 200.0, "bomb_ms": 50.0,
-           "jail_ratio": 0.95}
-
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def child_cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
 
 
 class Timing:
@@ -77,6 +75,14 @@ class Timing:
         self.cpu_s = min(self.cpu_s, self.cpu() - cpu0)
 
 
+def each(fn: Callable[[Any], object], items: list[Any]) -> Callable[[], None]:
+    """One measure's run: `fn` over every item."""
+    def run() -> None:
+        for item in items:
+            fn(item)
+    return run
+
+
 def best_of(rounds: int, run: Callable[[], None]) -> float:
     """Fastest wall time of `rounds` runs."""
     times = []
@@ -88,7 +94,7 @@ def best_of(rounds: int, run: Callable[[], None]) -> float:
 
 
 def pillow_job(data: bytes) -> bytes:
-    image = Image.open(io.BytesIO(data))
+    image: Image.Image = Image.open(io.BytesIO(data))
     if image.format == "JPEG":
         image.draft("RGB", (LIMITS.max_edge, LIMITS.max_edge))
     image = ImageOps.exif_transpose(image)
@@ -196,7 +202,7 @@ def bomb_ms(proc: DecoderProcess, bomb: bytes, rounds: int) -> float:
     return best_of(rounds, reject) * 1000
 
 
-FORMAT_LIMITS = Limits(max_bytes=100_000_000)
+FORMAT_LIMITS = replace(LIMITS, max_bytes=100_000_000)
 # An iPhone's 12 MP frame.
 PHONE_SIZE = (4032, 3024)
 
@@ -245,46 +251,33 @@ def formats_section(paths: list[Path], rounds: int, out: Path) -> int:
     def preview_only(data: bytes) -> None:
         encode(decode_resized(data, FORMAT_LIMITS))
 
+    def derive_one(data: bytes) -> None:
+        derive(data, FORMAT_LIMITS)
+
     for data in files.values():  # warm every decoder
         derive(data, FORMAT_LIMITS)
-    per_format = {
-        kind: Timing(lambda d=data: derive(d, FORMAT_LIMITS) and None, cpu)
-        for kind, data in files.items()
-    }
+    per_format = {kind: Timing(each(derive_one, [data]), cpu) for kind, data in files.items()}
     corpus = [p.read_bytes() for p in paths] + [files["heic"], files["avif"]]
-    today = Timing(lambda: [preview_only(d) for d in corpus] and None, cpu)
-    now = Timing(lambda: [derive(d, FORMAT_LIMITS) for d in corpus] and None, cpu)
+    today = Timing(each(preview_only, corpus), cpu)
+    now = Timing(each(derive_one, corpus), cpu)
     for _ in range(rounds):
         for timing in (*per_format.values(), today, now):
             timing.once()
-    extra = now.cpu_s / today.cpu_s - 1.0
     sample = derive(files["jpeg"], FORMAT_LIMITS)
     assert sample.thumb is not None and sample.thumbhash is not None
     source = next(p for p in paths if p.suffix == ".jpg").name
-    result = {
-        "photo": f"{PHONE_SIZE[0]}x{PHONE_SIZE[1]} from {source}",
-        "rounds": rounds,
-        "bytes": {kind: len(data) for kind, data in files.items()},
-        "derive_cpu_ms": {kind: t.cpu_s * 1000 for kind, t in per_format.items()},
-        "corpus_today_cpu_s": today.cpu_s,
-        "corpus_with_thumbs_cpu_s": now.cpu_s,
-        "thumb_extra_cpu_share": extra,
-        "sample_bytes": {"preview": sample.size, "thumb": sample.thumb.size,
-                         "thumbhash_chars": len(sample.thumbhash)},
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"Formats: one {result['photo']} photo in each format; best of {rounds}; "
-          "CPU time of one process (one libvips thread, one libheif thread).\n")
-    print("| format | file size | derive CPU (preview + thumb + thumbhash) |")
-    print("| --- | --- | --- |")
-    for kind, t in per_format.items():
-        print(f"| {kind} | {len(files[kind]) / 1e6:.2f} MB | {t.cpu_s * 1000:.0f} ms |")
-    print(f"\nThumb + thumbhash on top of today's preview-only pipeline ({len(corpus)} "
-          f"images): {today.cpu_s:.2f} s → {now.cpu_s:.2f} s CPU, +{extra:.1%} "
-          f"(target ≤ 15 %: {'met' if extra <= 0.15 else 'MISSED'}); preview "
-          f"{sample.size} B, thumb {sample.thumb.size} B, thumbhash "
-          f"{len(sample.thumbhash)} chars.")
+    result = DeriveFormatsResult(
+        photo=f"{PHONE_SIZE[0]}x{PHONE_SIZE[1]} from {source}", rounds=rounds,
+        bytes={kind: len(data) for kind, data in files.items()},
+        derive_cpu_ms={kind: t.cpu_s * 1000 for kind, t in per_format.items()},
+        corpus_today_cpu_s=today.cpu_s, corpus_with_thumbs_cpu_s=now.cpu_s,
+        corpus_images=len(corpus), thumb_extra_cpu_share=now.cpu_s / today.cpu_s - 1.0,
+        sample_bytes={"preview": sample.size, "thumb": sample.thumb.size,
+                      "thumbhash_chars": len(sample.thumbhash)},
+        command=command("derive"))
+    save(result, out)
+    lines, targets = derive_formats_section(result)
+    print("\n".join([*lines, "", *targets_table(targets)]))
     print(f"\nJSON: {out}")
     return 0
 
@@ -302,7 +295,7 @@ def start_up_ms(rounds: int, tiny: bytes) -> dict[str, float]:
             with DecoderProcess(LIMITS, timeout=120.0, memory_mb=1024, jail=jail) as proc:
                 proc.derive(tiny)
                 wall = (time.perf_counter() - started) * 1000
-                cpu = child_cpu_seconds(proc.pid or 0) * 1000
+                cpu = process_cpu_seconds(proc.pid or 0) * 1000
             samples.setdefault(f"{name}", []).append(wall)
             samples.setdefault(f"{name}_cpu", []).append(cpu)
     result: dict[str, float] = {}
@@ -318,18 +311,18 @@ def main() -> int:
     parser.add_argument("--corpus", default=str(ROOT.parent / "shared" / "corpus"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--big", default=None, help=f"path to {BIG_NAME}")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "derive.json"))
+    parser.add_argument("--out", type=Path, default=BY_NAME["derive"].json_path)
     parser.add_argument("--formats", action="store_true",
                         help="only the per-format and thumbnail section")
     args = parser.parse_args()
 
     paths = sorted(p for p in Path(args.corpus).iterdir() if p.suffix in {".jpg", ".png"})
     if args.formats:
-        return formats_section(paths, args.rounds, ROOT / "bench" / "out" / "derive_formats.json")
+        return formats_section(paths, args.rounds, OUT / "derive_formats.json")
     corpus = [p.read_bytes() for p in paths]
     n = len(corpus)
     rounds = args.rounds
-    load_before = os.getloadavg()[0]
+    started_on = machine()
 
     for data in corpus:  # warm libvips and the page cache
         derive(data, LIMITS)
@@ -345,17 +338,14 @@ def main() -> int:
     assert bare.pid is not None
     bare_pid = bare.pid
 
-    def each(fn: Callable[[Any], object], items: list[Any]) -> Callable[[], None]:
-        return lambda: [fn(item) for item in items] and None
-
     cpu = time.process_time
     timings = {
         "decode_resize": Timing(each(lambda d: decode_resized(d, LIMITS), corpus), cpu),
         "encode": Timing(each(encode, decoded), cpu),
         "pipeline_in_process": Timing(each(lambda d: derive(d, LIMITS), corpus), cpu),
-        "pipeline_child": Timing(each(one.derive, corpus), lambda: child_cpu_seconds(child_pid)),
+        "pipeline_child": Timing(each(one.derive, corpus), lambda: process_cpu_seconds(child_pid)),
         "pipeline_child_unjailed": Timing(
-            each(bare.derive, corpus), lambda: child_cpu_seconds(bare_pid)
+            each(bare.derive, corpus), lambda: process_cpu_seconds(bare_pid)
         ),
         "pillow": Timing(each(pillow_job, corpus), cpu),
         "pillow_encode": Timing(each(pillow_encode, decoded), cpu),
@@ -384,135 +374,45 @@ def main() -> int:
         ips_one = ips_two = 0.0
         cpu_per_image = {"one": float("inf"), "two": float("inf")}
         for _ in range(max(rounds, 3)):
-            cpu0 = child_cpu_seconds(a.pid or 0)
+            cpu0 = process_cpu_seconds(a.pid or 0)
             ips_one = max(ips_one, throughput([a], corpus, 2))
             cpu_per_image["one"] = min(
-                cpu_per_image["one"], (child_cpu_seconds(a.pid or 0) - cpu0) / (2 * n)
+                cpu_per_image["one"], (process_cpu_seconds(a.pid or 0) - cpu0) / (2 * n)
             )
-            cpu0 = child_cpu_seconds(a.pid or 0) + child_cpu_seconds(b.pid or 0)
+            cpu0 = process_cpu_seconds(a.pid or 0) + process_cpu_seconds(b.pid or 0)
             ips_two = max(ips_two, throughput([a, b], corpus, 2))
-            spent = child_cpu_seconds(a.pid or 0) + child_cpu_seconds(b.pid or 0) - cpu0
+            spent = process_cpu_seconds(a.pid or 0) + process_cpu_seconds(b.pid or 0) - cpu0
             cpu_per_image["two"] = min(cpu_per_image["two"], spent / (4 * n))
 
     big, big_source = find_big(args.big)
     rss_mb = child_peak_rss_mb(big)
     pillow_rss_mb = pillow_peak_rss_mb(big)
-    load_after = os.getloadavg()[0]
 
     ips = {name: n / timing.cpu_s for name, timing in timings.items()}
     ips_wall = {name: n / timing.wall_s for name, timing in timings.items()}
     component_limit = n / (t_decode + t_encode)
-    ratio = ips["pipeline_child"] / component_limit
-    unjailed_ratio = ips["pipeline_child_unjailed"] / component_limit
-    two_vs_one = ips_two / ips_one
-    result: dict[str, Any] = {
-        "corpus": [p.name for p in paths],
-        "rounds": rounds,
-        "images_per_second_per_core": ips,
-        "images_per_second_wall": ips_wall,
-        "component_limit": component_limit,
-        "pipeline_to_limit_ratio": ratio,
-        "pipeline_to_limit_ratio_wall": ips_wall["pipeline_child"]
+    result = DeriveResult(
+        corpus=[p.name for p in paths], rounds=rounds,
+        machine=started_on | {"libvips": ".".join(str(_vips().version(i)) for i in range(3))},
+        images_per_second_per_core=ips, images_per_second_wall=ips_wall,
+        component_limit=component_limit,
+        pipeline_to_limit_ratio=ips["pipeline_child"] / component_limit,
+        pipeline_to_limit_ratio_wall=ips_wall["pipeline_child"]
         / (n / (timings["decode_resize"].wall_s + timings["encode"].wall_s)),
-        "pipeline_in_process_to_limit_ratio": ips["pipeline_in_process"] / component_limit,
-        "pipeline_unjailed_to_limit_ratio": unjailed_ratio,
-        "jail": {
-            "start_up_ms": start_up,
-            "cpu_per_image_ms": {
-                "jailed": timings["pipeline_child"].cpu_s / n * 1000,
-                "unjailed": timings["pipeline_child_unjailed"].cpu_s / n * 1000,
-            },
-            "jailed_vs_unjailed": ips["pipeline_child"] / ips["pipeline_child_unjailed"],
-        },
-        "pyvips_vs_pillow": ips["pipeline_child"] / ips["pillow"],
-        "one_process_ips": ips_one,
-        "two_processes_ips": ips_two,
-        "two_vs_one": two_vs_one,
-        # Equal CPU per image in both modes means no contention inside the pipeline: any
-        # shortfall of two_vs_one is then the machine's cores being busy elsewhere.
-        "child_cpu_seconds_per_image": cpu_per_image,
-        "child_peak_rss_mb": rss_mb,
-        "pillow_peak_rss_mb": pillow_rss_mb,
-        "big_image": big_source,
-        "bomb_rejection_ms": bomb_rejection_ms,
-        "header_100k_rejection_ms": header_rejection_ms,
-        "targets": TARGETS,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "libvips": ".".join(str(_vips().version(i)) for i in range(3)),
-            "load_average_before": load_before,
-            "load_average_after": load_after,
-        },
-    }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-
-    def mark(ok: bool) -> str:
-        return "met" if ok else "MISSED"
-
-    def rate(name: str) -> str:
-        return f"{ips[name]:.2f} img/s ({ips_wall[name]:.2f} wall)"
-
-    rows = [
-        ("decode + resize alone (pyvips)", rate("decode_resize"), ""),
-        ("encode alone (WebP q80 effort 4)", rate("encode"), ""),
-        ("component limit 1/(t_dec+t_enc)", f"{component_limit:.2f} img/s", ""),
-        ("pipeline, in process", rate("pipeline_in_process"), ""),
-        (
-            "pipeline, child process (production)",
-            rate("pipeline_child"),
-            f"{ratio:.0%} of limit (wall {result['pipeline_to_limit_ratio_wall']:.0%}); "
-            f"target ≥ 90 %: {mark(ratio >= TARGETS['ratio'])}",
-        ),
-        (
-            "pipeline, child without the jail (before issue 12)",
-            rate("pipeline_child_unjailed"),
-            f"{unjailed_ratio:.0%} of limit; jailed/unjailed "
-            f"{result['jail']['jailed_vs_unjailed']:.1%}; jailed ≥ 95 % of limit: "
-            f"{mark(ratio >= TARGETS['jail_ratio'])}",
-        ),
-        (
-            "child start-up to first answer, jailed vs not",
-            f"{start_up['jailed_median']:.0f} vs {start_up['unjailed_median']:.0f} ms",
-            f"wall, median; child CPU {start_up['jailed_cpu_median']:.0f} vs "
-            f"{start_up['unjailed_cpu_median']:.0f} ms",
-        ),
-        ("Pillow, same job", rate("pillow"), f"pyvips {result['pyvips_vs_pillow']:.2f}× Pillow"),
-        (
-            "encode alone, same pixels, Pillow's libwebp",
-            rate("pillow_encode"),
-            "identical bytes; isolates the libwebp build",
-        ),
-        (
-            "two processes vs one (wall)",
-            f"{ips_two:.2f} vs {ips_one:.2f} img/s",
-            f"{two_vs_one:.2f}×; target ≥ 1.8×: {mark(two_vs_one >= TARGETS['two_vs_one'])}; "
-            f"CPU/image {cpu_per_image['one'] * 1000:.0f} vs {cpu_per_image['two'] * 1000:.0f} ms",
-        ),
-        (
-            "child peak RSS (VmHWM), 17.9 MP JPEG",
-            f"{rss_mb:.0f} MB",
-            f"target ≤ 200 MB: {mark(rss_mb <= TARGETS['rss_mb'])}; "
-            f"Pillow job: {pillow_rss_mb:.0f} MB",
-        ),
-        (
-            "reject 30,000² zlib bomb (via child)",
-            f"{bomb_rejection_ms:.2f} ms",
-            f"target ≤ 50 ms: {mark(bomb_rejection_ms <= TARGETS['bomb_ms'])}",
-        ),
-        ("reject 100,000² PNG header (via child)", f"{header_rejection_ms:.2f} ms", ""),
-    ]
-    print(f"Corpus: {n} images from {args.corpus}; best of {rounds}; "
-          f"{os.cpu_count()} CPUs; load average {load_before:.2f} → {load_after:.2f}; "
-          f"big image: {big_source}\n")
-    print("Rates are images per CPU-second of one core (wall-clock rate in brackets).\n")
-    print("| measure | result | note |")
-    print("| --- | --- | --- |")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
-    print(f"\nJSON: {out}")
+        pipeline_in_process_to_limit_ratio=ips["pipeline_in_process"] / component_limit,
+        pipeline_unjailed_to_limit_ratio=ips["pipeline_child_unjailed"] / component_limit,
+        jail=DeriveJail(
+            start_up_ms=start_up,
+            cpu_per_image_ms={"jailed": timings["pipeline_child"].cpu_s / n * 1000,
+                              "unjailed": timings["pipeline_child_unjailed"].cpu_s / n * 1000},
+            jailed_vs_unjailed=ips["pipeline_child"] / ips["pipeline_child_unjailed"]),
+        pyvips_vs_pillow=ips["pipeline_child"] / ips["pillow"],
+        one_process_ips=ips_one, two_processes_ips=ips_two, two_vs_one=ips_two / ips_one,
+        child_cpu_seconds_per_image=cpu_per_image,
+        child_peak_rss_mb=rss_mb, pillow_peak_rss_mb=pillow_rss_mb, big_image=big_source,
+        bomb_rejection_ms=bomb_rejection_ms, header_100k_rejection_ms=header_rejection_ms,
+        command=command("derive"), loadavg_at_end=list(os.getloadavg()))
+    publish("derive", result, args.out)
     return 0
 
 

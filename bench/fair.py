@@ -15,7 +15,8 @@ Measures B's confirm -> processing latency (the card's available_at at confirm t
 `claimed` event, both the database's clock), A's throughput (A's cards / the time from A's
 first claim to A's last publication), and the mean job duration; then, with --claims,
 claim time with 1,000 owners waiting (bench.queue's claim benchmark, darkroom only).
-Writes bench/out/fair.json and docs/img/fair_latency.png and prints Markdown.
+Writes bench/out/fair.json (bench/results.py `FairResult`) and prints it through its
+renderer (bench/sections.py `fair_section`); `bench.report` draws docs/img/fair_latency.png.
 
     .venv/bin/python -m bench.fair [--quick] [--database-url URL] [--no-claims]
 """
@@ -25,25 +26,38 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
+import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import psycopg
 
+from bench.cpu import machine
+from bench.queue import (
+    DARKROOM_EMPTY,
+    OWNERS,
+    TINY,
+    Server,
+    _queue,
+    _timed_claims,
+    darkroom_claim_once,
+    darkroom_fill,
+    log,
+    noop_result,
+)
+from bench.results import FairClaim, FairConfirmRate, FairResult, FairRun, FairSummary, save
+from bench.runs import BY_NAME, command
+from bench.sections import publish
+from bench.stats import percentile
 from darkroom.db.connection import open_pool
 from darkroom.db.migrations import migrate
 from darkroom.queue import Priority, Queue
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "bench" / "out" / "fair.json"
-IMG = ROOT / "docs" / "img" / "fair_latency.png"
+OUT = BY_NAME["fair"].json_path
 POLICIES = ("fifo", "fair", "fair_bulk")
 SLOTS = 2
 
@@ -57,6 +71,7 @@ class Plan:
     finished_rows: int  # claim time: finished rows ...
     backlog_rows: int  # ... and queued rows of 1,000 owners
     claims: int
+    quick: bool = False
 
 
 # B's uploads are a trickle (about 3% of the slots), as one user's photos during someone
@@ -66,23 +81,17 @@ class Plan:
 FULL = Plan(a_jobs=500, job_seconds=0.1, b_interval=1.5, repeats=3,
             finished_rows=1_000_000, backlog_rows=200_000, claims=300)
 QUICK = Plan(a_jobs=80, job_seconds=0.02, b_interval=0.25, repeats=1,
-             finished_rows=20_000, backlog_rows=5_000, claims=30)
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+             finished_rows=20_000, backlog_rows=5_000, claims=30, quick=True)
 
 
 async def _upload(q: Queue, owner: str, name: str, priority: Priority) -> uuid.UUID:
     card = await q.create_file(owner=owner, filename=name, content_type="image/jpeg", size=1,
                                priority=priority)
-    await q.confirm(card["id"], owner, "v1")
+    await q.confirm_card(card["id"], owner, "v1")
     return uuid.UUID(str(card["id"]))
 
 
 async def _slot(q: Queue, stop: asyncio.Event, job_seconds: float) -> None:
-    from bench.queue import noop_result
-
     while not stop.is_set():
         leases = await q.claim(1)
         if not leases:
@@ -92,13 +101,12 @@ async def _slot(q: Queue, stop: asyncio.Event, job_seconds: float) -> None:
         await q.complete(leases[0], noop_result(leases[0]))
 
 
-async def one_run(url: str, policy: str, plan: Plan) -> dict[str, Any]:
+async def one_run(url: str, policy: str, plan: Plan) -> FairRun:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects, owner_clocks")
+        conn.execute(DARKROOM_EMPTY)
     pool = await open_pool(url, min_size=SLOTS + 1, max_size=SLOTS + 1, name="bench-fair")
     try:
-        queues = [Queue(pool, lease_seconds=300, max_attempts=3, retry_base_seconds=1,
-                        retry_cap_seconds=1, worker=f"slot{i}") for i in range(SLOTS + 1)]
+        queues = [_queue(pool, f"slot{i}") for i in range(SLOTS + 1)]
         api = queues[-1]
         a_priority = Priority.BULK if policy == "fair_bulk" else Priority.INTERACTIVE
         # With FIFO, B's cards join A's line: one owner is first-in, first-out.
@@ -139,64 +147,28 @@ async def one_run(url: str, policy: str, plan: Plan) -> dict[str, Any]:
     a_span = (max(r[3] for r in a_rows) - min(r[2] for r in a_rows)).total_seconds()
     job = statistics.fmean((r[3] - r[2]).total_seconds() for r in rows)
     span = (max(r[3] for r in rows) - min(r[2] for r in rows)).total_seconds()
-    return {
-        "all_jobs_per_s": len(rows) / span,
-        "policy": policy, "b_cards": len(b_ids),
-        "b_wait_p50_s": _pct(b_wait, 0.50), "b_wait_p95_s": _pct(b_wait, 0.95),
-        "b_wait_max_s": b_wait[-1] if b_wait else None,
-        "a_jobs_per_s": plan.a_jobs / a_span, "mean_job_s": job,
-        "b_wait_s": b_wait,
-    }
+    return FairRun(policy=policy, b_cards=len(b_ids), b_wait_p50_s=_pct(b_wait, 0.50),
+                   b_wait_p95_s=_pct(b_wait, 0.95), b_wait_max_s=_pct(b_wait, 1.0),
+                   a_jobs_per_s=plan.a_jobs / a_span, all_jobs_per_s=len(rows) / span,
+                   mean_job_s=job, b_wait_s=b_wait)
 
 
 def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    return values[min(len(values) - 1, int(q * len(values)))]
+    """`q` of sorted `values`; None without any (B uploaded nothing)."""
+    return percentile(values, q) if values else None
 
 
-def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def summarize(runs: list[FairRun]) -> dict[str, FairSummary]:
+    out: dict[str, FairSummary] = {}
     for policy in POLICIES:
-        mine = [r for r in runs if r["policy"] == policy]
-        waits = sorted(w for r in mine for w in r["b_wait_s"])
-        out[policy] = {
-            "b_cards": len(waits),
-            "b_wait_p50_s": _pct(waits, 0.5), "b_wait_p95_s": _pct(waits, 0.95),
-            "b_wait_max_s": waits[-1] if waits else None,
-            "a_jobs_per_s": statistics.median(r["a_jobs_per_s"] for r in mine),
-            "all_jobs_per_s": statistics.median(r["all_jobs_per_s"] for r in mine),
-            "mean_job_s": statistics.fmean(r["mean_job_s"] for r in mine),
-        }
-    return out
-
-
-def targets(summary: dict[str, dict[str, Any]], claims: list[dict[str, Any]]
-            ) -> list[dict[str, Any]]:
-    fifo, fair = summary["fifo"], summary["fair"]
-    out = []
-    for policy in ("fair", "fair_bulk"):
-        s = summary[policy]
-        limit = 2 * s["mean_job_s"]
-        out.append({"target": f"{policy}: B's p95 confirm → processing ≤ 2× the mean job "
-                              f"at {SLOTS} slots",
-                    "measured": f"{s['b_wait_p95_s'] * 1000:.0f} ms vs 2 × "
-                                f"{s['mean_job_s'] * 1000:.0f} ms (FIFO: "
-                                f"{fifo['b_wait_p95_s'] * 1000:.0f} ms)",
-                    "met": s["b_wait_p95_s"] <= limit})
-        ratio = s["a_jobs_per_s"] / fifo["a_jobs_per_s"]
-        out.append({"target": f"{policy}: A's throughput ≥ 95% of FIFO's",
-                    "measured": f"{s['a_jobs_per_s']:.1f} vs {fifo['a_jobs_per_s']:.1f} "
-                                f"jobs/s: {ratio:.1%}",
-                    "met": ratio >= 0.95})
-    del fair
-    for c in claims:
-        ratio = c["ms_backlog"] / c["ms_10_rows"]
-        out.append({"target": f"{c['claim']} at {c['finished_rows']:,} finished rows, "
-                              f"{c['owners_waiting']:,} owners waiting, "
-                              f"{c['backlog_rows']:,} queued ≤ 1.5× a tiny table",
-                    "measured": f"{c['ms_backlog']:.2f} / {c['ms_10_rows']:.2f} ms = "
-                                f"{ratio:.2f}×", "met": ratio <= 1.5})
+        mine = [r for r in runs if r.policy == policy]
+        waits = sorted(w for r in mine for w in r.b_wait_s)
+        out[policy] = FairSummary(
+            b_cards=len(waits), b_wait_p50_s=_pct(waits, 0.5),
+            b_wait_p95_s=_pct(waits, 0.95), b_wait_max_s=_pct(waits, 1.0),
+            a_jobs_per_s=statistics.median(r.a_jobs_per_s for r in mine),
+            all_jobs_per_s=statistics.median(r.all_jobs_per_s for r in mine),
+            mean_job_s=statistics.fmean(r.mean_job_s for r in mine))
     return out
 
 
@@ -208,19 +180,18 @@ async def _confirm_rate(url: str, owners: int, n: int) -> float:
     `owners` owners: one owner's confirms queue on its clock row (each holds it until its
     commit), many owners' do not."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects, owner_clocks")
+        conn.execute(DARKROOM_EMPTY)
     pool = await open_pool(url, min_size=CONFIRM_CLIENTS, max_size=CONFIRM_CLIENTS,
                            name="bench-confirm")
     try:
-        q = Queue(pool, lease_seconds=300, max_attempts=3, retry_base_seconds=1,
-                  retry_cap_seconds=1)
+        q = _queue(pool, "bench-confirm")
         cards = [await q.create_file(owner=f"o{i % owners}", filename="c", size=1,
                                      content_type="image/jpeg") for i in range(n)]
         todo = iter(cards)
 
         async def client() -> None:
             for card in todo:
-                await q.confirm(card["id"], card["owner"], "v1")
+                await q.confirm_card(card["id"], card["owner"], "v1")
 
         t = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(CONFIRM_CLIENTS)))
@@ -229,23 +200,21 @@ async def _confirm_rate(url: str, owners: int, n: int) -> float:
         await pool.close()
 
 
-def confirm_rates(url: str, plan: Plan) -> list[dict[str, Any]]:
+def confirm_rates(url: str, plan: Plan) -> list[FairConfirmRate]:
     n = 300 if plan.repeats == 1 else 2_000
     out = []
     for rep in range(plan.repeats):  # interleaved
         for owners in (1, CONFIRM_CLIENTS):
             rate = asyncio.run(_confirm_rate(url, owners, n))
             log(f"  confirms, {owners} owner(s): {rate:,.0f}/s")
-            out.append({"owners": owners, "clients": CONFIRM_CLIENTS, "confirms": n,
-                        "rep": rep, "per_s": rate})
+            out.append(FairConfirmRate(owners=owners, clients=CONFIRM_CLIENTS, confirms=n,
+                                       rep=rep, per_s=rate))
     return out
 
 
-def claim_times(url: str, plan: Plan) -> list[dict[str, Any]]:
+def claim_times(url: str, plan: Plan) -> list[FairClaim]:
     """bench.queue's claim benchmark, darkroom only: a tiny table against
     `finished_rows` finished cards plus `backlog_rows` queued of 1,000 owners."""
-    from bench.queue import OWNERS, TINY, _timed_claims, darkroom_claim_once, darkroom_fill
-
     cases = [("claim(1)", darkroom_claim_once(1)), ("claim(32)", darkroom_claim_once(32))]
     ms: dict[tuple[str, str], float] = {}
     for size, finished, queued in (("tiny", 0, TINY),
@@ -255,83 +224,10 @@ def claim_times(url: str, plan: Plan) -> list[dict[str, Any]]:
         for what, once in cases:
             ms[(what, size)] = _timed_claims(url, plan.claims, once)
             log(f"  {what} {size}: {ms[(what, size)]:.3f} ms")
-    return [{"claim": what, "ms_10_rows": ms[(what, "tiny")],
-             "ms_backlog": ms[(what, "backlog")], "tiny_rows": TINY,
-             "finished_rows": plan.finished_rows, "backlog_rows": plan.backlog_rows,
-             "owners_waiting": OWNERS} for what, _ in cases]
-
-
-def markdown(result: dict[str, Any]) -> str:
-    plan, summary = result["plan"], result["summary"]
-    lines = [
-        f"{plan['a_jobs']} cards of owner A waiting; owner B uploads one every "
-        f"{plan['b_interval'] * 1000:.0f} ms while A's backlog drains; {SLOTS} slots, each "
-        f"job {plan['job_seconds'] * 1000:.0f} ms of work; {plan['repeats']} run(s) of each "
-        "policy, interleaved. Latency is confirm → claimed on the database's clock.",
-        "",
-        "| policy | B cards | B p50 ms | B p95 ms | B max ms | mean job ms | "
-        "A jobs/s | A vs FIFO | all jobs/s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    fifo_tp = summary["fifo"]["a_jobs_per_s"]
-    for policy in POLICIES:
-        s = summary[policy]
-        lines.append(
-            f"| {policy} | {s['b_cards']} | {s['b_wait_p50_s'] * 1000:.0f} | "
-            f"{s['b_wait_p95_s'] * 1000:.0f} | {s['b_wait_max_s'] * 1000:.0f} | "
-            f"{s['mean_job_s'] * 1000:.1f} | {s['a_jobs_per_s']:.1f} | "
-            f"{s['a_jobs_per_s'] / fifo_tp:.1%} | {s['all_jobs_per_s']:.1f} |")
-    if result.get("confirm_rate"):
-        rates: dict[int, list[float]] = {}
-        for r in result["confirm_rate"]:
-            rates.setdefault(r["owners"], []).append(r["per_s"])
-        lines += ["", f"Confirms per second, {CONFIRM_CLIENTS} concurrent clients (the "
-                  "owner's clock row is locked by each confirm until its commit), median:", "",
-                  "| cards of | confirms/s |", "|---|---:|"]
-        lines += [f"| {o} owner(s) | {statistics.median(v):,.0f} |" for o, v in rates.items()]
-    if result.get("claim_time"):
-        c0 = result["claim_time"][0]
-        lines += ["", f"Claim time, median of {plan['claims']} claims (each rolled back):", "",
-                  f"| claim | {c0['tiny_rows']} queued, ms | {c0['finished_rows']:,} finished "
-                  f"+ {c0['backlog_rows']:,} queued of {c0['owners_waiting']:,} owners, ms "
-                  "| ratio |", "|---|---:|---:|---:|"]
-        for c in result["claim_time"]:
-            lines.append(f"| {c['claim']} | {c['ms_10_rows']:.3f} | {c['ms_backlog']:.3f} | "
-                         f"{c['ms_backlog'] / c['ms_10_rows']:.2f}× |")
-    lines += ["", "| target | measured | met |", "|---|---|---|"]
-    lines += [f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'NO'} |"
-              for t in result["targets"]]
-    return "\n".join(lines)
-
-
-def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    for policy, color in zip(POLICIES, ("#c0392b", "#2e86c1", "#27ae60"), strict=True):
-        waits = sorted(w * 1000 for r in result["runs"] if r["policy"] == policy
-                       for w in r["b_wait_s"])
-        if waits:
-            ax.plot(waits, [(i + 1) / len(waits) for i in range(len(waits))], color=color,
-                    label=f"{policy} (p95 {_pct(waits, 0.95) or 0:.0f} ms)")
-    job = result["summary"]["fair"]["mean_job_s"] * 1000
-    ax.axvline(2 * job, color="k", ls="--", lw=1, label=f"2 × mean job ({2 * job:.0f} ms)")
-    ax.set_xscale("log")
-    ax.set_xlabel("owner B: confirm → processing, ms (log)")
-    ax.set_ylabel("share of B's cards")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    m = result["machine"]
-    ax.set_title(f"B's wait while A's {result['plan']['a_jobs']} cards drain "
-                 f"({SLOTS} slots)\n{m['nproc']} CPUs, PostgreSQL {result['postgres']}, "
-                 f"{result['date']}", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return [FairClaim(claim=what, ms_10_rows=ms[(what, "tiny")],
+                      ms_backlog=ms[(what, "backlog")], tiny_rows=TINY,
+                      finished_rows=plan.finished_rows, backlog_rows=plan.backlog_rows,
+                      owners_waiting=OWNERS) for what, _ in cases]
 
 
 def main() -> None:
@@ -342,8 +238,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     plan = QUICK if args.quick else FULL
-    from bench.queue import Server, machine
-
     with contextlib.ExitStack() as stack:
         if args.database_url:
             server = Server(args.database_url)
@@ -355,30 +249,24 @@ def main() -> None:
         url = server.fresh_db("bench_fair")
         migrate(url)
         started = time.time()
-        result: dict[str, Any] = {
-            "machine": machine(), "postgres": server.describe()["server_version"],
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "plan": asdict(plan),
-            "command": " ".join([".venv/bin/python", "-m", "bench.fair", *sys.argv[1:]]),
-            "runs": []}
+        result = FairResult(
+            machine=machine(), postgres=server.describe(), plan=asdict(plan), slots=SLOTS,
+            command=command("fair"))
         for rep in range(plan.repeats):
             for policy in POLICIES:
                 r = asyncio.run(one_run(url, policy, plan))
-                log(f"  {rep} {policy:9} B p95 {r['b_wait_p95_s'] * 1000:7.0f} ms  "
-                    f"A {r['a_jobs_per_s']:.1f} jobs/s  job {r['mean_job_s'] * 1000:.1f} ms")
-                result["runs"].append(r)
-        result["summary"] = summarize(result["runs"])
-        result["confirm_rate"] = confirm_rates(url, plan)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-        result["claim_time"] = [] if args.no_claims else claim_times(url, plan)
-        result["targets"] = targets(result["summary"], result["claim_time"])
-        result["elapsed_s"] = time.time() - started
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-    if not args.quick:
-        plot(result, IMG)
-    print(markdown(result))
-    print(f"\n({result['elapsed_s']:.0f} s; JSON in {args.out})")
+                log(f"  {rep} {policy:9} B p95 {(r.b_wait_p95_s or 0) * 1000:7.0f} ms  "
+                    f"A {r.a_jobs_per_s:.1f} jobs/s  job {r.mean_job_s * 1000:.1f} ms")
+                result.runs.append(r)
+        result.summary = summarize(result.runs)
+        result.confirm_rate = confirm_rates(url, plan)
+        # Saved before the claim part, which takes the longest: what was measured stays.
+        save(result, args.out)
+        result.claim_time = [] if args.no_claims else claim_times(url, plan)
+        result.elapsed_s = time.time() - started
+        result.loadavg_at_end = list(os.getloadavg())
+    publish("fair", result, args.out)
+    print(f"({result.elapsed_s:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ from bench.cpu import TICK, machine, machine_ticks, process_ticks
 from bench.queue import Server, darkroom_seed_jobs, noop_result, run_processes
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.db.migrations import migrate
 from darkroom.queue import Lease, Queue, derived_key
 
@@ -106,7 +107,7 @@ class SimWorker:
             self.wake.clear()
 
     async def job(self, lease: Lease) -> None:
-        await self.jobs.register_attempt_object(lease, derived_key(lease))
+        await self.jobs.register_attempt_objects(lease, [derived_key(lease)])
         await asyncio.sleep(self.rng.uniform(*self.job_seconds))
         lost = await self.jobs.complete_many([(lease, noop_result(lease))])
         del self.held[lease.file_id]
@@ -159,7 +160,7 @@ async def _simulate(barrier: Any, url: str, workers: int, slots_per_worker: int,
                                  min_size=2, max_size=2, name="fleet-heartbeat")
 
     def queue(pool: Any) -> Queue:
-        return Queue(pool, lease_seconds=lease, max_attempts=3, retry_base_seconds=1,
+        return Queue(Database(pool), lease_seconds=lease, max_attempts=3, retry_base_seconds=1,
                      retry_cap_seconds=1, worker=f"fleet-{os.getpid()}")
 
     meter, rng = Meter(), random.Random(seed)
@@ -385,7 +386,7 @@ def summary(result: dict[str, Any]) -> list[str]:
 
 
 def write_doc(result: dict[str, Any]) -> None:
-    from bench.report import DOC, block, splice
+    from bench.splice import DOC, block, splice
 
     plot = draw(result)
     a = result["argv"]

@@ -30,6 +30,7 @@ from typing import Any
 import psycopg
 
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.queue import Derived, Queue, derived_key
 from tests.api.conftest import start_api
 from tests.support.archive import FIRST_SCREEN_DONE, fill
@@ -94,7 +95,7 @@ async def drain_ratio(db_url: str, jobs: int, rounds: int) -> dict[str, Any]:
     pool = await open_pool(db_url, min_size=2, max_size=4)
     listener = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
     await listener.execute("LISTEN darkroom_cards")
-    queue = Queue(pool, lease_seconds=600, max_attempts=3, retry_base_seconds=0,
+    queue = Queue(Database(pool), lease_seconds=600, max_attempts=3, retry_base_seconds=0,
                   retry_cap_seconds=0, worker="bench")
     best = {"on": float("inf"), "off": float("inf")}
     try:
@@ -123,7 +124,7 @@ async def drain_ratio(db_url: str, jobs: int, rounds: int) -> dict[str, Any]:
 async def _enqueue(queue: Queue, i: int) -> None:
     card = await queue.create_file(owner=f"o{i % 7}", filename=f"{i}.jpg",
                                    content_type="image/jpeg", size=1, file_id=uuid.uuid4())
-    await queue.confirm(card["id"], card["owner"], "v1")
+    await queue.confirm_card(card["id"], card["owner"], "v1")
 
 
 def main() -> int:

@@ -11,34 +11,34 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from bench import targets
 from bench.markdown import num
 from bench.provenance import Source
-from bench.results import ApiResult, QueueResult, WorkerResult, load
-from bench.sections import API_PHASES, QUEUE_LABELS, best, series_of
-from bench.targets import (
-    API_P99_MS,
-    DERIVE_TARGETS,
-    QUEUE_CLAIM_GROWTH,
-    QUEUE_IDLE_P50_MS,
-    QUEUE_VS_PGQUEUER,
-    SOAK_DRIFT,
-    WORKER_IDLE_P50_MS,
-    WORKER_VS_PIPELINE,
+from bench.results import (
+    ApiResult,
+    DeriveResult,
+    FairResult,
+    QueueResult,
+    WorkerResult,
+    load,
 )
+from bench.sections import API_PHASES, QUEUE_LABELS, best, series_of
+from bench.stats import percentile
 
 IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
 CAPTION_LINE_IN = 0.16  # one 7.5 pt caption line, in inches
 
 
 def figure(title: str, sources: list[Source], ncols: int = 2) -> tuple[Any, Any]:
-    """Two panels, and a caption naming the machine and command of every source drawn:
+    """`ncols` panels, and a caption naming the machine and command of every source drawn:
     a figure may combine JSONs from runs of different dates."""
     import matplotlib.pyplot as plt
 
     # The figure grows by the caption's height, so the panels keep their size.
     height = 4.8 + CAPTION_LINE_IN * len(sources)
-    fig, axes = plt.subplots(1, ncols, figsize=(12.4 if ncols == 2 else 5.4 * ncols, height),
-                             dpi=100)
+    # A single panel stays wide enough for its caption line.
+    width = {1: 8.0, 2: 12.4}.get(ncols, 5.4 * ncols)
+    fig, axes = plt.subplots(1, ncols, figsize=(width, height), dpi=100)
     fig.suptitle(title, fontsize=12, fontweight="bold")
     caption = "\n".join(f"{s.bench.name}: {s.caption()}   ({s.short_command()})"
                         for s in sources)
@@ -57,6 +57,14 @@ def save(fig: Any, name: str) -> str:
     fig.savefig(IMG / name)
     plt.close(fig)
     return f"img/{name}"
+
+
+def target_line(ax: Any, value: float, label: str, x: float = 0.0, above: float = 1.1,
+                line: tuple[str, str] = ("k", "--"), **text: Any) -> None:
+    """A target as a horizontal line, labelled just above it (`above` × its value)."""
+    color, style = line
+    ax.axhline(value, color=color, ls=style, lw=1)
+    ax.text(x, value * above, label, **({"fontsize": 8} | text))
 
 
 def no_data(ax: Any, text: str) -> None:
@@ -107,8 +115,8 @@ def queue_throughput_plot(src: Source) -> str | None:
     ax.set_ylabel("jobs/s (median; bars: min–max of runs)")
     ax.set_title("absolute", fontsize=10)
     ax.legend(fontsize=7, loc="lower left")
-    ax_r.axhline(QUEUE_VS_PGQUEUER, color="k", ls="--", lw=1)
-    ax_r.text(counts[0], QUEUE_VS_PGQUEUER * 1.08, f"target {QUEUE_VS_PGQUEUER}×", fontsize=8)
+    target_line(ax_r, targets.QUEUE_VS_PGQUEUER, f"target {targets.QUEUE_VS_PGQUEUER}×",
+                counts[0], above=1.08)
     ax_r.axhline(1.0, color="C1", lw=0.8, alpha=0.6)
     ax_r.set_ylabel("× PgQueuer's best configuration at the same worker count")
     ax_r.set_title("ratio to PgQueuer's best, same run", fontsize=10)
@@ -154,11 +162,11 @@ def queue_claim_plot(src: Source) -> str | None:
     ax_r.set_xticks([0, 1], [f"{c0.finished_rows:,} finished\n+ {c0.queued_rows:,} queued",
                              f"backlog: {c0.backlog_rows:,} queued"])
     ax_r.set_yscale("log")
-    ax_r.axhline(QUEUE_CLAIM_GROWTH, color="k", ls="--", lw=1)
+    growth = targets.QUEUE_CLAIM_GROWTH
+    target_line(ax_r, growth, f"target ≤ {growth}× (finished rows only)", 0.5, fontsize=7.5,
+                ha="center",
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
     ax_r.axhline(1.0, color="#888", lw=0.8)
-    ax_r.text(0.5, QUEUE_CLAIM_GROWTH * 1.1, f"target ≤ {QUEUE_CLAIM_GROWTH}× (finished rows "
-              "only)", fontsize=7.5, ha="center",
-              bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
     ax_r.set_ylabel(f"× claim time on the tiny table ({tiny} queued rows)")
     ax_r.set_title("ratio to the tiny table, same run", fontsize=10)
     ax_r.grid(True, axis="y", which="both", alpha=0.3)
@@ -181,10 +189,10 @@ def images_plot(derive: Source, worker: Source) -> str | None:
     if not drawn:
         return None
     fig, (ax, ax_w) = figure("Images per second against the pipeline limit", drawn)
-    d = derive.data or {}
-    ips: dict[str, float] = d.get("images_per_second_per_core") or {}
-    limit = d.get("component_limit")
-    t = DERIVE_TARGETS
+    d = load(DeriveResult, derive.data) if derive.data else None
+    ips = d.images_per_second_per_core if d else {}
+    limit = d.component_limit if d else 0.0
+    ratio_target = targets.DERIVE_PIPELINE_RATIO
     if ips and limit:
         bars = [("decode+resize\nalone", "decode_resize", "#9ecae1"),
                 ("encode\nalone", "encode", "#9ecae1"),
@@ -206,9 +214,9 @@ def images_plot(derive: Source, worker: Source) -> str | None:
         ax.set_xticks(list(xs), [b[0] for b in bars], fontsize=8)
         ax.set_ylim(0, top)
         ax.axhline(1.0, color="k", lw=1)
-        ax.axhline(t["ratio"], color="k", ls="--", lw=1)
-        ax.text(-0.45, t["ratio"] - 0.02, f"target: pipeline ≥ {t['ratio']:.0%}", fontsize=8,
-                va="top")
+        ax.axhline(ratio_target, color="k", ls="--", lw=1)
+        ax.text(-0.45, ratio_target - 0.02, f"target: pipeline ≥ {ratio_target:.0%}",
+                fontsize=8, va="top")
         ax.set_ylabel(f"× component limit ({limit:.2f} img/s per core)")
         ax.set_title("bench.derive: per core, ratio to the same run's component limit\n"
                      "limit = 1 / (t_decode+resize + t_encode)", fontsize=9.5)
@@ -219,6 +227,7 @@ def images_plot(derive: Source, worker: Source) -> str | None:
     slots = WorkerResult.of(worker.data).slots if worker.data else []
     if slots:
         width = 0.38
+        share = targets.WORKER_VS_PIPELINE
         for i, r in enumerate(slots):
             ratio = r.end_to_end_ips / r.pipeline_alone_ips
             ax_w.bar(i - width / 2, r.pipeline_alone_ips, width, color="#9ecae1",
@@ -226,11 +235,11 @@ def images_plot(derive: Source, worker: Source) -> str | None:
             ax_w.bar(i + width / 2, r.end_to_end_ips, width, color="C0",
                      label="end to end (worker)" if i == 0 else None)
             ax_w.text(i + width / 2, r.end_to_end_ips * 1.02, f"{ratio:.0%}\nof alone",
-                      ha="center", fontsize=8, fontweight="bold" if ratio < WORKER_VS_PIPELINE
-                      else None, color="C3" if ratio < WORKER_VS_PIPELINE else "k")
-            ax_w.hlines(r.pipeline_alone_ips * WORKER_VS_PIPELINE, i, i + width, colors="k",
+                      ha="center", fontsize=8, fontweight="bold" if ratio < share else None,
+                      color="C3" if ratio < share else "k")
+            ax_w.hlines(r.pipeline_alone_ips * share, i, i + width, colors="k",
                         linestyles="--", lw=1,
-                        label=f"target {WORKER_VS_PIPELINE:.0%} of alone" if i == 0 else None)
+                        label=f"target {share:.0%} of alone" if i == 0 else None)
         ax_w.set_xticks(range(len(slots)),
                         [f"{r.slots} slot{'s' * (r.slots > 1)}" for r in slots])
         ax_w.set_ylabel("images/s (wall clock)")
@@ -246,6 +255,16 @@ def images_plot(derive: Source, worker: Source) -> str | None:
 
 
 
+def percentiles_line(ax: Any, values: list[float | None], color: str, marker: str,
+                     label: str) -> None:
+    """One latency distribution as a line over p50, p95, … with each value written on
+    it; a missing percentile is left out."""
+    pts = [(i, v) for i, v in enumerate(values) if v is not None]
+    ax.plot(*zip(*pts, strict=True), marker=marker, color=color, label=label)
+    for i, v in pts:
+        ax.text(i, v * 1.12, f"{v:.1f}", ha="center", fontsize=7.5, color=color)
+
+
 def latency_plot(api: Source, worker: Source, queue: Source) -> str | None:
     drawn = [s for s in (api, worker, queue) if s.data]
     if not drawn:
@@ -258,15 +277,11 @@ def latency_plot(api: Source, worker: Source, queue: Source) -> str | None:
         r = phases.get(phase)
         if not r:
             continue
-        pts = [(i, v) for i, q in enumerate(qs) if (v := getattr(r, f"{q}_ms")) is not None]
-        ax.plot(*zip(*pts, strict=True), marker="o", color=color,
-                label=f"{API_PHASES[phase]} ({r.requests} requests)")
-        for i, v in pts:
-            ax.text(i, v * 1.12, f"{v:.1f}", ha="center", fontsize=7.5, color=color)
+        percentiles_line(ax, [getattr(r, f"{q}_ms") for q in qs], color, "o",
+                         f"{API_PHASES[phase]} ({r.requests} requests)")
     if api_res and phases:
         busy, idle = phases.get("confirm_busy"), phases.get("confirm_idle")
-        ax.axhline(API_P99_MS, color="k", ls="--", lw=1)
-        ax.text(0, API_P99_MS * 1.1, f"target p99 < {API_P99_MS:.0f} ms", fontsize=8)
+        target_line(ax, targets.API_P99_MS, f"target p99 < {targets.API_P99_MS:.0f} ms")
         ax.set_xticks(range(len(qs)), qs)
         ax.set_yscale("log")
         ax.set_ylabel("ms, scheduled send → response")
@@ -295,18 +310,13 @@ def latency_plot(api: Source, worker: Source, queue: Source) -> str | None:
             lines.append((f"queue: {QUEUE_LABELS[name]} enqueue → start, {stats.n} jobs",
                           dataclasses.asdict(stats), color, marker))
     for label, pcts, color, marker in lines:
-        pts = [(i, pcts[f"{q}_ms"]) for i, q in enumerate(qs)
-               if pcts.get(f"{q}_ms") is not None]
-        ax_w.plot(*zip(*pts, strict=True), marker=marker, color=color, label=label)
-        for i, v in pts:
-            ax_w.text(i, v * 1.12, f"{v:.1f}", ha="center", fontsize=7.5, color=color)
+        percentiles_line(ax_w, [pcts.get(f"{q}_ms") for q in qs], color, marker, label)
     if lines:
-        ax_w.axhline(WORKER_IDLE_P50_MS, color="k", ls="--", lw=1)
-        ax_w.text(1.5, WORKER_IDLE_P50_MS * 1.1, f"worker target p50 < {WORKER_IDLE_P50_MS:.0f} ms",
-                  fontsize=8)
-        ax_w.axhline(QUEUE_IDLE_P50_MS, color="#888", ls=":", lw=1)
-        ax_w.text(1.5, QUEUE_IDLE_P50_MS * 0.7, f"queue target p50 < {QUEUE_IDLE_P50_MS:.0f} ms",
-                  fontsize=8, color="#666")
+        target_line(ax_w, targets.WORKER_IDLE_P50_MS,
+                    f"worker target p50 < {targets.WORKER_IDLE_P50_MS:.0f} ms", 1.5)
+        target_line(ax_w, targets.QUEUE_IDLE_P50_MS,
+                    f"queue target p50 < {targets.QUEUE_IDLE_P50_MS:.0f} ms", 1.5, above=0.7,
+                    line=("#888", ":"), color="#666")
         ax_w.set_xticks(range(len(qs)), qs)
         ax_w.set_yscale("log")
         ax_w.set_ylabel("ms")
@@ -341,7 +351,8 @@ def soak_plot(src: Source) -> str | None:
     ax.plot(t, [w["claim_ms"] / base for w in windows], "o-", color="C0",
             label="claim time / first windows'")
     ax.axhline(1.0, color="#888", lw=0.8)
-    ax.axhline(SOAK_DRIFT, color="k", ls="--", lw=1, label=f"{SOAK_DRIFT}× (assumed bound)")
+    ax.axhline(targets.SOAK_DRIFT, color="k", ls="--", lw=1,
+               label=f"{targets.SOAK_DRIFT}× (assumed bound)")
     ax.set_xlabel("elapsed s")
     ax.set_ylabel(f"× first windows' claim time ({base:.2f} ms)")
     lat = [(w["t"], w["confirm_ms"]) for w in windows if w.get("confirm_ms")]
@@ -383,3 +394,29 @@ def soak_plot(src: Source) -> str | None:
     ax_s.grid(True, alpha=0.3)
     return save(fig, "soak.png")
 
+
+FAIR_COLORS = {"fifo": "#c0392b", "fair": "#2e86c1", "fair_bulk": "#27ae60"}
+
+
+def fair_plot(src: Source) -> str | None:
+    res = load(FairResult, src.data or {})
+    if not res.runs:
+        return None
+    fig, ax = figure(f"Owner B's wait while A's {res.plan['a_jobs']} cards drain "
+                     f"({res.slots} slots)", [src], ncols=1)
+    for policy, color in FAIR_COLORS.items():
+        waits = sorted(w * 1000 for r in res.runs if r.policy == policy for w in r.b_wait_s)
+        if waits:
+            ax.plot(waits, [(i + 1) / len(waits) for i in range(len(waits))], color=color,
+                    label=f"{policy} (p95 {percentile(waits, 0.95):.0f} ms)")
+    fair = res.summary.get("fair")
+    if fair:
+        bound = targets.FAIR_B_WAIT_JOBS * fair.mean_job_s * 1000
+        ax.axvline(bound, color="k", ls="--", lw=1,
+                   label=f"target: {targets.FAIR_B_WAIT_JOBS:g} × mean job ({bound:.0f} ms)")
+    ax.set_xscale("log")
+    ax.set_xlabel("owner B: confirm → processing, ms (log)")
+    ax.set_ylabel("share of B's cards")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return save(fig, "fair_latency.png")

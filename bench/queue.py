@@ -39,8 +39,8 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -48,15 +48,14 @@ import psycopg
 from psycopg.rows import dict_row
 
 from bench.cpu import TICK, machine, machine_ticks
-from bench.markdown import targets_table
-from bench.provenance import Source
-from bench.results import QueueClaim, QueueLatency, QueueResult, QueueThroughput, load, save
-from bench.runs import BY_NAME
-from bench.sections import BATCHED, queue_section
+from bench.results import QueueClaim, QueueLatency, QueueResult, QueueThroughput, load
+from bench.runs import command
+from bench.sections import BATCHED, publish
 from bench.stats import latency_summary
 from darkroom.completer import Completer
 from darkroom.completer import running as completer_running
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.db.migrations import migrate
 from darkroom.db.queries import QUERIES
 from darkroom.queue import Derived, Lease, Queue, derived_key
@@ -96,6 +95,11 @@ class Plan:
     latency_rate: float = 50.0
     latency_rounds: int = 3  # latency_seconds split into rounds that take the systems in turn
     quick: bool = False
+
+    @property
+    def latency_jobs(self) -> int:
+        """Jobs each system is sent in its idle-latency run."""
+        return int(self.latency_rate * self.latency_seconds)
 
 
 FULL = Plan(jobs=20_000, slow_jobs=4_000, repeats=5, finished_rows=1_000_000,
@@ -204,18 +208,23 @@ def run_processes(target: Callable[..., Any], args: list[tuple[Any, ...]],
 # --- darkroom ------------------------------------------------------------------------------
 
 
+# Every table a card's rows live in (cascading to those that reference cards), emptied
+# between runs so that each starts from the same state.
+DARKROOM_EMPTY = "TRUNCATE archive_files, archive_events, orphan_objects, owner_clocks CASCADE"
+
+
 def noop_result(lease: Lease) -> Derived:
     return Derived(derived_key(lease), "v", "0" * 64, 1, 1, 1)
 
 
 def _queue(pool: Any, name: str) -> Queue:
-    return Queue(pool, lease_seconds=300, max_attempts=3, retry_base_seconds=1,
+    return Queue(Database(pool), lease_seconds=300, max_attempts=3, retry_base_seconds=1,
                  retry_cap_seconds=1, worker=name)
 
 
 def darkroom_seed_jobs(url: str, n: int) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects CASCADE")
+        conn.execute(DARKROOM_EMPTY)
         conn.execute(
             "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
             " original_key, original_version, status)"
@@ -287,10 +296,15 @@ def darkroom_drain(barrier: Any, url: str, slots: int, name: str,
     return asyncio.run(_darkroom_drain(barrier, url, slots, name, batched))
 
 
-def darkroom_done(url: str) -> int:
+def count(url: str, sql: str) -> int:
+    """One `SELECT count(*)` of a finished drain."""
     with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT count(*) FROM archive_files WHERE status = 'ready'")
-        return int(row.fetchone()[0])  # type: ignore[index]
+        return int(conn.execute(sql.encode()).fetchone()[0])  # type: ignore[index]
+
+
+def archive_done(url: str) -> int:
+    """Jobs finished in darkroom's table or the seed's: both mark them `ready`."""
+    return count(url, "SELECT count(*) FROM archive_files WHERE status = 'ready'")
 
 
 # --- the seed's own protocol -----------------------------------------------------------------
@@ -370,21 +384,11 @@ def seed_drain(barrier: Any, url: str) -> tuple[int, float]:
         return done, time.time()
 
 
-def seed_done(url: str) -> int:
-    with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT count(*) FROM archive_files WHERE status = 'ready'")
-        return int(row.fetchone()[0])  # type: ignore[index]
-
-
 # --- PgQueuer --------------------------------------------------------------------------------
 
 
 def _asyncpg_available() -> bool:
-    try:
-        import asyncpg  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("asyncpg") is not None
 
 
 async def _pgqueuer_queries(url: str) -> tuple[Any, Any]:
@@ -393,7 +397,7 @@ async def _pgqueuer_queries(url: str) -> tuple[Any, Any]:
     # asyncpg is PgQueuer's default and fastest driver (its own benchmark uses it);
     # psycopg is the fallback when the asyncpg extra is not installed.
     if _asyncpg_available():
-        import asyncpg
+        import asyncpg  # type: ignore[import-untyped]
         from pgqueuer.db import AsyncpgDriver
 
         conn = await asyncpg.connect(dsn=url)
@@ -452,12 +456,10 @@ def pgqueuer_drain(barrier: Any, url: str, batch: int) -> tuple[int, float]:
 
 
 def pgqueuer_done(url: str) -> int:
-    with psycopg.connect(url) as conn:
-        # Finished jobs leave the pgqueuer table and are logged as successful.
-        left = conn.execute("SELECT count(*) FROM pgqueuer").fetchone()[0]  # type: ignore[index]
-        ok = conn.execute("SELECT count(*) FROM pgqueuer_log"
-                          " WHERE status = 'successful'").fetchone()[0]  # type: ignore[index]
-    return int(ok) if int(left) == 0 else -int(left)
+    # Finished jobs leave the pgqueuer table and are logged as successful.
+    left = count(url, "SELECT count(*) FROM pgqueuer")
+    ok = count(url, "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'")
+    return ok if left == 0 else -left
 
 
 # --- Procrastinate ---------------------------------------------------------------------------
@@ -511,15 +513,13 @@ def procrastinate_drain(barrier: Any, url: str, concurrency: int) -> tuple[int, 
 
 
 def procrastinate_done(url: str) -> int:
-    with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'")
-        return int(row.fetchone()[0])  # type: ignore[index]
+    return count(url, "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'")
 
 
 # --- throughput --------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class Adapter:
     """What the throughput runner needs to know of one system in one configuration."""
 
@@ -538,11 +538,11 @@ def adapters(quick: bool = False) -> list[Adapter]:
     out = [Adapter("darkroom", f"{k} slots, the worker's Completer (the worker's path)",
                    "bench_darkroom", darkroom_seed_jobs, darkroom_drain,
                    lambda url, i, k=k: (url, k, f"w{i}"),  # type: ignore[misc]
-                   darkroom_done)
+                   archive_done)
            for k in DARKROOM_SLOTS]
     out.append(Adapter(BATCHED, f"claim {DARKROOM_BATCH}, complete_many",
                        "bench_darkroom", darkroom_seed_jobs, darkroom_drain,
-                       lambda url, i: (url, DARKROOM_BATCH, f"w{i}", True), darkroom_done,
+                       lambda url, i: (url, DARKROOM_BATCH, f"w{i}", True), archive_done,
                        once=True))
     driver = "asyncpg" if _asyncpg_available() else "psycopg"
     out += [Adapter("pgqueuer", f"batch_size {b}, {driver}", "bench_pgqueuer",
@@ -555,32 +555,9 @@ def adapters(quick: bool = False) -> list[Adapter]:
                     lambda url, i: (url, PROCRASTINATE_CONCURRENCY), procrastinate_done,
                     slow=True, once=True),
             Adapter("seed", "LIMIT 1 per transaction, OR query", "bench_seed",
-                    seed_seed_jobs, seed_drain, lambda url, i: (url,), seed_done, slow=True,
+                    seed_seed_jobs, seed_drain, lambda url, i: (url,), archive_done, slow=True,
                     once=True)]
     return out
-
-
-@dataclass
-class ThroughputRun:
-    system: str
-    config: str
-    workers: int
-    jobs: int
-    runs_jobs_per_s: list[float] = field(default_factory=list)
-    # Machine CPU (all processes, PostgreSQL included) per job while the workers ran, and
-    # the share of wall time stolen by the hypervisor: on a shared machine the CPU cost
-    # of a job moves far less from run to run than the jobs/s do.
-    runs_cpu_us_per_job: list[float] = field(default_factory=list)
-    runs_steal_share: list[float] = field(default_factory=list)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.runs_jobs_per_s)
-
-    @property
-    def median_cpu_us_per_job(self) -> float | None:
-        cpu = [c for c in self.runs_cpu_us_per_job if c > 0]
-        return statistics.median(cpu) if cpu else None
 
 
 def run_throughput(server: Server, adapter: Adapter, workers: int,
@@ -597,16 +574,21 @@ def run_throughput(server: Server, adapter: Adapter, workers: int,
     return jobs / (t_end - t0), cpu
 
 
-def throughput(server: Server, plan: Plan, only: set[str] | None) -> list[ThroughputRun]:
+def throughput(server: Server, plan: Plan, only: set[str] | None) -> list[QueueThroughput]:
     chosen = [a for a in adapters(plan.quick)
               if not only or a.system.split(" ")[0] in only]
+
+    def jobs_of(a: Adapter) -> int:
+        return plan.slow_jobs if a.slow else plan.jobs
+
     for db in {a.db for a in chosen}:
         url = server.fresh_db(db)
         if db == "bench_darkroom":
             migrate(url)
-    runs = {(a.system, a.config, w): ThroughputRun(a.system, a.config, w,
-                                                  plan.slow_jobs if a.slow else plan.jobs)
-            for w in plan.workers for a in chosen}
+    # Per system, configuration and worker count: jobs/s, CPU µs per job and steal share
+    # of each run.
+    runs: dict[tuple[Adapter, int], tuple[list[float], list[float], list[float]]] = {
+        (a, w): ([], [], []) for w in plan.workers for a in chosen}
     # Repeats go round-robin over every system, so a burst of load from a neighbour on
     # this shared machine hits all of them alike instead of one system's runs.
     for rep in range(plan.repeats):
@@ -616,17 +598,17 @@ def throughput(server: Server, plan: Plan, only: set[str] | None) -> list[Throug
                 # benchmark under 15 minutes; the comparisons that decide targets repeat.
                 if a.once and rep:
                     continue
-                run = runs[(a.system, a.config, workers)]
-                url = server.db_url(a.db)
-                rate, cpu = run_throughput(server, a, workers, run.jobs)
-                wall = run.jobs / rate
-                run.runs_jobs_per_s.append(rate)
-                run.runs_cpu_us_per_job.append(cpu.busy_s / run.jobs * 1e6)
-                run.runs_steal_share.append(cpu.steal_s / wall)
+                jobs = jobs_of(a)
+                rate, cpu = run_throughput(server, a, workers, jobs)
+                rates, cpu_us, steal = runs[(a, workers)]
+                rates.append(rate)
+                cpu_us.append(cpu.busy_s / jobs * 1e6)
+                steal.append(cpu.steal_s / (jobs / rate))
                 log(f"  [{rep + 1}/{plan.repeats}] {a.system:30} {a.config:34} {workers:>2}"
-                    f" workers: {rate:8,.0f} jobs/s, {run.runs_cpu_us_per_job[-1]:4.0f} µs"
-                    f" CPU/job, steal {run.runs_steal_share[-1]:.2f}")
-    return list(runs.values())
+                    f" workers: {rate:8,.0f} jobs/s, {cpu_us[-1]:4.0f} µs CPU/job, steal"
+                    f" {steal[-1]:.2f}")
+    return [QueueThroughput.measured(a.system, a.config, w, jobs_of(a), *figures)
+            for (a, w), figures in runs.items()]
 
 
 # --- idle latency --------------------------------------------------------------------------------
@@ -763,6 +745,16 @@ def _paced(n: int, rate: float) -> Iterator[int]:
         yield i
 
 
+async def _paced_async(n: int, rate: float) -> AsyncIterator[int]:
+    """`_paced` for a producer on an event loop."""
+    start = time.time()
+    for i in range(n):
+        delay = start + i / rate - time.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        yield i
+
+
 def _latencies(enqueued: dict[str, float], claimed: dict[str, float]) -> list[float]:
     """enqueue → start of every job, in ms; a job never started counts as NaN."""
     return [(claimed[k] - t) * 1000 if k in claimed else math.nan
@@ -770,10 +762,9 @@ def _latencies(enqueued: dict[str, float], claimed: dict[str, float]) -> list[fl
 
 
 def _run_with_producer(target: Callable[..., Any], args: tuple[Any, ...],
-                       produce: Callable[[], dict[str, float]]
-                       ) -> tuple[dict[str, float], dict[str, float]]:
-    """Runs one worker process and the producer (here) at the same time; answers when
-    each job was enqueued and when it started, by job id."""
+                       produce: Callable[[], dict[str, float]]) -> list[float]:
+    """Runs one worker process and the producer (here) at the same time; answers each
+    job's enqueue → start (`_latencies`)."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(2)
     results = ctx.Queue()
@@ -790,15 +781,15 @@ def _run_with_producer(target: Callable[..., Any], args: tuple[Any, ...],
             proc.kill()
     if isinstance(claimed, BaseException):
         raise RuntimeError(f"latency worker failed: {claimed!r}") from claimed
-    return enqueued, claimed
+    return _latencies(enqueued, claimed)
 
 
 def darkroom_latency(server: Server, plan: Plan) -> list[float]:
     """Producer: create pending cards, then `confirm` them (UPDATE + pg_notify, one txn)."""
     url = server.db_url("bench_darkroom")
-    n = int(plan.latency_rate * plan.latency_seconds)
+    n = plan.latency_jobs
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects CASCADE")
+        conn.execute(DARKROOM_EMPTY)
         ids = [r[0] for r in conn.execute(
             "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
             " original_key) SELECT 'bench', 'f' || i, 'image/jpeg', 1, 'originals/' || i"
@@ -811,31 +802,26 @@ def darkroom_latency(server: Server, plan: Plan) -> list[float]:
             queue = _queue(pool, "producer")
             enqueued: dict[str, float] = {}
             try:
-                await queue.confirm(uuid.uuid4(), "bench", "warm-up")  # prepare, not timed
-                start = time.time()
-                for i in range(n):
-                    delay = start + i / plan.latency_rate - time.time()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
+                await queue.confirm_card(uuid.uuid4(), "bench", "warm-up")  # prepare, not timed
+                async for i in _paced_async(n, plan.latency_rate):
                     # Taken before the statement: the latency includes the enqueue's own
                     # commit, so it can only be overstated, never flattered.
                     enqueued[str(ids[i])] = time.time()
-                    await queue.confirm(ids[i], "bench", "v1")
+                    await queue.confirm_card(ids[i], "bench", "v1")
             finally:
                 await pool.close()
             return enqueued
         return asyncio.run(go())
 
-    r = _run_with_producer(darkroom_latency_worker,
-                           (url, n, plan.latency_seconds + 20, 1.0), produce)
-    return _latencies(*r)
+    return _run_with_producer(darkroom_latency_worker,
+                              (url, n, plan.latency_seconds + 20, 1.0), produce)
 
 
 def seed_latency(server: Server, plan: Plan) -> list[float]:
     """Producer: INSERT a queued row, as the seed's API does on confirm (no NOTIFY)."""
     url = server.db_url("bench_seed")
     seed_prepare(url)
-    n = int(plan.latency_rate * plan.latency_seconds)
+    n = plan.latency_jobs
 
     def produce() -> dict[str, float]:
         enqueued: dict[str, float] = {}
@@ -850,26 +836,21 @@ def seed_latency(server: Server, plan: Plan) -> list[float]:
                     (fid, f"f{i}", f"originals/{fid}"))
         return enqueued
 
-    r = _run_with_producer(seed_latency_worker, (url, n, plan.latency_seconds + 20), produce)
-    return _latencies(*r)
+    return _run_with_producer(seed_latency_worker, (url, n, plan.latency_seconds + 20), produce)
 
 
 def pgqueuer_latency(server: Server, plan: Plan) -> list[float]:
     """Producer: one `Queries.enqueue` per job (its INSERT notifies the channel)."""
     url = server.db_url("bench_pgqueuer")
     pgqueuer_seed_jobs(url, 0)
-    n = int(plan.latency_rate * plan.latency_seconds)
+    n = plan.latency_jobs
 
     def produce() -> dict[str, float]:
         async def go() -> dict[str, float]:
             queries, conn = await _pgqueuer_queries(url)
             enqueued: dict[str, float] = {}
             try:
-                start = time.time()
-                for i in range(n):
-                    delay = start + i / plan.latency_rate - time.time()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
+                async for _ in _paced_async(n, plan.latency_rate):
                     t = time.time()
                     ids = await queries.enqueue("noop", None)
                     enqueued[str(ids[0])] = t
@@ -878,16 +859,15 @@ def pgqueuer_latency(server: Server, plan: Plan) -> list[float]:
             return enqueued
         return asyncio.run(go())
 
-    r = _run_with_producer(pgqueuer_latency_worker, (url, n, plan.latency_seconds + 20),
-                           produce)
-    return _latencies(*r)
+    return _run_with_producer(pgqueuer_latency_worker, (url, n, plan.latency_seconds + 20),
+                              produce)
 
 
 def procrastinate_latency(server: Server, plan: Plan) -> list[float]:
     """Producer: one `defer_async` per job (its INSERT notifies the worker)."""
     url = server.db_url("bench_procrastinate")
     procrastinate_seed_jobs(url, 0)
-    n = int(plan.latency_rate * plan.latency_seconds)
+    n = plan.latency_jobs
 
     def produce() -> dict[str, float]:
         async def go() -> dict[str, float]:
@@ -895,19 +875,14 @@ def procrastinate_latency(server: Server, plan: Plan) -> list[float]:
             enqueued: dict[str, float] = {}
             async with app.open_async():
                 task = app.tasks["noop"]
-                start = time.time()
-                for i in range(n):
-                    delay = start + i / plan.latency_rate - time.time()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
+                async for _ in _paced_async(n, plan.latency_rate):
                     t = time.time()
                     enqueued[str(await task.defer_async())] = t
             return enqueued
         return asyncio.run(go())
 
-    r = _run_with_producer(procrastinate_latency_worker, (url, n, plan.latency_seconds + 20),
-                           produce)
-    return _latencies(*r)
+    return _run_with_producer(procrastinate_latency_worker, (url, n, plan.latency_seconds + 20),
+                              produce)
 
 
 # One per system: (how it wakes an idle worker, how its run is measured).
@@ -987,8 +962,7 @@ def _fill_queued_fair(conn: psycopg.Connection[Any], queued: int) -> None:
 def darkroom_fill(url: str, finished: int, queued: int) -> None:
     """`finished` ready cards (older) and `queued` due ones of OWNERS owners, in bulk."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE archive_files, archive_events, orphan_objects, owner_clocks"
-                     " CASCADE")
+        conn.execute(DARKROOM_EMPTY)
         conn.execute(
             "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
             " original_key, original_version, status, attempts, derived_key, derived_version,"
@@ -1135,7 +1109,7 @@ def main() -> None:
             server, where = Server(embedded.url(tmp / "pg", stop_on_exit=True)), "embedded"
         started = time.time()
         result = QueueResult(
-            command=" ".join([".venv/bin/python", "-m", "bench.queue", *sys.argv[1:]]),
+            command=command("queue"),
             machine=machine(), postgres=server.describe(), server=where, plan=asdict(plan))
         log(f"PostgreSQL {result.postgres['server_version']} ({where}); "
             f"{result.machine['nproc']} CPUs: {result.machine['cpu']}")
@@ -1146,10 +1120,7 @@ def main() -> None:
         seed_prepare(url)
         if "throughput" not in skip:
             log("throughput:")
-            result.throughput = [
-                QueueThroughput(**asdict(r), median=r.median,
-                                cpu_us_per_job=r.median_cpu_us_per_job)
-                for r in throughput(server, plan, only)]
+            result.throughput = throughput(server, plan, only)
         if "latency" not in skip:
             log("latency:")
             result.latency = {name: load(QueueLatency, s)
@@ -1159,10 +1130,8 @@ def main() -> None:
             result.claim_time = [load(QueueClaim, c) for c in claim_times(server, plan)]
         result.elapsed_s = time.time() - started
         result.loadavg_at_end = list(os.getloadavg())
-    save(result, args.out)
-    lines, targets = queue_section(Source.of(BY_NAME["queue"], asdict(result)))
-    print("\n".join([*lines, "", *targets_table(targets)]))
-    print(f"\n({result.elapsed_s:.0f} s; JSON in {args.out})")
+    publish("queue", result, args.out)
+    print(f"({result.elapsed_s:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -9,13 +9,15 @@ the split is exact rather than inferred from machine totals. With --variant, eac
 gets its own database, migrated and then altered by its SQL (drop an index, say), and
 the drains alternate between the plain schema and the variants, so a burst of load from
 a neighbour hits them alike: compare the medians of one run, never across runs.
+
+Writes bench/out/queue_split.json (bench/results.py `QueueSplitResult`) and prints it
+through its renderer (bench/sections.py `queue_split_section`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -23,23 +25,22 @@ from typing import Any
 
 import psycopg
 
-from bench.cpu import TICK, process_ticks
+from bench.cpu import machine, process_cpu_seconds
 from bench.queue import (
     DARKROOM_BATCH,
     Server,
     _queue,
     darkroom_seed_jobs,
-    drain_batches,
+    drain_batched,
+    log,
     run_processes,
 )
+from bench.results import QueueSplitResult, QueueSplitRun, save
+from bench.runs import OUT, command
+from bench.sections import queue_split_section
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
 from darkroom.db.migrations import migrate
-
-
-def process_cpu(pid: int) -> float:
-    """User + system CPU seconds of a process on this machine (the backend's, here)."""
-    return process_ticks(pid) / TICK
 
 
 async def _drain(barrier: Any, url: str, name: str) -> tuple[int, float, float, float]:
@@ -47,12 +48,14 @@ async def _drain(barrier: Any, url: str, name: str) -> tuple[int, float, float, 
     queue = _queue(pool, name)
     async with pool.connection() as conn:
         cur = await conn.execute("SELECT pg_backend_pid() AS pid")
-        backend = int((await cur.fetchone())["pid"])  # type: ignore[index]
+        row: Any = await cur.fetchone()  # the pool's rows are dicts
+        backend = int(row["pid"])
     try:
         barrier.wait()
-        pg0, py0 = process_cpu(backend), time.process_time()
-        done = await drain_batches(queue, DARKROOM_BATCH)
-        return done, time.time(), process_cpu(backend) - pg0, time.process_time() - py0
+        pg0, py0 = process_cpu_seconds(backend), time.process_time()
+        done = await drain_batched(queue, DARKROOM_BATCH)
+        return (done, time.time(), process_cpu_seconds(backend) - pg0,
+                time.process_time() - py0)
     finally:
         await pool.close()
 
@@ -69,6 +72,7 @@ def main() -> None:
     parser.add_argument("--variant", nargs=2, action="append", default=[],
                         metavar=("NAME", "SQL"), help="a schema variant to compare")
     parser.add_argument("--database-url", help="a superuser URL (default: embedded)")
+    parser.add_argument("--out", type=Path, default=OUT / "queue_split.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dr-split-") as tmp:
         server = Server(args.database_url
@@ -81,25 +85,28 @@ def main() -> None:
             if sql:
                 with psycopg.connect(urls[name], autocommit=True) as conn:
                     conn.execute(sql.encode())
-        runs: dict[str, list[tuple[float, float, float, float]]] = {n: [] for n, _ in variants}
+        result = QueueSplitResult(
+            machine=machine(), command=command("queue_split"),
+            workers=args.workers, jobs=args.jobs, repeats=args.repeats,
+            variants=dict(variants), runs={n: [] for n, _ in variants})
         for rep in range(args.repeats):
             for name, _ in variants:
                 darkroom_seed_jobs(urls[name], args.jobs)
                 t0, out, cpu = run_processes(
                     drain, [(urls[name], f"w{i}") for i in range(args.workers)])
                 n = args.jobs
-                row = (n / (max(r[1] for r in out) - t0), cpu.busy_s / n * 1e6,
-                       sum(r[2] for r in out) / n * 1e6, sum(r[3] for r in out) / n * 1e6)
-                runs[name].append(row)
-                print(f"  [{rep + 1}/{args.repeats}] {name:20} {row[0]:8,.0f} jobs/s, "
-                      f"machine {row[1]:5.1f} µs/job = backends {row[2]:5.1f} + "
-                      f"workers' Python {row[3]:5.1f} + rest", flush=True)
-        print(f"\nmedians of {args.repeats} runs, {args.workers} workers, {args.jobs:,} jobs:")
-        print("| schema | jobs/s | machine µs/job | backends µs/job | workers' Python µs/job |")
-        print("|---|---:|---:|---:|---:|")
-        for name, rows in runs.items():
-            cols = [statistics.median(c) for c in zip(*rows, strict=True)]
-            print(f"| {name} | {cols[0]:,.0f} | {cols[1]:.1f} | {cols[2]:.1f} | {cols[3]:.1f} |")
+                run = QueueSplitRun(jobs_per_s=n / (max(r[1] for r in out) - t0),
+                                    machine_us_per_job=cpu.busy_s / n * 1e6,
+                                    backends_us_per_job=sum(r[2] for r in out) / n * 1e6,
+                                    python_us_per_job=sum(r[3] for r in out) / n * 1e6)
+                result.runs[name].append(run)
+                log(f"  [{rep + 1}/{args.repeats}] {name:20} {run.jobs_per_s:8,.0f} jobs/s, "
+                    f"machine {run.machine_us_per_job:5.1f} µs/job = backends "
+                    f"{run.backends_us_per_job:5.1f} + workers' Python "
+                    f"{run.python_us_per_job:5.1f} + rest")
+    save(result, args.out)
+    print("\n".join(queue_split_section(result)))
+    print(f"\nJSON: {args.out}")
 
 
 if __name__ == "__main__":

@@ -2,11 +2,11 @@
 
     .venv/bin/python -m bench.report [--quick] [--skip NAME ...] [--from-json]
 
-1. Runs bench.queue, bench.derive, bench.worker, bench.api and bench.soak (those whose
-   script exists) one after the other, each as its own `python -m bench.NAME` subprocess so
-   that each has the machine to itself. `--quick` passes each its small mode. `--skip NAME`
-   does not rerun NAME but still reports its last JSON (marked as such). `--from-json`
-   reruns nothing and only re-renders from bench/out/*.json.
+1. Runs bench.queue, bench.fair, bench.derive, bench.worker, bench.api and bench.soak
+   (those whose script exists) one after the other, each as its own `python -m bench.NAME`
+   subprocess so that each has the machine to itself. `--quick` passes each its small
+   mode. `--skip NAME` does not rerun NAME but still reports its last JSON (marked as
+   such). `--from-json` reruns nothing and only re-renders from bench/out/*.json.
 2. Draws PNG plots into docs/img/ (matplotlib, Agg): every figure shows a ratio to a
    baseline measured in the same run of the same benchmark, and carries the machine it ran
    on (CPUs, CPU model, PostgreSQL version, date) in its caption.
@@ -42,18 +42,10 @@ from collections.abc import Callable
 
 from bench import plots
 from bench.markdown import Target
-from bench.provenance import Source, embedded_pg_version, source_for
+from bench.provenance import embedded_pg_version, source_for
 from bench.runs import BENCHES, OUT, ROOT, load_runs, run_bench, save_runs
-from bench.sections import api_section, derive_section, queue_section, soak_section, worker_section
+from bench.sections import RENDERERS
 from bench.splice import DOC, START, block, intro, section_body, write_doc
-
-SECTIONS: dict[str, Callable[[dict[str, Source]], tuple[list[str], list[Target]]]] = {
-    "queue": lambda s: queue_section(s["queue"]),
-    "derive": lambda s: derive_section(s["derive"], s["worker"]),
-    "worker": lambda s: worker_section(s["worker"], s["derive"]),
-    "api": lambda s: api_section(s["api"]),
-    "soak": lambda s: soak_section(s["soak"]),
-}
 
 
 def main() -> int:
@@ -100,7 +92,7 @@ def main() -> int:
         targets: list[Target] = []
         if src.data is not None:
             try:
-                lines, targets = SECTIONS[b.name](sources)
+                lines, targets = RENDERERS[b.name](src)
             except Exception:  # a JSON whose shape moved must not cost the other sections
                 traceback.print_exc()
                 failed = True
@@ -123,6 +115,7 @@ def main() -> int:
     draws: tuple[tuple[tuple[str, ...], Callable[[], str | None]], ...] = (
         (("queue",), lambda: plots.queue_throughput_plot(sources["queue"])),
         (("queue",), lambda: plots.queue_claim_plot(sources["queue"])),
+        (("fair",), lambda: plots.fair_plot(sources["fair"])),
         (("derive", "worker"), lambda: plots.images_plot(sources["derive"], sources["worker"])),
         (("api", "worker", "queue"),
          lambda: plots.latency_plot(sources["api"], sources["worker"], sources["queue"])),

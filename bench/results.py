@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import types
 import typing
 from dataclasses import dataclass, field
@@ -45,9 +46,9 @@ def load(cls: type[T], data: dict[str, Any]) -> T:
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     known = {k: _build(hints[k], v) for k, v in data.items() if k in names and k != "extra"}
     unknown = {k: v for k, v in data.items() if k not in names}
-    if unknown:
-        if "extra" not in names:
-            raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
+    if unknown and "extra" not in names:
+        raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
+    if "extra" in names:  # what the file kept there before, and what it has on top
         known["extra"] = {**data.get("extra", {}), **unknown}
     try:
         return cls(**known)
@@ -84,6 +85,15 @@ class QueueThroughput:
     runs_steal_share: list[float]
     median: float
     cpu_us_per_job: float | None
+
+    @classmethod
+    def measured(cls, system: str, config: str, workers: int, jobs: int,
+                 jobs_per_s: list[float], cpu_us_per_job: list[float],
+                 steal_share: list[float]) -> QueueThroughput:
+        """From the runs' own figures: the medians are what the renderer compares."""
+        cpu = [c for c in cpu_us_per_job if c > 0]
+        return cls(system, config, workers, jobs, jobs_per_s, cpu_us_per_job, steal_share,
+                   statistics.median(jobs_per_s), statistics.median(cpu) if cpu else None)
 
 
 @dataclass
@@ -244,3 +254,195 @@ class ApiResult:
     gc_full_pass_ms: dict[str, float] | None = None
     command: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # older files' "targets"
+
+
+# --- bench/derive.py ----------------------------------------------------------------------
+
+
+@dataclass
+class DeriveJail:
+    """The decoder jail (issue 12) against the same child without it, same run."""
+
+    start_up_ms: dict[str, float]  # {jailed,unjailed}{,_cpu}_{best,median}
+    cpu_per_image_ms: dict[str, float]  # jailed, unjailed
+    jailed_vs_unjailed: float
+
+
+@dataclass
+class DeriveResult:
+    """Rates are images per CPU-second of one core (`_wall`: per wall-clock second), by
+    measure: decode_resize, encode, pipeline_child, pipeline_child_unjailed,
+    pipeline_in_process, pillow, pillow_encode."""
+
+    corpus: list[str]
+    rounds: int
+    machine: dict[str, Any]
+    images_per_second_per_core: dict[str, float]
+    images_per_second_wall: dict[str, float]
+    component_limit: float  # 1 / (t_decode+resize + t_encode), per core
+    pipeline_to_limit_ratio: float
+    pipeline_to_limit_ratio_wall: float
+    pipeline_in_process_to_limit_ratio: float
+    pyvips_vs_pillow: float
+    one_process_ips: float
+    two_processes_ips: float
+    two_vs_one: float
+    # Equal CPU per image in both modes means no contention inside the pipeline: any
+    # shortfall of two_vs_one is then the machine's cores being busy elsewhere.
+    child_cpu_seconds_per_image: dict[str, float]
+    child_peak_rss_mb: float
+    pillow_peak_rss_mb: float
+    big_image: str
+    bomb_rejection_ms: float
+    header_100k_rejection_ms: float
+    pipeline_unjailed_to_limit_ratio: float | None = None  # since issue 12
+    jail: DeriveJail | None = None  # since issue 12
+    command: str | None = None
+    loadavg_at_end: list[float] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # older files' "targets"
+
+
+@dataclass
+class DeriveFormatsResult:
+    """`bench/derive.py --formats` (issue 14): decode cost per format, and what the thumb
+    and thumbhash add to the preview-only pipeline, CPU of one process, best of rounds."""
+
+    photo: str
+    rounds: int
+    bytes: dict[str, int]  # by format
+    derive_cpu_ms: dict[str, float]  # by format
+    corpus_today_cpu_s: float  # preview only
+    corpus_with_thumbs_cpu_s: float
+    corpus_images: int
+    thumb_extra_cpu_share: float
+    sample_bytes: dict[str, int]  # preview, thumb, thumbhash_chars
+    command: str | None = None
+
+
+# --- bench/fair.py ------------------------------------------------------------------------
+
+
+@dataclass
+class FairSummary:
+    """B's waits (s, database clock) and the throughputs: of one drain, or of a policy
+    over its runs (B's waits pooled, throughputs as medians)."""
+
+    b_cards: int
+    b_wait_p50_s: float | None
+    b_wait_p95_s: float | None
+    b_wait_max_s: float | None
+    a_jobs_per_s: float
+    all_jobs_per_s: float
+    mean_job_s: float
+
+
+@dataclass
+class FairRun(FairSummary):
+    """One drain under one policy, with every wait of B's."""
+
+    policy: str
+    b_wait_s: list[float]
+
+
+@dataclass
+class FairConfirmRate:
+    owners: int
+    clients: int
+    confirms: int
+    rep: int
+    per_s: float
+
+
+@dataclass
+class FairClaim:
+    """darkroom's claim on a tiny table and on finished rows plus a backlog of many
+    owners (bench/queue.py's fill)."""
+
+    claim: str
+    ms_10_rows: float
+    ms_backlog: float
+    tiny_rows: int
+    finished_rows: int
+    backlog_rows: int
+    owners_waiting: int
+
+
+@dataclass
+class FairResult:
+    machine: dict[str, Any]
+    postgres: dict[str, str]
+    plan: dict[str, Any]
+    slots: int
+    command: str
+    runs: list[FairRun] = field(default_factory=list)
+    summary: dict[str, FairSummary] = field(default_factory=dict)  # by policy
+    confirm_rate: list[FairConfirmRate] = field(default_factory=list)
+    claim_time: list[FairClaim] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    loadavg_at_end: list[float] = field(default_factory=list)
+
+
+# --- bench/confirm_digest.py --------------------------------------------------------------
+
+
+@dataclass
+class ConfirmTiming:
+    median_ms: float
+    p90_ms: float | None = None
+
+
+@dataclass
+class ConfirmDigestCase:
+    """Confirms of cards without and with a claimed sha256, interleaved, one original."""
+
+    bytes: int
+    plain: ConfirmTiming
+    digest: ConfirmTiming
+    ratio_median: float  # digest / plain
+
+
+@dataclass
+class ConfirmBaseline:
+    """Plain confirms sent alternately to this code and to another copy of darkroom."""
+
+    this: ConfirmTiming
+    baseline: ConfirmTiming
+    ratio_median: float  # this / baseline
+
+
+@dataclass
+class ConfirmDigestStore:
+    sizes: dict[str, ConfirmDigestCase]  # tiny, photo
+    plain_vs_baseline: ConfirmBaseline | None = None
+
+
+@dataclass
+class ConfirmDigestResult:
+    machine: dict[str, Any]
+    command: str
+    n: int  # confirms per variant and size
+    stores: dict[str, ConfirmDigestStore]  # local, s3
+
+
+# --- bench/queue_split.py -----------------------------------------------------------------
+
+
+@dataclass
+class QueueSplitRun:
+    """One drain: jobs/s and its CPU per job, machine-wide and split by who spent it."""
+
+    jobs_per_s: float
+    machine_us_per_job: float
+    backends_us_per_job: float
+    python_us_per_job: float
+
+
+@dataclass
+class QueueSplitResult:
+    machine: dict[str, Any]
+    command: str
+    workers: int
+    jobs: int
+    repeats: int
+    variants: dict[str, str]  # name -> the SQL that altered its schema ("" = as built)
+    runs: dict[str, list[QueueSplitRun]]  # by variant

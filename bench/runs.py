@@ -27,8 +27,8 @@ PY = ".venv/bin/python"  # as the docs spell it; the subprocesses use sys.execut
 class Bench:
     name: str
     title: str
-    # Small mode per script: only queue has a --quick; the others get short sizes through
-    # their own options. None means "ask the script's --help whether it has --quick".
+    # Small mode per script: queue and fair have a --quick; the others get short sizes
+    # through their own options. None means "ask the script's --help whether it has --quick".
     quick_args: tuple[str, ...] | None
     optional: bool = False  # absent script or JSON is a note, not an error
 
@@ -43,6 +43,7 @@ class Bench:
 
 BENCHES = (
     Bench("queue", "Queue", ("--quick",)),
+    Bench("fair", "Fair share", ("--quick",)),
     Bench("derive", "Derivatives", ("--rounds", "1")),
     Bench("worker", "Worker", ("--images", "12", "--latency-samples", "10")),
     Bench("api", "API", ("--seconds", "5", "--warmup-seconds", "1", "--ceiling-seconds",
@@ -52,6 +53,11 @@ BENCHES = (
           optional=True),
 )
 BY_NAME = {b.name: b for b in BENCHES}
+
+
+def command(name: str) -> str:
+    """This process's command line as a result records it: how to run it again."""
+    return shlex.join([PY, "-m", f"bench.{name}", *sys.argv[1:]])
 
 
 def quick_args(bench: Bench) -> tuple[str, ...]:

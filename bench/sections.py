@@ -1,28 +1,50 @@
 """One renderer per benchmark: its Markdown tables and its targets, from its JSON.
 
-The report splices these into docs/BENCHMARKS.md; a benchmark's own script prints the same
-tables (bench/queue.py prints `queue_section`), so each table is written once.
+The report splices these into docs/BENCHMARKS.md (`RENDERERS`); a benchmark's own script
+writes its result and prints it through the same renderer (`publish`), so each table is
+written once. The scripts outside the report (`derive.py --formats`, confirm_digest.py,
+queue_split.py) have theirs here too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import statistics
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from bench.markdown import Target, images, num, table, table_line
+from bench.markdown import Target, images, num, table, table_line, targets_table
 from bench.provenance import Source
 from bench.results import (
     ApiResult,
+    ConfirmDigestResult,
+    DeriveFormatsResult,
+    DeriveResult,
+    FairResult,
     QueueClaim,
     QueueResult,
+    QueueSplitResult,
+    QueueSplitRun,
     QueueThroughput,
     SoakResult,
     WorkerResult,
     load,
+    save,
 )
+from bench.runs import BY_NAME
 from bench.targets import (
     API_P99_MS,
-    DERIVE_TARGETS,
+    DERIVE_BOMB_MS,
+    DERIVE_CHILD_RSS_MB,
+    DERIVE_JAIL_RATIO,
+    DERIVE_PIPELINE_RATIO,
+    DERIVE_THUMB_EXTRA,
+    DERIVE_TWO_VS_ONE,
+    FAIR_A_VS_FIFO,
+    FAIR_B_WAIT_JOBS,
+    FAIR_CLAIM_GROWTH,
     QUEUE_CLAIM_GROWTH,
     QUEUE_IDLE_P50_MS,
     QUEUE_VS_PGQUEUER,
@@ -200,42 +222,43 @@ def queue_section(src: Source) -> tuple[list[str], list[Target]]:
     return lines, targets
 
 
-def derive_section(src: Source, worker: Source | None) -> tuple[list[str], list[Target]]:
-    d = src.data or {}
-    t = DERIVE_TARGETS
-    ips: dict[str, float] = d.get("images_per_second_per_core") or {}
-    wall: dict[str, float] = d.get("images_per_second_wall") or {}
-    limit = d.get("component_limit")
-    libvips = (d.get("machine") or {}).get("libvips", "?")
-    lines = ["", f"Corpus: {len(d.get('corpus') or [])} images, best of "
-             f"{d.get('rounds', '?')} rounds, libvips {libvips}. "
-             "Rates are images per CPU-second of one core (wall-clock rate next to it); "
-             "ratio = rate / component limit 1 / (t_decode+resize + t_encode), same run.", ""]
-    names = [("decode_resize", "decode + resize alone (pyvips)"),
-             ("encode", "encode alone (WebP)"),
-             ("pipeline_child", "pipeline, child process (production)"),
-             ("pipeline_child_unjailed", "pipeline, child without the jail (before issue 12)"),
-             ("pipeline_in_process", "pipeline, in process"),
-             ("pillow", "Pillow, same job"),
-             ("pillow_encode", "encode alone, Pillow's libwebp")]
+DERIVE_MEASURES = (("decode_resize", "decode + resize alone (pyvips)"),
+                   ("encode", "encode alone (WebP)"),
+                   ("pipeline_child", "pipeline, child process (production)"),
+                   ("pipeline_child_unjailed",
+                    "pipeline, child without the jail (before issue 12)"),
+                   ("pipeline_in_process", "pipeline, in process"),
+                   ("pillow", "Pillow, same job"),
+                   ("pillow_encode", "encode alone, Pillow's libwebp"))
+
+
+def derive_section(src: Source) -> tuple[list[str], list[Target]]:
+    d = load(DeriveResult, src.data or {})
+    ips, wall, limit = d.images_per_second_per_core, d.images_per_second_wall, d.component_limit
+    lines = ["", f"Corpus: {len(d.corpus)} images, best of {d.rounds} rounds, libvips "
+             f"{d.machine.get('libvips', '?')}. Rates are images per CPU-second of one core "
+             "(wall-clock rate next to it); ratio = rate / component limit 1 / "
+             "(t_decode+resize + t_encode), same run.", ""]
     rows = [["component limit", num(limit, ".2f"), "–", "1.00×"]]
     rows += [[label, num(ips.get(k), ".2f"), num(wall.get(k), ".2f"),
               f"{ips[k] / limit:.2f}×" if k in ips and limit else "–"]
-             for k, label in names if k in ips]
+             for k, label in DERIVE_MEASURES if k in ips]
     lines += table(["measure", "img/s per core", "img/s wall", "× component limit"], rows)
-    lines += ["", table_line("two decoder processes vs one (wall)",
-                             f"{num(d.get('two_processes_ips'), '.2f')} vs "
-                             f"{num(d.get('one_process_ips'), '.2f')} img/s"),
+    per_image = d.child_cpu_seconds_per_image
+    lines += ["", table_line("pyvips pipeline against Pillow doing the same job",
+                             f"{d.pyvips_vs_pillow:.2f}×"),
+              table_line("two decoder processes vs one (wall)",
+                         f"{d.two_processes_ips:.2f} vs {d.one_process_ips:.2f} img/s; "
+                         f"child CPU per image {num(per_image.get('two', 0) * 1000, '.0f')} "
+                         f"vs {num(per_image.get('one', 0) * 1000, '.0f')} ms"),
               table_line("child peak RSS, 17.9 MP JPEG",
-                         f"{num(d.get('child_peak_rss_mb'), '.0f')} MB (Pillow doing the "
-                         f"same job: {num(d.get('pillow_peak_rss_mb'), '.0f')} MB)"),
+                         f"{d.child_peak_rss_mb:.0f} MB (Pillow doing the same job: "
+                         f"{d.pillow_peak_rss_mb:.0f} MB; image: {d.big_image})"),
               table_line("reject a 30,000² zlib bomb",
-                         f"{num(d.get('bomb_rejection_ms'), '.2f')} ms (100,000² PNG header: "
-                         f"{num(d.get('header_100k_rejection_ms'), '.2f')} ms)")]
-    jail = d.get("jail") or {}
-    if jail:
-        up = jail.get("start_up_ms") or {}
-        cpu = jail.get("cpu_per_image_ms") or {}
+                         f"{d.bomb_rejection_ms:.2f} ms (100,000² PNG header: "
+                         f"{d.header_100k_rejection_ms:.2f} ms)")]
+    if d.jail:
+        up, cpu = d.jail.start_up_ms, d.jail.cpu_per_image_ms
         lines += [table_line("decoder jail, child start-up to first answer (median)",
                              f"{num(up.get('jailed_median'), '.0f')} ms jailed vs "
                              f"{num(up.get('unjailed_median'), '.0f')} ms without, wall; "
@@ -244,41 +267,52 @@ def derive_section(src: Source, worker: Source | None) -> tuple[list[str], list[
                   table_line("decoder jail, child CPU per image",
                              f"{num(cpu.get('jailed'), '.1f')} ms jailed vs "
                              f"{num(cpu.get('unjailed'), '.1f')} ms without "
-                             f"(jailed rate {num(jail.get('jailed_vs_unjailed'), '.1%')} "
-                             "of the unjailed)")]
+                             f"(jailed rate {d.jail.jailed_vs_unjailed:.1%} of the unjailed)")]
     targets = []
-    if "pipeline_child" in ips and limit:
+    if "pipeline_child" in ips:
         r = ips["pipeline_child"] / limit
-        r_wall = num(d.get("pipeline_to_limit_ratio_wall"), ".0%")
-        targets.append(Target(f"whole pipeline ≥ {t['ratio']:.0%} of the component limit",
-                              f"{ips['pipeline_child']:.2f} / {limit:.2f} img/s per core = "
-                              f"**{r:.0%}** (wall clock: {r_wall})",
-                              r >= t["ratio"]))
-    if "pipeline_child" in ips and "pipeline_child_unjailed" in ips and limit:
-        r = ips["pipeline_child"] / limit
-        targets.append(Target(
-            f"jailed pipeline keeps ≥ {t['jail_ratio']:.0%} of the component limit",
-            f"{ips['pipeline_child']:.2f} / {limit:.2f} img/s per core = **{r:.0%}** "
-            f"(without the jail: {ips['pipeline_child_unjailed'] / limit:.0%})",
-            r >= t["jail_ratio"]))
-    if d.get("two_processes_ips") and d.get("one_process_ips"):
-        r = d["two_processes_ips"] / d["one_process_ips"]
-        targets.append(Target(f"two processes ≥ {t['two_vs_one']}× one",
-                              f"**{r:.2f}×**", r >= t["two_vs_one"]))
-    if d.get("child_peak_rss_mb") is not None:
-        targets.append(Target(f"child peak RSS ≤ {t['rss_mb']:.0f} MB (17.9 MP JPEG)",
-                              f"{d['child_peak_rss_mb']:.0f} MB",
-                              d["child_peak_rss_mb"] <= t["rss_mb"]))
-    if d.get("bomb_rejection_ms") is not None:
-        targets.append(Target(f"bomb rejected in ≤ {t['bomb_ms']:.0f} ms",
-                              f"{d['bomb_rejection_ms']:.2f} ms",
-                              d["bomb_rejection_ms"] <= t["bomb_ms"]))
+        targets.append(Target(f"whole pipeline ≥ {DERIVE_PIPELINE_RATIO:.0%} of the component "
+                              "limit", f"{ips['pipeline_child']:.2f} / {limit:.2f} img/s per "
+                              f"core = **{r:.0%}** (wall clock: "
+                              f"{d.pipeline_to_limit_ratio_wall:.0%})",
+                              r >= DERIVE_PIPELINE_RATIO))
+        if "pipeline_child_unjailed" in ips:
+            targets.append(Target(
+                f"jailed pipeline keeps ≥ {DERIVE_JAIL_RATIO:.0%} of the component limit",
+                f"{ips['pipeline_child']:.2f} / {limit:.2f} img/s per core = **{r:.0%}** "
+                f"(without the jail: {ips['pipeline_child_unjailed'] / limit:.0%})",
+                r >= DERIVE_JAIL_RATIO))
+    targets += [Target(f"two processes ≥ {DERIVE_TWO_VS_ONE}× one",
+                       f"**{d.two_vs_one:.2f}×**", d.two_vs_one >= DERIVE_TWO_VS_ONE),
+                Target(f"child peak RSS ≤ {DERIVE_CHILD_RSS_MB:.0f} MB (17.9 MP JPEG)",
+                       f"{d.child_peak_rss_mb:.0f} MB",
+                       d.child_peak_rss_mb <= DERIVE_CHILD_RSS_MB),
+                Target(f"bomb rejected in ≤ {DERIVE_BOMB_MS:.0f} ms",
+                       f"{d.bomb_rejection_ms:.2f} ms", d.bomb_rejection_ms <= DERIVE_BOMB_MS)]
     lines += images(["img/images_per_second.png"],
-                     {"images_per_second": "Images per second against the limits"})
+                    {"images_per_second": "Images per second against the limits"})
     return lines, targets
 
 
-def worker_section(src: Source, derive: Source | None) -> tuple[list[str], list[Target]]:
+def derive_formats_section(d: DeriveFormatsResult) -> tuple[list[str], list[Target]]:
+    """`bench/derive.py --formats`: printed by the script, not part of the report."""
+    lines = [f"Formats: one {d.photo} photo in each format; best of {d.rounds}; CPU time of "
+             "one process (one libvips thread, one libheif thread).", ""]
+    lines += table(["format", "file size", "derive CPU (preview + thumb + thumbhash)"],
+                   [[kind, f"{d.bytes[kind] / 1e6:.2f} MB", f"{ms:.0f} ms"]
+                    for kind, ms in d.derive_cpu_ms.items()])
+    extra = d.thumb_extra_cpu_share
+    sample = d.sample_bytes
+    lines += ["", f"Preview {sample['preview']} B, thumb {sample['thumb']} B, thumbhash "
+              f"{sample['thumbhash_chars']} chars."]
+    target = Target(f"thumb + thumbhash add ≤ {DERIVE_THUMB_EXTRA:.0%} to the preview-only "
+                    f"pipeline's CPU ({d.corpus_images} images)",
+                    f"{d.corpus_today_cpu_s:.2f} s → {d.corpus_with_thumbs_cpu_s:.2f} s CPU, "
+                    f"**+{extra:.1%}**", extra <= DERIVE_THUMB_EXTRA)
+    return lines, [target]
+
+
+def worker_section(src: Source) -> tuple[list[str], list[Target]]:
     res = WorkerResult.of(src.data or {})
     lines = ["", "End to end = confirm of every image at once to an idle `darkroom worker` "
              "with p slots, until the last card is `ready`; pipeline alone = the same images "
@@ -396,6 +430,111 @@ def soak_section(src: Source) -> tuple[list[str], list[Target]]:
     return lines, targets
 
 
+def fair_section(src: Source) -> tuple[list[str], list[Target]]:
+    res = load(FairResult, src.data or {})
+    plan, summary = res.plan, res.summary
+    lines = ["", f"{plan['a_jobs']} cards of owner A waiting; owner B uploads one every "
+             f"{plan['b_interval'] * 1000:.0f} ms while A's backlog drains; {res.slots} slots, "
+             f"each job {plan['job_seconds'] * 1000:.0f} ms of work; {plan['repeats']} run(s) "
+             "of each policy, interleaved. Latency is confirm → claimed on the database's "
+             "clock; A vs FIFO = A's jobs/s against FIFO's, same run.", ""]
+    fifo = summary.get("fifo")
+
+    def ms(v: float | None) -> str:
+        return num(None if v is None else v * 1000)
+
+    rows = [[policy, str(s.b_cards), ms(s.b_wait_p50_s),
+             ms(s.b_wait_p95_s), ms(s.b_wait_max_s), num(s.mean_job_s * 1000, ".1f"),
+             f"{s.a_jobs_per_s:.1f}",
+             f"{s.a_jobs_per_s / fifo.a_jobs_per_s:.1%}" if fifo else "–",
+             f"{s.all_jobs_per_s:.1f}"] for policy, s in summary.items()]
+    lines += table(["policy", "B cards", "B p50 ms", "B p95 ms", "B max ms", "mean job ms",
+                    "A jobs/s", "A vs FIFO", "all jobs/s"], rows)
+    if res.confirm_rate:
+        rates: dict[int, list[float]] = {}
+        for r in res.confirm_rate:
+            rates.setdefault(r.owners, []).append(r.per_s)
+        clients = res.confirm_rate[0].clients
+        lines += ["", f"Confirms per second, {clients} concurrent clients (the owner's clock "
+                  "row is locked by each confirm until its commit), median:", ""]
+        lines += table(["cards of", "confirms/s"],
+                       [[f"{o} owner(s)", f"{statistics.median(v):,.0f}"]
+                        for o, v in rates.items()])
+    if res.claim_time:
+        c0 = res.claim_time[0]
+        lines += ["", f"Claim time, median of {plan['claims']} claims (each rolled back):", ""]
+        lines += table(["claim", f"{c0.tiny_rows} queued, ms",
+                        f"{c0.finished_rows:,} finished + {c0.backlog_rows:,} queued of "
+                        f"{c0.owners_waiting:,} owners, ms", "ratio"],
+                       [[c.claim, f"{c.ms_10_rows:.3f}", f"{c.ms_backlog:.3f}",
+                         f"{c.ms_backlog / c.ms_10_rows:.2f}×"] for c in res.claim_time])
+    targets = []
+    for policy in ("fair", "fair_bulk"):
+        s = summary.get(policy)
+        if s is None or fifo is None or s.b_wait_p95_s is None:
+            continue
+        targets.append(Target(
+            f"{policy}: B's p95 confirm → processing ≤ {FAIR_B_WAIT_JOBS:g}× the mean job at "
+            f"{res.slots} slots", f"{ms(s.b_wait_p95_s)} ms vs {FAIR_B_WAIT_JOBS:g} × "
+            f"{ms(s.mean_job_s)} ms (FIFO: {ms(fifo.b_wait_p95_s)} ms)",
+            s.b_wait_p95_s <= FAIR_B_WAIT_JOBS * s.mean_job_s))
+        ratio = s.a_jobs_per_s / fifo.a_jobs_per_s
+        targets.append(Target(f"{policy}: A's throughput ≥ {FAIR_A_VS_FIFO:.0%} of FIFO's",
+                              f"{s.a_jobs_per_s:.1f} vs {fifo.a_jobs_per_s:.1f} jobs/s: "
+                              f"**{ratio:.1%}**", ratio >= FAIR_A_VS_FIFO))
+    for c in res.claim_time:
+        ratio = c.ms_backlog / c.ms_10_rows
+        targets.append(Target(f"{c.claim} at {c.finished_rows:,} finished rows, "
+                              f"{c.owners_waiting:,} owners waiting, {c.backlog_rows:,} queued "
+                              f"within {FAIR_CLAIM_GROWTH}× of a tiny table",
+                              f"{c.ms_backlog:.2f} / {c.ms_10_rows:.2f} ms = **{ratio:.2f}×**",
+                              ratio <= FAIR_CLAIM_GROWTH))
+    lines += images(["img/fair_latency.png"],
+                    {"fair_latency": "B's wait while A's backlog drains"})
+    return lines, targets
+
+
+def queue_split_section(res: QueueSplitResult) -> list[str]:
+    """`bench/queue_split.py`: printed by the script, not part of the report (no target)."""
+    lines = [f"Medians of {res.repeats} runs, {res.workers} workers, {res.jobs:,} jobs:", ""]
+    rows = []
+    for name, runs in res.runs.items():
+        def median(of: Callable[[QueueSplitRun], float], runs: list[QueueSplitRun] = runs
+                   ) -> float:
+            return statistics.median(of(r) for r in runs)
+
+        rows.append([name, f"{median(lambda r: r.jobs_per_s):,.0f}",
+                     f"{median(lambda r: r.machine_us_per_job):.1f}",
+                     f"{median(lambda r: r.backends_us_per_job):.1f}",
+                     f"{median(lambda r: r.python_us_per_job):.1f}"])
+    return lines + table(["schema", "jobs/s", "machine µs/job", "backends µs/job",
+                          "workers' Python µs/job"], rows)
+
+
+STORES = {"local": "local", "s3": "SeaweedFS"}
+
+
+def confirm_digest_section(res: ConfirmDigestResult) -> list[str]:
+    """`bench/confirm_digest.py`: printed by the script, not part of the report (no
+    target)."""
+    rows = [[STORES.get(kind, kind), label, f"{c.bytes:,} B",
+             f"{c.plain.median_ms:.2f} / {num(c.plain.p90_ms, '.2f')}",
+             f"{c.digest.median_ms:.2f} / {num(c.digest.p90_ms, '.2f')}",
+             f"{c.ratio_median:.2f}"]
+            for kind, store in res.stores.items() for label, c in store.sizes.items()]
+    lines = [f"{res.n} confirms per variant and size, interleaved, one sequential client:",
+             ""]
+    lines += table(["store", "original", "size", "plain median / p90 ms",
+                    "with digest median / p90 ms", "ratio of medians"], rows, right_from=2)
+    for kind, store in res.stores.items():
+        b = store.plain_vs_baseline
+        if b:
+            lines += ["", f"{STORES.get(kind, kind)}, plain confirms alternating between "
+                      f"this code and the baseline: {b.this.median_ms:.2f} ms vs "
+                      f"{b.baseline.median_ms:.2f} ms median (ratio {b.ratio_median:.2f})."]
+    return lines
+
+
 def _backlog_label(c: QueueClaim) -> str:
     """The backlog case: since issue 13 it is the finished rows plus a backlog of many
     owners (`owners_waiting` in the JSON); before, a backlog alone."""
@@ -404,3 +543,19 @@ def _backlog_label(c: QueueClaim) -> str:
         return (f"{c.finished_rows:,} finished + {c.backlog_rows:,} queued of "
                 f"{owners:,} owners")
     return f"backlog {c.backlog_rows:,} queued"
+
+
+Renderer = Callable[[Source], tuple[list[str], list[Target]]]
+# The report's benchmarks (bench/runs.py BENCHES), each by its one renderer.
+RENDERERS: dict[str, Renderer] = {
+    "queue": queue_section, "fair": fair_section, "derive": derive_section,
+    "worker": worker_section, "api": api_section, "soak": soak_section}
+
+
+def publish(name: str, result: Any, path: Path | None = None) -> None:
+    """Write a result just measured to its file and print it through its benchmark's
+    renderer: the same tables and targets the report splices into docs/BENCHMARKS.md."""
+    path = path or BY_NAME[name].json_path
+    save(result, path)
+    lines, targets = RENDERERS[name](Source.of(BY_NAME[name], dataclasses.asdict(result)))
+    print("\n".join([*lines, "", *targets_table(targets), "", f"JSON: {path}"]))

@@ -18,14 +18,12 @@ import argparse
 import asyncio
 import io
 import os
-import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +31,9 @@ import httpx
 import psycopg
 from psycopg.rows import dict_row
 
-from bench.markdown import targets_table
-from bench.provenance import Source
-from bench.results import SoakResult, SoakVerdict, save
-from bench.runs import BY_NAME
-from bench.sections import soak_section
+from bench.results import SoakResult, SoakVerdict
+from bench.runs import command
+from bench.sections import publish
 from bench.stats import percentile
 from darkroom.db import embedded
 from darkroom.db.migrations import migrate
@@ -249,10 +245,8 @@ def main() -> None:
         finally:
             soak.stop()
     result.verdict = verdict(result)
-    result.command = shlex.join([".venv/bin/python", "-m", "bench.soak", *sys.argv[1:]])
-    save(result, OUT)
-    lines, targets = soak_section(Source.of(BY_NAME["soak"], asdict(result)))
-    print("\n".join([*lines, "", *targets_table(targets)]))
+    result.command = command("soak")
+    publish("soak", result, OUT)
 
 
 if __name__ == "__main__":

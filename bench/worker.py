@@ -21,28 +21,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from bench.cpu import machine
-from bench.markdown import targets_table
-from bench.provenance import Source
-from bench.results import WorkerLatency, WorkerResult, WorkerSlots, save
-from bench.runs import BY_NAME
-from bench.sections import worker_section
+from bench.results import WorkerLatency, WorkerResult, WorkerSlots
+from bench.runs import command
+from bench.sections import publish
 from bench.stats import percentile
+from darkroom.config import load_settings
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.db.migrations import migrate
 from darkroom.derive import Limits
 from darkroom.queue import ConfirmOutcome, Queue
@@ -60,7 +58,8 @@ def corpus(n: int) -> list[bytes]:
 
 def pipeline_alone(images: list[bytes], parallel: int) -> float:
     """Images per second through `parallel` decoder children fed from threads."""
-    decoders = [DecoderProcess(Limits(), timeout=120, memory_mb=1024) for _ in range(parallel)]
+    limits = Limits.from_settings(load_settings())
+    decoders = [DecoderProcess(limits, timeout=120, memory_mb=1024) for _ in range(parallel)]
     for d in decoders:
         d.start()
         d.derive(images[0])  # warm: the child has imported libvips
@@ -130,7 +129,8 @@ async def stage(db_url: str, storage_url: str, images: list[bytes]) -> list[tupl
     """Cards with their originals stored, still pending: confirmed later, all at once."""
     store = open_store(storage_url)
     pool = await open_pool(db_url, min_size=1, max_size=2)
-    q = Queue(pool, lease_seconds=30, max_attempts=3, retry_base_seconds=1, retry_cap_seconds=1)
+    q = Queue(Database(pool), lease_seconds=30, max_attempts=3, retry_base_seconds=1,
+              retry_cap_seconds=1)
     staged = []
     for data in images:
         card = await q.create_file(owner="bench", filename="x", content_type="image/jpeg",
@@ -142,9 +142,10 @@ async def stage(db_url: str, storage_url: str, images: list[bytes]) -> list[tupl
 
 async def confirm_all(db_url: str, staged: list[tuple[Any, str]]) -> None:
     pool = await open_pool(db_url, min_size=1, max_size=2)
-    q = Queue(pool, lease_seconds=30, max_attempts=3, retry_base_seconds=1, retry_cap_seconds=1)
+    q = Queue(Database(pool), lease_seconds=30, max_attempts=3, retry_base_seconds=1,
+              retry_cap_seconds=1)
     for file_id, version in staged:
-        assert await q.confirm(file_id, "bench", version) is ConfirmOutcome.QUEUED
+        assert (await q.confirm_card(file_id, "bench", version))[0] is ConfirmOutcome.QUEUED
     await pool.close()
 
 
@@ -210,7 +211,7 @@ def main() -> None:
     images = corpus(args.images)
     result = WorkerResult(
         machine=machine(),
-        command=shlex.join([".venv/bin/python", "-m", "bench.worker", *sys.argv[1:]]))
+        command=command("worker"))
     with tempfile.TemporaryDirectory(prefix="darkroom-bench-") as tmp:
         system = System(Path(tmp))
         for slots in (1, 2):
@@ -221,9 +222,7 @@ def main() -> None:
         result.latency_ms = WorkerLatency(samples=len(lat), p50=statistics.median(lat),
                                           p95=percentile(lat, 0.95), max=lat[-1])
     result.machine["loadavg_end"] = list(os.getloadavg())
-    save(result, ROOT / "bench" / "out" / "worker.json")
-    lines, targets = worker_section(Source.of(BY_NAME["worker"], asdict(result)), None)
-    print("\n".join([*lines, "", *targets_table(targets)]))
+    publish("worker", result)
 
 if __name__ == "__main__":
     main()

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from darkroom.errors import DeriveError, ErrorCode
+from darkroom.formats import sniff
 
 if TYPE_CHECKING:
     from darkroom.config import Settings
@@ -57,19 +58,15 @@ _ALLOWED_LOADER_CLASSES = (
     "VipsForeignLoadTiff",
 )
 
-# ISOBMFF brands (the `ftyp` box) that name a HEVC-coded HEIF image or an AV1 one.
-_HEIC_BRANDS = frozenset({b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx"})
-_AVIF_BRANDS = frozenset({b"avif", b"avis"})
-# A container that names only the generic mif1/msf1 brands is refused: which codec it
-# needs is then unknown until the file is parsed.
-
-
 @dataclass(frozen=True)
 class Limits:
-    max_bytes: int = 25_000_000
-    max_pixels: int = 50_000_000
-    max_dimension: int = 16_384
-    max_edge: int = 2048
+    """What one derive accepts and makes. The first four are settings, whose defaults live
+    in `Settings` alone: build these with `from_settings`."""
+
+    max_bytes: int
+    max_pixels: int
+    max_dimension: int
+    max_edge: int
     thumb_edge: int = 400
 
     @classmethod
@@ -116,39 +113,6 @@ class Derivative:
     @property
     def size(self) -> int:
         return len(self.data)
-
-
-def _ftyp_brands(data: bytes) -> set[bytes]:
-    """Major and compatible brands of an ISOBMFF `ftyp` box at the start, else empty."""
-    if len(data) < 16 or data[4:8] != b"ftyp":
-        return set()
-    size = int.from_bytes(data[:4], "big")
-    if size < 16 or size > min(len(data), 4096):
-        return set()
-    brands = {data[8:12]}
-    brands.update(data[i : i + 4] for i in range(16, size - 3, 4))
-    return brands
-
-
-def sniff(data: bytes) -> str | None:
-    """The allowed format these bytes claim by their magic number, else None."""
-    if data[:3] == b"\xff\xd8\xff":
-        return "jpeg"
-    if data[:8] == b"\x89PNG\r\n\x1a\n":
-        return "png"
-    if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "webp"
-    if data[:6] in (b"GIF87a", b"GIF89a"):
-        return "gif"
-    # Little- and big-endian TIFF, classic and BigTIFF.
-    if data[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
-        return "tiff"
-    brands = _ftyp_brands(data)
-    if brands & _HEIC_BRANDS:
-        return "heic"
-    if brands & _AVIF_BRANDS:
-        return "avif"
-    return None
 
 
 _vips_lock = threading.Lock()

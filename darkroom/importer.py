@@ -33,14 +33,8 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 
 from darkroom.config import ConfigError, Settings
+from darkroom.formats import HEAD_BYTES, media_type
 
-# The formats the API accepts, by their first bytes (the name and extension are not asked).
-_MAGIC: tuple[tuple[bytes, str], ...] = (
-    (b"\xff\xd8\xff", "image/jpeg"),
-    (b"\x89PNG\r\n\x1a\n", "image/png"),
-    (b"GIF87a", "image/gif"),
-    (b"GIF89a", "image/gif"),
-)
 FINAL = ("ready", "rejected")
 _POLL_SECONDS = 0.5
 _TIMEOUT = httpx.Timeout(30.0, connect=5.0)
@@ -53,19 +47,15 @@ _RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 ALREADY = "already there"
 
 
-def sniff(path: Path) -> str | None:
-    """The media type of an image we accept, from its first bytes; None for anything else."""
+def media_type_of(path: Path) -> str | None:
+    """The media type of an image we accept, from its first bytes; None for anything else
+    (the name and extension are not asked)."""
     try:
         with open(path, "rb") as f:
-            head = f.read(16)
+            head = f.read(HEAD_BYTES)
     except OSError:
         return None
-    if len(head) >= 12 and head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "image/webp"
-    for magic, media_type in _MAGIC:
-        if head.startswith(magic):
-            return media_type
-    return None
+    return media_type(head)
 
 
 def find_images(directory: Path) -> tuple[list[tuple[Path, str]], int]:
@@ -79,11 +69,11 @@ def find_images(directory: Path) -> tuple[list[tuple[Path, str]], int]:
             path = Path(root) / name
             if not path.is_file():
                 continue
-            media_type = sniff(path)
-            if media_type is None:
+            kind = media_type_of(path)
+            if kind is None:
                 skipped += 1
             else:
-                images.append((path, media_type))
+                images.append((path, kind))
     return images, skipped
 
 
@@ -355,7 +345,7 @@ def main(settings: Settings, *, directory: str, wait: bool, concurrency: int,
         f"darkroom: {len(images)} image{'s' if len(images) != 1 else ''} to upload{note}",
         file=sys.stderr,
     )
-    items = [Item(path, media_type) for path, media_type in images]
+    items = [Item(path, kind) for path, kind in images]
     headers = {"Authorization": f"Bearer {key}"}
     try:
         with (

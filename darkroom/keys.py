@@ -13,17 +13,16 @@ import asyncio
 import hashlib
 import secrets
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
-
-import psycopg
-from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
+from typing import Any, TypeVar
 
 from darkroom.config import ConfigError, Settings
 from darkroom.db.connection import database_url
+from darkroom.db.database import Database, opened
 from darkroom.db.migrations import migrate
-from darkroom.db.queries import QUERIES
+
+T = TypeVar("T")
 
 KEY_PREFIX = "dk_"
 MAX_OWNER_LENGTH = 200
@@ -63,30 +62,39 @@ def validate_owner(owner: str) -> str:
     return owner
 
 
-async def create_key(
-    pool_or_conninfo: AsyncConnectionPool[Any] | str, owner: str, admin: bool = False
-) -> str:
+async def create_key(db: Database, owner: str, admin: bool = False) -> str:
     """Store a new key for `owner` and answer it; this is the only time it is known."""
     owner = validate_owner(owner)
     key = new_key()
-    params = {"key_hash": hash_key(key), "owner": owner, "admin": admin,
-              "key_prefix": key_name(key)}
-    if isinstance(pool_or_conninfo, str):
-        async with await psycopg.AsyncConnection.connect(pool_or_conninfo, autocommit=True) as conn:
-            await conn.execute(QUERIES["create_api_key"], params)
-    else:
-        async with pool_or_conninfo.connection() as conn:
-            await conn.execute(QUERIES["create_api_key"], params)
+    await db.rows("create_api_key", {"key_hash": hash_key(key), "owner": owner,
+                                     "admin": admin, "key_prefix": key_name(key)})
     return key
 
 
-async def find_key(pool: AsyncConnectionPool[Any], key: str) -> Principal | None:
-    async with pool.connection() as conn:
-        cur = await conn.execute(QUERIES["find_api_key"], {"key_hash": hash_key(key)}, prepare=True)
-        row = await cur.fetchone()
+async def find_key(db: Database, key: str) -> Principal | None:
+    row = await db.row("find_api_key", {"key_hash": hash_key(key)})
     if row is None:
         return None
     return Principal(owner=str(row["owner"]), admin=bool(row["admin"]))
+
+
+async def _with_database(url: str, body: Callable[[Database], Awaitable[T]]) -> T:
+    async with opened(url, name="keys") as db:
+        return await body(db)
+
+
+async def create_key_at(conninfo: str, owner: str, admin: bool = False) -> str:
+    """`create_key` on a database of its own, for one command."""
+    return await _with_database(conninfo, lambda db: create_key(db, owner, admin))
+
+
+async def _revoke(db: Database, name: str | None, owner: str | None) -> list[dict[str, Any]]:
+    if name is not None:
+        matches = await db.rows("match_api_keys", {"name": name})
+        if len(matches) > 1:
+            shown = ", ".join(str(m["name"]) for m in matches)
+            raise ConfigError(f"{name!r} matches {len(matches)} keys ({shown}); give more")
+    return await db.rows("revoke_api_keys", {"name": name, "owner": owner})
 
 
 def create_key_cli(settings: Settings, *, owner: str, admin: bool) -> int:
@@ -94,7 +102,7 @@ def create_key_cli(settings: Settings, *, owner: str, admin: bool) -> int:
     owner = validate_owner(owner)
     url = database_url(settings)
     migrate(url)  # a fresh database gets its tables; safe to run concurrently
-    key = asyncio.run(create_key(url, owner, admin))
+    key = asyncio.run(create_key_at(url, owner, admin))
     print(key)
     role = "admin key" if admin else "key"
     print(f"darkroom: new {role} for owner {owner!r}; it is shown only this once", file=sys.stderr)
@@ -105,8 +113,8 @@ def list_keys_cli(settings: Settings, *, owner: str | None, all_keys: bool) -> i
     """`darkroom keys list`: one line per key, never a usable key."""
     url = database_url(settings)
     migrate(url)
-    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        rows = conn.execute(QUERIES["list_api_keys"], {"owner": owner, "all": all_keys}).fetchall()
+    rows = asyncio.run(_with_database(
+        url, lambda db: db.rows("list_api_keys", {"owner": owner, "all": all_keys})))
     for row in rows:
         state = f"revoked {row['revoked_at']:%Y-%m-%d %H:%M}" if row["revoked_at"] else "active"
         role = "admin" if row["admin"] else "-"
@@ -130,14 +138,7 @@ def revoke_keys_cli(settings: Settings, *, name: str | None, owner: str | None) 
             raise ConfigError(f"the key prefix must be at least {_MIN_REVOKE_NAME} characters")
     url = database_url(settings)
     migrate(url)
-    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        if name is not None:
-            matches = conn.execute(QUERIES["match_api_keys"], {"name": name}).fetchall()
-            if len(matches) > 1:
-                shown = ", ".join(str(m["name"]) for m in matches)
-                raise ConfigError(f"{name!r} matches {len(matches)} keys ({shown}); give more")
-        rows = conn.execute(QUERIES["revoke_api_keys"],
-                            {"name": name, "owner": owner}).fetchall()
+    rows = asyncio.run(_with_database(url, lambda db: _revoke(db, name, owner)))
     for row in rows:
         print(f"revoked {row['name']} (owner {row['owner']!r})")
     if not rows:

@@ -23,11 +23,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-import psycopg
-from psycopg.rows import class_row
-from psycopg_pool import AsyncConnectionPool
-
-from darkroom.db.queries import QUERIES
+from darkroom.db.database import CONNECTION_ERRORS, Database, Statements
 from darkroom.errors import TRANSIENT_CODES, DarkroomError, ErrorCode
 from darkroom.layout import derived_key, original_key, thumb_key
 
@@ -154,7 +150,7 @@ class Queue:
 
     def __init__(
         self,
-        pool: AsyncConnectionPool[Any],
+        db: Database,
         *,
         lease_seconds: float,
         max_attempts: int,
@@ -164,7 +160,7 @@ class Queue:
         rng: random.Random | None = None,
         fingerprint: str | None = None,
     ) -> None:
-        self.pool = pool
+        self.db = db
         self.lease_seconds = lease_seconds
         self.max_attempts = max_attempts
         self.retry_base_seconds = retry_base_seconds
@@ -176,12 +172,11 @@ class Queue:
         self.fingerprint = fingerprint
 
     @classmethod
-    def from_settings(cls, pool: AsyncConnectionPool[Any], settings: Settings,
-                      worker: str = "") -> Queue:
+    def from_settings(cls, db: Database, settings: Settings, worker: str = "") -> Queue:
         from darkroom.derive import settings_fingerprint
 
         return cls(
-            pool,
+            db,
             lease_seconds=settings.lease_seconds,
             max_attempts=settings.max_attempts,
             retry_base_seconds=settings.retry_base_seconds,
@@ -191,17 +186,11 @@ class Queue:
         )
 
     async def _rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(QUERIES[name], params, prepare=True)
-            return list(await cur.fetchall()) if cur.description else []
+        return await self.db.rows(name, params)
 
     async def _leases(self, name: str, params: dict[str, Any]) -> list[Lease]:
         """Rows of a statement that answers leases, built by column name."""
-        async with self.pool.connection() as conn:
-            cur = conn.cursor(row_factory=class_row(Lease))
-            await cur.execute(QUERIES[name], params, prepare=True)
-            leases: list[Lease] = await cur.fetchall()
-            return leases
+        return await self.db.typed(name, params, Lease)
 
     # --- cards -----------------------------------------------------------------------
 
@@ -242,23 +231,17 @@ class Queue:
         if not quota_files and not quota_bytes:
             rows = await self._rows("create_file_keyed", params)
             return rows[0] if rows else None
-        async with self.pool.connection() as conn, conn.transaction():
-            if not await _within_quota(conn, owner, size, quota_files, quota_bytes):
+        async with self.db.transaction() as tx:
+            if not await _within_quota(tx, owner, size, quota_files, quota_bytes):
                 raise QuotaExceeded(owner)
-            cur = await conn.execute(QUERIES["create_file_keyed"], params)
-            row: dict[str, Any] | None = await cur.fetchone()
-        return row
-
-    async def confirm(self, file_id: uuid.UUID, owner: str, version: str,
-                      size: int | None = None) -> ConfirmOutcome:
-        """pending -> queued for exactly `version`, with NOTIFY; idempotent for the same version."""
-        return (await self.confirm_card(file_id, owner, version, size=size))[0]
+            return await tx.row("create_file_keyed", params)
 
     async def confirm_card(
         self, file_id: uuid.UUID, owner: str, version: str, sha256: str | None = None,
         size: int | None = None,
     ) -> tuple[ConfirmOutcome, dict[str, Any] | None]:
-        """`confirm`, plus the queued card when this call moved it (else None).
+        """pending -> queued for exactly `version`, with NOTIFY; idempotent for the same
+        version. Also the queued card when this call moved it (else None).
 
         A card created with a claimed digest moves only with `sha256`, the digest of the
         stored bytes of `version`, equal to the claim: otherwise the answer is
@@ -319,16 +302,14 @@ class Queue:
                                           content_type=content_type, size=size,
                                           file_id=file_id, priority=priority)
         file_id = file_id or uuid.uuid4()
-        async with self.pool.connection() as conn, conn.transaction():
-            if not await _within_quota(conn, owner, size, quota_files, quota_bytes):
+        async with self.db.transaction() as tx:
+            if not await _within_quota(tx, owner, size, quota_files, quota_bytes):
                 return None
-            cur = await conn.execute(QUERIES["create_file"], {
+            return await tx.row("create_file", {
                 "id": file_id, "owner": owner, "filename": filename,
                 "content_type": content_type, "size": size,
                 "original_key": original_key(file_id), "priority": str(Priority(priority)),
             })
-            row: dict[str, Any] | None = await cur.fetchone()
-        return row
 
     async def expire_pending(self, *, ttl_seconds: float, limit: int) -> list[uuid.UUID]:
         """pending -> deleting for a batch of cards unconfirmed for `ttl_seconds`.
@@ -360,7 +341,7 @@ class Queue:
                 "n": n, "max_attempts": self.max_attempts, "claim": claim_id,
                 "lease_seconds": self.lease_seconds, "worker": self.worker,
             })
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        except CONNECTION_ERRORS as exc:
             raise ClaimUnknown(claim_id) from exc
 
     async def adopt_claim(self, claim_id: uuid.UUID) -> list[Lease]:
@@ -380,11 +361,6 @@ class Queue:
             "lease_seconds": self.lease_seconds, "worker": self.worker,
         })
         return {r["token"] for r in rows}
-
-    async def register_attempt_object(self, lease: Lease, key: str) -> None:
-        """Record the key an attempt is about to write, before it writes it."""
-        await self._rows("register_attempt_object",
-                         {"key": key, "id": lease.file_id, "token": lease.token})
 
     async def register_attempt_objects(self, lease: Lease, keys: Sequence[str]) -> None:
         """Record every key an attempt is about to write, before it writes any."""
@@ -548,12 +524,11 @@ class Queue:
         }
 
 
-async def _within_quota(conn: Any, owner: str, size: int, quota_files: int,
+async def _within_quota(tx: Statements, owner: str, size: int, quota_files: int,
                         quota_bytes: int) -> bool:
     """In the caller's transaction: take the owner's quota lock (so two creates cannot
     both fit into the last free place), then answer whether one more card of `size` fits."""
-    await conn.execute(QUERIES["lock_owner_quota"], {"owner": owner})
-    cur = await conn.execute(QUERIES["owner_within_quota"], {
+    await tx.rows("lock_owner_quota", {"owner": owner})
+    fits = await tx.row("owner_within_quota", {
         "owner": owner, "size": size, "quota_files": quota_files, "quota_bytes": quota_bytes})
-    fits = await cur.fetchone()
     return bool(fits and fits["fits"])

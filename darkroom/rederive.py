@@ -16,7 +16,8 @@ import sys
 from typing import IO
 
 from darkroom.config import ConfigError, Settings
-from darkroom.db.connection import database_url, open_pool
+from darkroom.db.connection import database_url
+from darkroom.db.database import opened
 from darkroom.derive import settings_fingerprint
 from darkroom.queue import Queue
 
@@ -30,9 +31,8 @@ async def run(settings: Settings, *, owner: str | None, everyone: bool, dry_run:
     if owner is None and not everyone:
         raise ConfigError("rederive needs --owner OWNER or --all")
     fingerprint = settings_fingerprint(settings)
-    pool = await open_pool(database_url(settings), min_size=1, max_size=1, name="rederive")
-    try:
-        queue = Queue.from_settings(pool, settings)
+    async with opened(database_url(settings), name="rederive") as db:
+        queue = Queue.from_settings(db, settings)
         stale = await queue.rederive_owners(fingerprint, owner)
         total = sum(stale.values())
         scope = f"owner {owner}" if owner else "all owners"
@@ -51,8 +51,6 @@ async def run(settings: Settings, *, owner: str | None, everyone: bool, dry_run:
         if wait:
             await _wait(queue, owner, queued)
         return 0
-    finally:
-        await pool.close()
 
 
 async def _wait(queue: Queue, owner: str | None, queued: int) -> None:

@@ -88,9 +88,8 @@ _MAX_OUTPUT = 256 * 1024 * 1024
 # child may not create files.
 TEST_HANG_ENV = "DARKROOM_SANDBOX_TEST_HANG"
 # Only tests set this: instead of decoding, the child plays a compromised decoder and
-# tries the named attack (`HOSTILE_ACTIONS`), answering what happened as the detail.
+# tries the named attack (see `_hostile`), answering what happened as the detail.
 TEST_HOSTILE_ENV = "DARKROOM_SANDBOX_TEST_HOSTILE"
-HOSTILE_ACTIONS = ("environ", "socket", "write", "exec", "fork", "ptrace")
 _TEST_ENVS = (
     TEST_HANG_ENV, TEST_HOSTILE_ENV, TEST_HOSTILE_ENV + "_PORT", TEST_HOSTILE_ENV + "_PATH"
 )
@@ -98,6 +97,10 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 # A child is replaced before it has used this much CPU in all (its hard RLIMIT_CPU), or
 # ten jobs' worth when jobs may take longer.
 CPU_LIFETIME_SECONDS = 3_600
+# libvips threads in a child. The worker's parallelism is its number of children (one per
+# slot), each decoding on one core; a single thread also keeps the jail's thread count and
+# a job's CPU budget small.
+VIPS_THREADS = 1
 _EMPTY_DIR: str | None = None
 _EMPTY_DIR_LOCK = threading.Lock()
 
@@ -134,7 +137,7 @@ def _remove_dir(path: str) -> None:
         os.rmdir(path)
 
 
-def child_environment(concurrency: int) -> dict[str, str]:
+def child_environment() -> dict[str, str]:
     """The whole environment a decoder child gets: what Python and libvips read, no more.
 
     Never a copy of the worker's: that holds the database URL and the store's keys.
@@ -143,7 +146,7 @@ def child_environment(concurrency: int) -> dict[str, str]:
         # Set before the child starts: glibc reads MALLOC_ARENA_MAX at startup and
         # libvips reads VIPS_CONCURRENCY when it initialises. Few arenas and threads
         # keep the reserved address space small, so RLIMIT_AS bites only on real use.
-        "VIPS_CONCURRENCY": str(concurrency),
+        "VIPS_CONCURRENCY": str(VIPS_THREADS),
         "MALLOC_ARENA_MAX": "2",
         "VIPS_BLOCK_UNTRUSTED": "1",
         "PYTHONPATH": os.pathsep.join(
@@ -188,9 +191,9 @@ def _is_fifo(path: str) -> bool:
         return False
 
 
-def _cpu_budget(timeout: float, concurrency: int) -> int:
+def _cpu_budget(timeout: float) -> int:
     """CPU seconds one job may use: its wall-clock limit on every libvips thread."""
-    return math.ceil(timeout * max(1, concurrency)) + 1
+    return math.ceil(timeout * VIPS_THREADS) + 1
 
 
 def _cpu_lifetime(budget: int) -> int:
@@ -208,7 +211,7 @@ def _child_cpu_seconds(pid: int) -> float:
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def probe_jail(memory_mb: int = 1024, concurrency: int = 1) -> dict[str, Any]:
+def probe_jail(memory_mb: int = 1024) -> dict[str, Any]:
     """Jail a throwaway child exactly as a decoder child and return what took effect.
 
     The worker logs this once at start. The probe skips libvips, so it costs a Python
@@ -216,9 +219,8 @@ def probe_jail(memory_mb: int = 1024, concurrency: int = 1) -> dict[str, Any]:
     """
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "darkroom.sandbox", "--probe", str(memory_mb),
-             str(concurrency)],
-            stdin=subprocess.DEVNULL, capture_output=True, env=child_environment(concurrency),
+            [sys.executable, "-m", "darkroom.sandbox", "--probe", str(memory_mb)],
+            stdin=subprocess.DEVNULL, capture_output=True, env=child_environment(),
             cwd=_empty_dir(), close_fds=True, timeout=60, check=False,
         )
         report: dict[str, Any] = json.loads(done.stdout)
@@ -259,7 +261,6 @@ class DecoderProcess:
         *,
         timeout: float,
         memory_mb: int,
-        concurrency: int = 1,
         nice: int = 0,
         jail: bool = True,
     ) -> None:
@@ -268,11 +269,10 @@ class DecoderProcess:
         self.limits = limits
         self.timeout = timeout
         self.memory_mb = memory_mb
-        self.concurrency = concurrency
         self.nice = nice
         # Only the benchmark turns this off, to measure what the jail costs.
         self.jail = jail
-        self._cpu_budget = _cpu_budget(timeout, concurrency)
+        self._cpu_budget = _cpu_budget(timeout)
         self._hang_path: str | None = None
         self._limits_json = json.dumps(dataclasses.asdict(limits)).encode()
         self._job_lock = threading.Lock()  # one request on the pipe at a time
@@ -339,7 +339,7 @@ class DecoderProcess:
     def _spawn(self) -> subprocess.Popen[bytes]:
         self._hang_path = os.environ.get(TEST_HANG_ENV)
         argv = [sys.executable, "-m", "darkroom.sandbox", str(self.memory_mb), str(self.nice),
-                str(self.concurrency), str(self._cpu_budget)]
+                str(self._cpu_budget)]
         if not self.jail:
             argv.append("--no-jail")
         proc = subprocess.Popen(
@@ -349,7 +349,7 @@ class DecoderProcess:
             # A pipe of our own, drained into the worker's log: the child may not write
             # files (RLIMIT_FSIZE 0), and the worker's stderr may be one.
             stderr=subprocess.PIPE,
-            env=child_environment(self.concurrency),
+            env=child_environment(),
             cwd=_empty_dir(),
             close_fds=True,
             # Its own session: a terminal's Ctrl-C goes to the worker, which decides.
@@ -594,7 +594,7 @@ def _start_jail(memory_mb: int, nice: int, jailed: bool) -> Jail:
     """Everything the child does before importing libvips (see `darkroom.jail`)."""
     jail = Jail()
     # Given by the parent (`DecoderProcess._spawn`): checked here so the report is true.
-    if not set(os.environ) - {*child_environment(1), *_TEST_ENVS}:
+    if not set(os.environ) - {*child_environment(), *_TEST_ENVS}:
         jail.on("empty_environment")
     else:
         jail.off("empty_environment", "started with extra variables")
@@ -622,7 +622,7 @@ def _start_jail(memory_mb: int, nice: int, jailed: bool) -> Jail:
     return jail
 
 
-def _child_main(memory_mb: int, nice: int = 0, concurrency: int = 1, cpu_seconds: int = 61,
+def _child_main(memory_mb: int, nice: int = 0, cpu_seconds: int = 61,
                 *, jailed: bool = True, probe: bool = False) -> int:
     jail = _start_jail(memory_mb, nice, jailed)
     # The protocol owns fd 1. Anything else that writes to stdout (a stray print, a
@@ -649,7 +649,7 @@ def _child_main(memory_mb: int, nice: int = 0, concurrency: int = 1, cpu_seconds
     _watch_parent()
     if jailed:
         lock_down(jail, cpu_seconds=cpu_seconds, cpu_lifetime_seconds=_cpu_lifetime(cpu_seconds),
-                  threads=concurrency,
+                  threads=VIPS_THREADS,
                   extra_fds=(out.fileno(),) if hang_fd is None else (out.fileno(), hang_fd))
     if probe:
         _respond_raw(out, json.dumps(jail.report).encode())
@@ -760,17 +760,15 @@ def _hostile(action: str) -> str:
 
 
 def _main(argv: list[str]) -> int:
-    """`python -m darkroom.sandbox MEMORY_MB [NICE CONCURRENCY CPU_SECONDS] [--no-jail]`,
-    or `--probe MEMORY_MB [CONCURRENCY]` for the jail report alone."""
+    """`python -m darkroom.sandbox MEMORY_MB [NICE CPU_SECONDS] [--no-jail]`, or
+    `--probe MEMORY_MB` for the jail report alone."""
     flags = {arg for arg in argv if arg.startswith("--")}
     numbers = [int(arg) for arg in argv if not arg.startswith("--")]
     if "--probe" in flags:
-        memory_mb, concurrency = [*numbers, *[1024, 1][len(numbers):]][:2]
-        return _child_main(memory_mb, 0, concurrency, _cpu_budget(60, concurrency),
-                           probe=True)
-    memory_mb, nice, concurrency, cpu_seconds = [*numbers, *[1024, 0, 1, 61][len(numbers):]][:4]
-    return _child_main(memory_mb, nice, concurrency, cpu_seconds,
-                       jailed="--no-jail" not in flags)
+        memory_mb = [*numbers, 1024][0]
+        return _child_main(memory_mb, 0, _cpu_budget(60), probe=True)
+    memory_mb, nice, cpu_seconds = [*numbers, *[1024, 0, 61][len(numbers):]][:3]
+    return _child_main(memory_mb, nice, cpu_seconds, jailed="--no-jail" not in flags)
 
 
 if __name__ == "__main__":

@@ -4,40 +4,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
-
 from darkroom.config import Settings
-from darkroom.db.connection import database_url, open_pool
-from darkroom.db.queries import QUERIES
+from darkroom.db.connection import database_url
+from darkroom.db.database import Database, opened
 from darkroom.queue import Queue
 
 
-async def worker_demand(pool: AsyncConnectionPool[Any]) -> int:
+async def worker_demand(db: Database) -> int:
     """Slots the queue could use now: the figure a worker autoscaler divides by the slots
     of one worker (the `worker_demand` statement; KEDA runs the same text)."""
-    async with pool.connection() as conn:
-        cur = await conn.execute(QUERIES["worker_demand"])
-        row = await cur.fetchone()
+    row = await db.row("worker_demand")
     assert row is not None  # an aggregate always answers one row
     return int(row["demand"])
 
 
 async def fetch(settings: Settings) -> dict[str, Any]:
-    pool = await open_pool(database_url(settings), min_size=1, max_size=1, name="stats")
-    try:
-        stats = await Queue.from_settings(pool, settings).stats()
-        stats["worker_demand"] = await worker_demand(pool)
+    async with opened(database_url(settings), name="stats") as db:
+        stats = await Queue.from_settings(db, settings).stats()
+        stats["worker_demand"] = await worker_demand(db)
         return stats
-    finally:
-        await pool.close()
 
 
 async def set_weight(settings: Settings, owner: str, weight: float) -> None:
-    pool = await open_pool(database_url(settings), min_size=1, max_size=1, name="owners")
-    try:
-        await Queue.from_settings(pool, settings).set_owner_weight(owner, weight)
-    finally:
-        await pool.close()
+    async with opened(database_url(settings), name="owners") as db:
+        await Queue.from_settings(db, settings).set_owner_weight(owner, weight)
 
 
 def _age(seconds: float | None) -> str:

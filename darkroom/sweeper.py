@@ -33,12 +33,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-import psycopg
-
 from darkroom import metrics
 from darkroom.config import Settings
-from darkroom.db.connection import open_pool
-from darkroom.db.queries import QUERIES
+from darkroom.db.database import CONNECTION_ERRORS, Database
 from darkroom.errors import StorageError
 from darkroom.layout import DERIVED, ORIGINALS, derived_prefix, parse_key
 from darkroom.queue import Queue
@@ -67,7 +64,7 @@ PRUNE_BATCH = 5_000
 
 # What an outage of the database or the store raises; anything else is logged as a bug,
 # and the unit still goes on after a pause.
-OUTAGES = (psycopg.OperationalError, psycopg.InterfaceError, StorageError, OSError)
+OUTAGES = (*CONNECTION_ERRORS, StorageError, OSError)
 
 
 class Unit(Protocol):
@@ -78,23 +75,6 @@ class Unit(Protocol):
     async def run_once(self) -> int:
         """One bounded batch; answers how many items it finished (0: nothing due)."""
         ...
-
-
-class Database:
-    """The sweeper's statements, on the queue's pool (the protocol's own go via Queue)."""
-
-    def __init__(self, queue: Queue) -> None:
-        self.queue = queue
-
-    async def rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        async with self.queue.pool.connection() as conn:
-            cur = await conn.execute(QUERIES[name], params)
-            return list(await cur.fetchall()) if cur.description else []
-
-    async def rowcount(self, name: str, params: dict[str, Any]) -> int:
-        async with self.queue.pool.connection() as conn:
-            cur = await conn.execute(QUERIES[name], params)
-            return int(cur.rowcount)
 
 
 @dataclass
@@ -336,7 +316,7 @@ class SweepReport:
 class Sweeper:
     def __init__(self, queue: Queue, store: ObjectStore, *, guard_seconds: float,
                  retention_seconds: float, pending_ttl_seconds: float = 86_400) -> None:
-        db = Database(queue)
+        db = queue.db
         self.pending = PendingExpiry(queue, pending_ttl_seconds)
         self.orphans = Orphans(db, store, guard_seconds)
         self.deleted = DeletedFiles(queue, store, guard_seconds)
@@ -399,15 +379,15 @@ async def run_unit(unit: Unit, stop: asyncio.Event, *, interval_seconds: float,
 async def _with_sweeper(settings: Settings,
                         body: Callable[[Sweeper], Awaitable[Any]]) -> Any:
     conninfo, store = await prepare(settings)
-    pool = await open_pool(conninfo, min_size=1, max_size=2, name="sweeper", fail_fast=False)
+    db = await Database.open(conninfo, min_size=1, max_size=2, name="sweeper", fail_fast=False)
     try:
-        sweeper = Sweeper(Queue.from_settings(pool, settings, worker="sweeper"), store,
+        sweeper = Sweeper(Queue.from_settings(db, settings, worker="sweeper"), store,
                           guard_seconds=settings.sweep_guard_seconds,
                           retention_seconds=settings.event_retention_days * 86_400,
                           pending_ttl_seconds=settings.pending_ttl_seconds)
         return await body(sweeper)
     finally:
-        await pool.close()
+        await db.close()
 
 
 def remove_stale_temporaries(store: ObjectStore) -> None:

@@ -60,17 +60,14 @@ def _local_key(settings: Settings, conninfo: str) -> str:
     path = settings.data_path / "local-api-key"
 
     async def ensure() -> str:
-        from darkroom.db.connection import open_pool
+        from darkroom.db.database import opened
 
-        pool = await open_pool(conninfo, min_size=1, max_size=1, name="up")
-        try:
+        async with opened(conninfo, name="up") as db:
             if path.exists():
                 known = path.read_text().strip()
-                if await find_key(pool, known) is not None:
+                if await find_key(db, known) is not None:
                     return known
-            key = await create_key(pool, LOCAL_OWNER, admin=True)
-        finally:
-            await pool.close()
+            key = await create_key(db, LOCAL_OWNER, admin=True)
         write_private(path, (key + "\n").encode())
         return key
 

@@ -1,4 +1,4 @@
-"""Uploads that are safe to retry: idempotency keys and known content (issue 17).
+"""Uploads that are safe to retry: idempotency keys and known content.
 
 A client that lost the answer to `POST /v1/files` sends the same request again with the
 same `Idempotency-Key` and gets the card the first one made, never a second card. A
@@ -15,9 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
-
-from darkroom.db.queries import QUERIES
+from darkroom.db.database import Database
 from darkroom.queue import Priority, Queue
 
 # A key is honoured at least this long; the sweeper removes older ones.
@@ -61,13 +59,11 @@ class Created:
 class Uploads:
     """The statements of `db/uploads.sql`. None of them changes a card's status."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
-        self.pool = pool
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     async def _rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(QUERIES[name], params, prepare=True)
-            return list(await cur.fetchall()) if cur.description else []
+        return await self.db.rows(name, params)
 
     async def lookup(self, owner: str, key: bytes) -> dict[str, Any] | None:
         rows = await self._rows("idempotency_lookup", {"owner": owner, "key_hash": key})

@@ -41,13 +41,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
 
-import psycopg
-
 from darkroom import health, metrics
 from darkroom.breaker import StoreBreaker
 from darkroom.completer import Completer
 from darkroom.config import ConfigError, Settings
-from darkroom.db.connection import open_pool
+from darkroom.db.database import CONNECTION_ERRORS, Database
 from darkroom.derive import Limits
 from darkroom.errors import DeriveError, ErrorCode, ObjectMissing, StorageError
 from darkroom.layout import derived_key, thumb_key
@@ -69,7 +67,6 @@ log = logging.getLogger("darkroom.worker")
 T = TypeVar("T")
 
 # Database errors that a restart or a network blip produces; anything else is a bug.
-DB_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 # How long a stopping worker spends handing its leases back, and then waiting for its
 # cancelled jobs, at most.
 HAND_BACK_SECONDS = 5.0
@@ -109,12 +106,11 @@ class Job:
 class Worker:
     def __init__(
         self, settings: Settings, queue: Queue, store: ObjectStore, *,
-        listen_conninfo: str, concurrency: int,
+        concurrency: int,
     ) -> None:
         self.settings = settings
         self.queue = queue
         self.store = store
-        self.listen_conninfo = listen_conninfo
         self.concurrency = concurrency
         limits = Limits.from_settings(settings)
         self.idle_decoders = [
@@ -181,14 +177,14 @@ class Worker:
             claim_id = unknown.claim_id
             try:
                 leases = await self._db(lambda: self.queue.adopt_claim(claim_id))
-            except DB_ERRORS as exc:
+            except CONNECTION_ERRORS as exc:
                 # Whatever it leased waits for its lease to expire: nothing is lost.
                 log.warning("could not look up the claim; database unavailable",
                             extra={"error": type(exc).__name__})
                 await self._pause(self._rng.uniform(0.5, 2.0))
                 return 0
             metrics.CLAIMS_ADOPTED.inc(len(leases))
-        except DB_ERRORS as exc:
+        except CONNECTION_ERRORS as exc:
             metrics.DB_ERRORS.inc()
             log.warning("claim failed; database unavailable", extra={"error": type(exc).__name__})
             await self._pause(self._rng.uniform(0.5, 2.0))
@@ -265,7 +261,7 @@ class Worker:
         try:
             async with asyncio.timeout(self._timeout_reserve()):
                 return await self._fail(job, ErrorCode.PROCESSING_TIMEOUT, "attempt timeout")
-        except (TimeoutError, *DB_ERRORS):
+        except (TimeoutError, *CONNECTION_ERRORS):
             # Unrecorded: the lease runs out and another attempt takes the card.
             return Outcome.ERROR
 
@@ -373,7 +369,7 @@ class Worker:
         while True:
             try:
                 return await call()
-            except DB_ERRORS as exc:
+            except CONNECTION_ERRORS as exc:
                 metrics.DB_ERRORS.inc()
                 if time.monotonic() + delay > deadline:
                     raise
@@ -393,7 +389,7 @@ class Worker:
                 continue
             try:
                 lost = await self.queue.heartbeat(held)
-            except DB_ERRORS as exc:
+            except CONNECTION_ERRORS as exc:
                 metrics.DB_ERRORS.inc()
                 log.warning("heartbeat failed", extra={"error": type(exc).__name__})
                 continue
@@ -411,15 +407,12 @@ class Worker:
         delay = 0.5
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(self.listen_conninfo,
-                                                             autocommit=True)
-                async with conn:
-                    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                async with self.queue.db.listen(NOTIFY_CHANNEL) as notifications:
                     delay = 0.5
                     self.wake.set()  # anything enqueued while we were not listening
-                    async for _ in conn.notifies():
+                    async for _ in notifications:
                         self.wake.set()
-            except DB_ERRORS as exc:
+            except CONNECTION_ERRORS as exc:
                 log.warning("LISTEN connection lost; polling meanwhile",
                             extra={"error": type(exc).__name__})
                 await asyncio.sleep(delay * self._rng.uniform(0.5, 1.5))
@@ -445,7 +438,7 @@ class Worker:
             # Bounded, so a stop always ends within the grace and a few seconds.
             async with asyncio.timeout(HAND_BACK_SECONDS):
                 released = await self.queue.release([job.lease for job in unfinished])
-        except (TimeoutError, *DB_ERRORS):
+        except (TimeoutError, *CONNECTION_ERRORS):
             released = set()
             log.warning("could not hand leases back; they will expire instead")
         for job in unfinished:
@@ -476,9 +469,9 @@ async def run_worker(settings: Settings, *, concurrency: int, name: str,
                      pulse: health.LoopPulse | None = None) -> None:
     """Run one worker until `stop` is set (or SIGTERM/SIGINT, when on the main thread)."""
     conninfo, store = await prepare(settings)
-    pool = await open_pool(conninfo, min_size=1, max_size=4, name=f"worker-{name}")
-    queue = Queue.from_settings(pool, settings, worker=name)
-    worker = Worker(settings, queue, store, listen_conninfo=conninfo, concurrency=concurrency)
+    db = await Database.open(conninfo, min_size=1, max_size=4, name=f"worker-{name}")
+    queue = Queue.from_settings(db, settings, worker=name)
+    worker = Worker(settings, queue, store, concurrency=concurrency)
     loop = asyncio.get_running_loop()
     with contextlib.suppress(ValueError, NotImplementedError):  # not the main thread
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -495,7 +488,7 @@ async def run_worker(settings: Settings, *, concurrency: int, name: str,
         for task in (watcher, ticking):
             if task:
                 task.cancel()
-        await pool.close()
+        await db.close()
         log.info("worker stopped", extra={"worker": name})
 
 

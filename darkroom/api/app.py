@@ -30,7 +30,8 @@ from darkroom.api.routes import StatsCache, on_metrics_listener, router
 from darkroom.api.schemas import ProblemDoc
 from darkroom.api.server import Wire, listen, uvicorn_config
 from darkroom.config import ConfigError, Settings
-from darkroom.db.connection import database_url, open_pool
+from darkroom.db.connection import database_url
+from darkroom.db.database import Database
 from darkroom.queue import Queue
 from darkroom.services import start
 from darkroom.storage import ObjectStore, open_store
@@ -67,11 +68,11 @@ def create_app(
             url, app.state.store = await to_thread.run_sync(start, settings)
         else:  # started already (`serve`), or a store the tests inject
             url, app.state.store = database_url(settings), store
-        pool = await open_pool(url, min_size=2, max_size=16, name="api", fail_fast=fail_fast)
-        app.state.pool = pool
-        app.state.queue = Queue.from_settings(pool, settings)
-        app.state.hub = Hub(url, ping_seconds=settings.events_ping_seconds)
-        app.state.uploads = Uploads(pool)
+        db = await Database.open(url, min_size=2, max_size=16, name="api", fail_fast=fail_fast)
+        app.state.db = db
+        app.state.queue = Queue.from_settings(db, settings)
+        app.state.hub = Hub(db, ping_seconds=settings.events_ping_seconds)
+        app.state.uploads = Uploads(db)
         # What start-up allocated (FastAPI, pydantic, boto3: ~84k objects) lives as long
         # as the process. Left to the collector, each full pass walks all of it while every
         # request waits (38-47 ms here, bench/api.py); frozen, a full pass walks only what
@@ -82,7 +83,7 @@ def create_app(
             yield
         finally:
             app.state.hub.close()
-            await pool.close()
+            await db.close()
 
     app = FastAPI(
         title="darkroom",

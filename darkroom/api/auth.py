@@ -83,7 +83,7 @@ async def principal(
             raise Problem(429, "too_many_requests",
                           "Too many requests with unknown keys; try again later.",
                           headers={"Retry-After": str(wait)})
-        found = await find_key(request.app.state.pool, key)
+        found = await find_key(request.app.state.db, key)
         if found is None:
             limiter.spend(address)
             raise Problem(401, "unauthorized", "The API key is not valid.", headers=_CHALLENGE)

@@ -21,6 +21,8 @@ from typing import Any
 
 import psycopg
 
+from darkroom.db.database import Database
+
 log = logging.getLogger(__name__)
 
 CHANNEL = "darkroom_cards"
@@ -34,8 +36,8 @@ Event = dict[str, Any] | None  # None ends the stream (shutdown)
 class Hub:
     """Owner → open streams; one LISTEN connection, started with the first stream."""
 
-    def __init__(self, conninfo: str, *, ping_seconds: float) -> None:
-        self.conninfo = conninfo
+    def __init__(self, db: Database, *, ping_seconds: float) -> None:
+        self.db = db
         self.ping_seconds = ping_seconds
         self._streams: dict[str, set[asyncio.Queue[Event]]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -145,17 +147,15 @@ class Hub:
         first = True
         while not self._closed:
             try:
-                conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
-                async with conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
+                async with self.db.listen(CHANNEL) as notifications:
                     delay = 0.5
                     self._listening.set()
                     if not first:
                         # Changes made while nobody listened were never sent.
                         self._broadcast(_RESYNC)
                     first = False
-                    async for notify in conn.notifies():
-                        self.dispatch(notify.payload)
+                    async for payload in notifications:
+                        self.dispatch(payload)
             except psycopg.Error as exc:
                 self._listening.clear()
                 log.warning("events LISTEN connection lost", extra={"error": type(exc).__name__})

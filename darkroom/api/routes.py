@@ -50,7 +50,6 @@ from darkroom.api.schemas import (
     encode_cursor,
 )
 from darkroom.config import Settings
-from darkroom.db.queries import QUERIES
 from darkroom.errors import ObjectMissing, StorageError, StorageUnavailable
 from darkroom.queue import ConfirmOutcome, Priority, Queue, QuotaExceeded, original_key
 from darkroom.storage import ObjectInfo, ObjectStore
@@ -735,8 +734,7 @@ async def readyz(request: Request) -> Response:
     checks: dict[str, str] = {}
 
     async def database() -> None:
-        async with request.app.state.pool.connection(timeout=_READY_TIMEOUT) as conn:
-            await conn.execute(QUERIES["ping"])
+        await request.app.state.db.ping(_READY_TIMEOUT)
 
     async def storage() -> None:
         await to_thread.run_sync(_store(request).check)

@@ -193,15 +193,10 @@ WITH held AS (
 )
 SELECT file_id AS id, token FROM lost;
 
--- name: register_attempt_object
--- Before an attempt PUTs its derivative, so that a crash between PUT and commit cannot
--- leak the object: the sweeper removes whatever no live attempt or card accounts for.
-INSERT INTO orphan_objects (object_key, file_id, token, reason)
-VALUES (%(key)s, %(id)s, %(token)s, 'attempt')
-ON CONFLICT (object_key) DO NOTHING;
-
 -- name: register_attempt_objects
--- The same, for every object of one attempt (the preview and its thumb) in one statement.
+-- Before an attempt PUTs its objects (the preview and its thumb), so that a crash between
+-- PUT and commit cannot leak them: the sweeper removes whatever no live attempt or card
+-- accounts for.
 INSERT INTO orphan_objects (object_key, file_id, token, reason)
 SELECT k, %(id)s, %(token)s, 'attempt' FROM unnest(%(keys)b::text[]) AS k
 ON CONFLICT (object_key) DO NOTHING;

@@ -1,4 +1,4 @@
--- Idempotent creates and known content (issue 17). No statement here changes a card's
+-- Idempotent creates and known content. No statement here changes a card's
 -- status: cards are created and confirmed by the protocol's statements in queries.sql.
 
 -- name: idempotency_lookup

@@ -21,7 +21,7 @@ import uvicorn
 
 from darkroom.api.app import create_app, server_config
 from darkroom.config import Settings, load_settings
-from darkroom.keys import create_key
+from darkroom.keys import create_key_at
 from darkroom.storage import ObjectStore, open_store
 from tests.support.seaweed import SeaweedServer
 from tests.support.services import free_port, wait_for
@@ -104,7 +104,7 @@ def start_api(
     server.start()
 
     def make_key(owner: str = "alice", admin: bool = False) -> str:
-        return asyncio.run(create_key(db_url, owner, admin))
+        return asyncio.run(create_key_at(db_url, owner, admin))
 
     return server, Api(server.url, settings, store, db_url, kind, make_key)
 

@@ -13,6 +13,7 @@ from PIL import Image
 
 from darkroom.config import Settings
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.queue import Derived, DerivedObject, Queue, derived_key, thumb_key
 from darkroom.storage import ObjectStore
 
@@ -67,11 +68,11 @@ def make_ready(
     async def run() -> None:
         pool = await open_pool(db_url, min_size=1, max_size=2)
         try:
-            queue = Queue.from_settings(pool, settings, worker="test")
+            queue = Queue.from_settings(Database(pool), settings, worker="test")
             leases = await queue.claim(10)
             lease = next(le for le in leases if le.file_id == uuid.UUID(file_id))
             key = derived_key(lease)
-            await queue.register_attempt_object(lease, key)
+            await queue.register_attempt_objects(lease, [key])
             version = store.put(key, webp, content_type="image/webp")
             small = None
             if thumb is not None:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.api.conftest import Api
 from tests.support.browser import CHROMIUM_ARGS, chromium_binary
-from tests.support.cut_proxy import CutProxy
+from tests.support.faults import FaultProxy
 from tests.support.services import CORPUS
 
 pytestmark = pytest.mark.browser
@@ -118,22 +118,22 @@ def test_page_says_already_there_and_retries_a_lost_create_with_the_same_key(
     api = page_api
     key = api.make_key("browser-again")
     port = int(api.url.rsplit(":", 1)[1])
-    with CutProxy("127.0.0.1", port) as proxy, playwright_api.sync_playwright() as p:
+    with FaultProxy(("127.0.0.1", port)) as proxy, playwright_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=binary, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1100, "height": 820})
-            page.goto(proxy.url)
+            page.goto(f"http://{proxy.url_host()}")
             page.get_by_test_id("key-input").fill(key)
             page.get_by_test_id("key-save").click()
             expect(page.get_by_test_id("key-set")).to_be_visible()
 
-            proxy.cut_next(1, request_prefix=b"POST /v1/files ")
+            proxy.cut_answers(1, request_prefix=b"POST /v1/files ")
             page.get_by_test_id("file-input").set_input_files([str(PHOTO)])
             cards = page.get_by_test_id("card")
             photo = cards.filter(has_text="Dune.jpg")
             # No worker runs: queued is as far as the card goes.
             expect(photo).to_have_attribute("data-status", "queued", timeout=60_000)
-            assert proxy.cut == 1
+            assert proxy.counters.cut_after == 1
             expect(cards).to_have_count(1)
 
             page.get_by_test_id("file-input").set_input_files([str(PHOTO)])

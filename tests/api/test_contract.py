@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.queue import Queue
 from tests.api.conftest import MAX_UPLOAD, Api
 from tests.api.helpers import (
@@ -385,7 +386,7 @@ def test_priority_and_the_derivative_during_a_rederive(local_api: Api) -> None:
         async def rederive() -> int:
             pool = await open_pool(api.db_url, min_size=1, max_size=1)
             try:
-                return await Queue(pool, lease_seconds=30, max_attempts=3,
+                return await Queue(Database(pool), lease_seconds=30, max_attempts=3,
                                    retry_base_seconds=0, retry_cap_seconds=0
                                    ).rederive("alice", "new settings")
             finally:

@@ -1,4 +1,4 @@
-"""Facing the internet (issue 12): limits before work, keys, bound uploads, headers,
+"""Facing the internet: limits before work, keys, bound uploads, headers,
 metrics and local files, each against a real server (uvicorn over real sockets, the
 real `darkroom api` process where the process itself is what is measured)."""
 
@@ -13,7 +13,6 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -21,18 +20,8 @@ import pytest
 from darkroom.config import load_settings
 from darkroom.storage import LocalStore, open_store
 from tests.api.conftest import _storage_url, start_api
-from tests.api.helpers import JPEG, create, put_original, upload
+from tests.api.helpers import JPEG, assert_problem, create, put_original, upload
 from tests.support.services import DarkroomProcess, Harness, free_port, wait_for
-
-PROBLEM = "application/problem+json"
-
-
-def _problem(r: httpx.Response, status: int, slug: str) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    assert r.headers["content-type"].startswith(PROBLEM)
-    body: dict[str, Any] = r.json()
-    assert body["type"].endswith("/" + slug), body
-    return body
 
 
 @pytest.fixture
@@ -129,7 +118,7 @@ def test_limits_before_work(harness: Harness) -> None:
 
     # Oversized headers: 431, as a problem document.
     r = httpx.get(f"{url}/healthz", headers={"X-Big": "a" * 64 * 1024})
-    _problem(r, 431, "headers_too_large")
+    assert_problem(r, 431, "headers_too_large")
 
     # The connection limit: 4 held connections, then a request is answered 503.
     held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
@@ -187,12 +176,12 @@ def test_unknown_keys_are_rate_limited_and_keys_can_be_revoked(
         with httpx.Client(base_url=api.url, headers=guesser) as c:
             for _ in range(3):
                 r = c.get("/v1/files", headers={"Authorization": f"Bearer dk_{uuid.uuid4().hex}"})
-                _problem(r, 401, "unauthorized")
+                assert_problem(r, 401, "unauthorized")
             r = c.get("/v1/files", headers={"Authorization": f"Bearer dk_{uuid.uuid4().hex}"})
-            _problem(r, 429, "too_many_requests")
+            assert_problem(r, 429, "too_many_requests")
             assert int(r.headers["retry-after"]) >= 1
             # Decided before any lookup: even a real key is not looked up from there now.
-            _problem(c.get("/v1/files", headers={"Authorization": f"Bearer {alice}"}),
+            assert_problem(c.get("/v1/files", headers={"Authorization": f"Bearer {alice}"}),
                      429, "too_many_requests")
         # Another address is not affected.
         with api.client(alice) as c:
@@ -209,7 +198,7 @@ def test_unknown_keys_are_rate_limited_and_keys_can_be_revoked(
         revoked = _cli(db_url, tmp_path, "keys", "revoke", alice[:12])
         assert revoked.returncode == 0, revoked.stderr
         with api.client(alice) as c:
-            _problem(c.get("/v1/files"), 401, "unauthorized")
+            assert_problem(c.get("/v1/files"), 401, "unauthorized")
         # Again: nothing left to revoke, and it says so.
         assert _cli(db_url, tmp_path, "keys", "revoke", alice[:12]).returncode == 1
         # Too short a prefix is refused outright.
@@ -218,7 +207,7 @@ def test_unknown_keys_are_rate_limited_and_keys_can_be_revoked(
         assert _cli(db_url, tmp_path, "keys", "revoke", "--owner", "bob").returncode == 0
         for key in (bob1, bob2):
             with api.client(key) as c:
-                _problem(c.get("/v1/files"), 401, "unauthorized")
+                assert_problem(c.get("/v1/files"), 401, "unauthorized")
         listed = _cli(db_url, tmp_path, "keys", "list", "--all")
         assert listed.stdout.count("revoked") == 3
     finally:
@@ -268,7 +257,7 @@ def test_uploads_quotas_and_creation_rate(
             card = create(c, size=len(JPEG)).json()
             r = c.put(f"/v1/files/{card['id']}/content", content=JPEG + b"x",
                       headers={"Content-Type": "image/jpeg"})
-            _problem(r, 422, "size_mismatch")
+            assert_problem(r, 422, "size_mismatch")
             key = f"originals/{card['id']}"
             assert list(store.list(key)) == []
             # A pending card keeps only its latest upload.
@@ -278,7 +267,7 @@ def test_uploads_quotas_and_creation_rate(
             # Bytes that reached the store another way, of another size: confirm refuses
             # them and deletes them.
             stray = store.put(key, JPEG + b"zz", content_type="image/jpeg")
-            _problem(c.post(f"/v1/files/{card['id']}/confirm", json={"version": stray}),
+            assert_problem(c.post(f"/v1/files/{card['id']}/confirm", json={"version": stray}),
                      422, "size_mismatch")
             assert [v.version for v in store.list(key)] == [v2]
             assert c.post(f"/v1/files/{card['id']}/confirm",
@@ -286,11 +275,11 @@ def test_uploads_quotas_and_creation_rate(
 
             # Quotas: 1,000 declared bytes per owner (this card holds len(JPEG) of them).
             assert create(c, size=500).status_code == 201
-            body = _problem(create(c, size=500), 403, "quota_exceeded")
+            body = assert_problem(create(c, size=500), 403, "quota_exceeded")
             assert "detail" in body
             # Three live cards: the third fits, a fourth does not.
             assert create(c, size=10).status_code == 201
-            _problem(create(c, size=10), 403, "quota_exceeded")
+            assert_problem(create(c, size=10), 403, "quota_exceeded")
             # A deleted card no longer counts.
             assert c.delete(f"/v1/files/{card['id']}").status_code == 202
             assert create(c, size=10).status_code == 201
@@ -309,7 +298,7 @@ def test_creation_rate_limit_answers_429(
         with api.client(api.make_key("alice")) as c:
             assert [create(c, size=1).status_code for _ in range(3)] == [201, 201, 201]
             r = create(c, size=1)
-            _problem(r, 429, "too_many_requests")
+            assert_problem(r, 429, "too_many_requests")
             assert int(r.headers["retry-after"]) >= 1
         with api.client(api.make_key("alice")) as c:  # each key has its own allowance
             assert create(c, size=1).status_code == 201
@@ -341,7 +330,7 @@ def test_pending_cards_expire_with_their_bytes(harness: Harness, db_url: str,
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as c:
         # A confirm after the expiry finds no card.
         r = c.post(f"/v1/files/{old['id']}/confirm", json={"version": version})
-        _problem(r, 404, "not_found")
+        assert_problem(r, 404, "not_found")
         assert c.get(f"/v1/files/{late['id']}").json()["status"] == "queued"
         assert c.get(f"/v1/files/{fresh['id']}").json()["status"] == "pending"
 
@@ -415,16 +404,16 @@ def test_metrics_are_not_public(harness: Harness, db_url: str, tmp_path: Path) -
                           metrics_cache_seconds="3600")
     user = _cli(db_url, tmp_path, "keys", "create", "--owner", "alice").stdout.strip()
     ops = _cli(db_url, tmp_path, "keys", "create", "--owner", "ops", "--admin").stdout.strip()
-    _problem(httpx.get(f"{url}/metrics"), 401, "unauthorized")
-    _problem(httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {user}"}),
+    assert_problem(httpx.get(f"{url}/metrics"), 401, "unauthorized")
+    assert_problem(httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {user}"}),
              403, "forbidden")
     metrics_url = f"http://127.0.0.1:{metrics_port}"
     first = httpx.get(f"{metrics_url}/metrics")
     assert first.status_code == 200
     assert 'darkroom_queue_files{status="pending"} 0.0' in first.text
     # The metrics listener serves nothing else.
-    _problem(httpx.get(f"{metrics_url}/v1/files"), 404, "not_found")
-    _problem(httpx.get(f"{metrics_url}/"), 404, "not_found")
+    assert_problem(httpx.get(f"{metrics_url}/v1/files"), 404, "not_found")
+    assert_problem(httpx.get(f"{metrics_url}/"), 404, "not_found")
     # The gauges are read at most once per DARKROOM_METRICS_CACHE_SECONDS: a card made
     # after the first scrape is not counted by the next ones, however many.
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {user}"}) as c:

@@ -1,4 +1,4 @@
-"""Uploads that are safe to retry (issue 17): Idempotency-Key, known content, and the
+"""Uploads that are safe to retry: Idempotency-Key, known content, and the
 digest checked at confirm. Real API over HTTP, real PostgreSQL, both stores."""
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ import psycopg
 import pytest
 
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.queue import Queue
 from darkroom.sweeper import Sweeper
 from tests.api.conftest import Api
 from tests.api.helpers import JPEG, put_original
-from tests.support.cut_proxy import CutProxy
+from tests.support.faults import FaultProxy
 
 OTHER = b"\xff\xd8\xff\xe0" + b"\1" * 300
 
@@ -95,14 +96,15 @@ def test_create_retried_after_a_cut_connection_makes_one_card(api: Api) -> None:
     passing the answer on. The client retries with the same key: one card."""
     key = api.make_key("alice")
     port = int(api.url.rsplit(":", 1)[1])
-    with CutProxy("127.0.0.1", port) as proxy, httpx.Client(
-        base_url=proxy.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+    with FaultProxy(("127.0.0.1", port)) as proxy, httpx.Client(
+        base_url=f"http://{proxy.url_host()}", headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
     ) as c:
-        proxy.cut_next(1)
+        proxy.cut_answers(1)
         headers = {"Idempotency-Key": str(uuid.uuid4())}
         with pytest.raises(httpx.TransportError):
             c.post("/v1/files", json=body_for(JPEG), headers=headers)
-        assert proxy.cut == 1
+        assert proxy.counters.cut_after == 1
         made = cards(api, "alice")
         assert len(made) == 1  # the server acted on the lost request
 
@@ -112,7 +114,7 @@ def test_create_retried_after_a_cut_connection_makes_one_card(api: Api) -> None:
         assert retry.json()["id"] == str(made[0]["id"])
         version = put_original(c, retry.json()["upload"], JPEG)
         # The confirm's answer is lost too; confirming again is idempotent.
-        proxy.cut_next(1)
+        proxy.cut_answers(1)
         with pytest.raises(httpx.TransportError):
             confirm(c, retry.json(), version)
         assert confirm(c, retry.json(), version).status_code == 202
@@ -188,7 +190,7 @@ def test_a_deleted_card_frees_its_key_and_old_keys_are_swept(local_api: Api) -> 
         async def sweep() -> int:
             pool = await open_pool(api.db_url, min_size=1, max_size=1)
             try:
-                sweeper = Sweeper(Queue.from_settings(pool, api.settings), api.store,
+                sweeper = Sweeper(Queue.from_settings(Database(pool), api.settings), api.store,
                                   guard_seconds=300, retention_seconds=86_400)
                 return (await sweeper.sweep_once()).keys_pruned
             finally:

@@ -16,7 +16,7 @@ from PIL import Image
 
 from darkroom.cli import main as cli_main
 from darkroom.config import load_settings
-from darkroom.importer import Bar, find_images, main, sniff
+from darkroom.importer import Bar, find_images, main, media_type_of
 from tests.api.conftest import Api
 from tests.api.helpers import image_bytes
 from tests.support.services import wait_for
@@ -42,7 +42,11 @@ def test_sniff_and_find(tmp_path: Path) -> None:
         ("sub/deeper/c.webp", "image/webp"),
     ]
     assert skipped == 2
-    assert sniff(tmp_path / "missing") is None
+    assert media_type_of(tmp_path / "missing") is None
+    # Every format the worker derives, not only the four above: the table is the deriver's.
+    tiff = tmp_path / "scan"
+    tiff.write_bytes(image_bytes("TIFF"))
+    assert media_type_of(tiff) == "image/tiff"
 
 
 def test_import_uploads_and_confirms(

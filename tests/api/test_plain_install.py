@@ -1,4 +1,4 @@
-"""Every runtime command works on a plain install, without the dev extras (issue 11).
+"""Every runtime command works on a plain install, without the dev extras.
 
 A clean virtual environment built here would be the most literal proof, but it downloads
 and installs every runtime wheel (pyvips-binary, pgserver, boto3: minutes, and a network)

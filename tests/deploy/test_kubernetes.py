@@ -20,11 +20,12 @@ import yaml
 
 from darkroom.config import load_settings
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.db.queries import QUERIES
 from darkroom.errors import ErrorCode
 from darkroom.queue import ConfirmOutcome, Derived, derived_key
 from darkroom.stats import worker_demand
-from tests.support.services import make_queue
+from tests.support.services import confirm, make_queue
 
 ROOT = Path(__file__).resolve().parents[2]
 KUSTOMIZATION = ROOT / "deploy" / "kubernetes"
@@ -226,22 +227,22 @@ async def test_worker_demand_counts_processing_and_due_cards(db_url: str) -> Non
     pool = await open_pool(db_url, min_size=1, max_size=2)
     try:
         q = make_queue(pool, retry_base_seconds=3600.0, retry_cap_seconds=3600.0)
-        assert await worker_demand(pool) == 0
+        assert await worker_demand(Database(pool)) == 0
         ids = []
         for i in range(7):
             c = await q.create_file(owner="o", filename=f"{i}.jpg", content_type="image/jpeg",
                                     size=1)
-            assert await q.confirm(c["id"], "o", "v1") is ConfirmOutcome.QUEUED
+            assert await confirm(q, c["id"], "o", "v1") is ConfirmOutcome.QUEUED
             ids.append(c["id"])
         await q.create_file(owner="o", filename="p.jpg", content_type="image/jpeg", size=1)
-        assert await worker_demand(pool) == 7  # pending cards are not work yet
+        assert await worker_demand(Database(pool)) == 7  # pending cards are not work yet
         done, retried, running = await q.claim(3)
         await q.complete(done, Derived(key=derived_key(done), version="d", sha256="0" * 64,
                                        width=1, height=1, size=1))
         # A transient failure waits an hour before it is due again: not demand now.
         assert await q.fail(retried, ErrorCode.STORAGE_UNAVAILABLE) == "queued"
         # 1 processing + 4 due queued; the ready and the backed-off cards are not demand.
-        assert await worker_demand(pool) == 5
+        assert await worker_demand(Database(pool)) == 5
         async with pool.connection() as conn:
             scaled = render(KUSTOMIZATION)
             query = one(scaled, "ScaledObject", "darkroom-worker")["spec"]["triggers"][0][

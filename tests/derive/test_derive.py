@@ -6,16 +6,19 @@ import hashlib
 import io
 import resource
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from PIL import Image, ImageCms
 
-from darkroom.derive import Derivative, Limits, _vips, derive, open_checked, sniff
+from darkroom.config import load_settings
+from darkroom.derive import Derivative, Limits, _vips, derive, open_checked
 from darkroom.errors import DeriveError, ErrorCode
+from darkroom.formats import sniff
 from tests.derive import images as im
 
-LIMITS = Limits()
+LIMITS = Limits.from_settings(load_settings())
 
 
 def code_of(data: bytes, limits: Limits = LIMITS) -> ErrorCode:
@@ -48,8 +51,8 @@ def test_zero_bytes_is_invalid() -> None:
 
 def test_over_byte_limit() -> None:
     data = im.save(im.quadrants(64, 64), "JPEG")
-    assert code_of(data, Limits(max_bytes=len(data) - 1)) == ErrorCode.IMAGE_TOO_LARGE
-    assert derive(data, Limits(max_bytes=len(data))).width == 64
+    assert code_of(data, replace(LIMITS, max_bytes=len(data) - 1)) == ErrorCode.IMAGE_TOO_LARGE
+    assert derive(data, replace(LIMITS, max_bytes=len(data))).width == 64
 
 
 @pytest.mark.parametrize(
@@ -164,7 +167,7 @@ def test_bomb_within_dimensions_but_over_pixels() -> None:
 
 
 def test_pixel_limit_boundary() -> None:
-    limits = Limits(max_pixels=100 * 100)
+    limits = replace(LIMITS, max_pixels=100 * 100)
     assert derive(im.save(im.quadrants(100, 100), "PNG"), limits).width == 100
     assert code_of(im.save(im.quadrants(101, 100), "PNG"), limits) == ErrorCode.IMAGE_TOO_LARGE
 
@@ -172,7 +175,7 @@ def test_pixel_limit_boundary() -> None:
 def test_dimension_limit() -> None:
     assert code_of(im.png_header_only(16_385, 1)) == ErrorCode.IMAGE_TOO_LARGE
     assert code_of(im.png_header_only(1, 16_385)) == ErrorCode.IMAGE_TOO_LARGE
-    limits = Limits(max_dimension=64)
+    limits = replace(LIMITS, max_dimension=64)
     assert code_of(im.save(im.quadrants(65, 8), "JPEG"), limits) == ErrorCode.IMAGE_TOO_LARGE
 
 
@@ -351,7 +354,7 @@ def test_never_upscales() -> None:
 def test_long_edge_capped() -> None:
     result = derive(im.save(im.quadrants(3000, 5000), "JPEG"), LIMITS)
     assert (result.width, result.height) == (1229, 2048)
-    small = derive(im.save(im.quadrants(3000, 5000), "JPEG"), Limits(max_edge=500))
+    small = derive(im.save(im.quadrants(3000, 5000), "JPEG"), replace(LIMITS, max_edge=500))
     assert (small.width, small.height) == (300, 500)
 
 

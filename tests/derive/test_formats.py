@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import base64
 import io
+from dataclasses import replace
 
 import pytest
 from fast_thumbhash import thumb_hash_to_average_rgba
 from PIL import Image
 
-from darkroom.derive import Derivative, Limits, derive, sniff
+from darkroom.config import load_settings
+from darkroom.derive import Derivative, Limits, derive
 from darkroom.errors import DeriveError, ErrorCode
+from darkroom.formats import sniff
 from tests.derive import images as im
 
-LIMITS = Limits()
+LIMITS = Limits.from_settings(load_settings())
 FORMATS = ("heic", "avif", "tiff")
 
 
@@ -94,16 +97,16 @@ def test_malformed_is_invalid(kind: str) -> None:
 @pytest.mark.parametrize("kind", FORMATS)
 def test_pixel_limit_from_the_header(kind: str) -> None:
     data = make(kind, im.quadrants(640, 480))
-    assert code_of(data, Limits(max_pixels=640 * 480 - 1)) == ErrorCode.IMAGE_TOO_LARGE
-    assert code_of(data, Limits(max_dimension=639)) == ErrorCode.IMAGE_TOO_LARGE
-    derive(data, Limits(max_pixels=640 * 480))
+    assert code_of(data, replace(LIMITS, max_pixels=640 * 480 - 1)) == ErrorCode.IMAGE_TOO_LARGE
+    assert code_of(data, replace(LIMITS, max_dimension=639)) == ErrorCode.IMAGE_TOO_LARGE
+    derive(data, replace(LIMITS, max_pixels=640 * 480))
 
 
 def test_heic_grid_counted_at_full_size() -> None:
     # Sixteen 256×256 tiles: each tile is within the limit, the picture is not.
     data = im.heic(im.quadrants(1024, 1024), grid_tile=256)
     assert b"grid" in data
-    tight = Limits(max_pixels=1024 * 1024 - 1)
+    tight = replace(LIMITS, max_pixels=1024 * 1024 - 1)
     assert code_of(data, tight) == ErrorCode.IMAGE_TOO_LARGE
     upright_quadrants(derive(data, LIMITS), (1024, 1024))
 
@@ -149,7 +152,7 @@ def test_small_image_thumb_is_not_upscaled() -> None:
 
 
 def test_thumb_edge_is_a_limit() -> None:
-    result = derive(im.save(im.quadrants(1000, 500), "JPEG"), Limits(thumb_edge=100))
+    result = derive(im.save(im.quadrants(1000, 500), "JPEG"), replace(LIMITS, thumb_edge=100))
     assert result.thumb is not None
     assert (result.thumb.width, result.thumb.height) == (100, 50)
     assert Image.open(io.BytesIO(result.thumb.data)).format == "WEBP"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from darkroom.config import load_settings
 from darkroom.derive import Limits, _vips, derive
 from darkroom.errors import DeriveError, ErrorCode
 from darkroom.jail import KILLED, PROTECTIONS, SYSCALLS
@@ -33,7 +34,7 @@ from darkroom.sandbox import (
 from tests.derive import images as im
 
 DUNE = (im.CORPUS / "Dune.jpg").read_bytes()
-LIMITS = Limits()
+LIMITS = Limits.from_settings(load_settings())
 SECRETS = {
     "DARKROOM_DATABASE_URL": "postgresql://darkroom:hunter2-db@db.internal/darkroom",
     "AWS_SECRET_ACCESS_KEY": "hunter2-s3-secret-key",
@@ -124,7 +125,7 @@ def test_environment_is_empty_of_secrets(jailed: DecoderProcess,
                                          secrets: dict[str, str]) -> None:
     raw = Path(f"/proc/{child_pid(jailed)}/environ").read_bytes()
     names = {entry.split(b"=", 1)[0].decode() for entry in raw.split(b"\0") if entry}
-    assert names <= set(child_environment(1))
+    assert names <= set(child_environment())
     for value in secrets.values():
         assert value.encode() not in raw
 

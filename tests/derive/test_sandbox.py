@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from darkroom.config import Settings
+from darkroom.config import Settings, load_settings
 from darkroom.derive import Derivative, Limits, cli, derive
 from darkroom.errors import DeriveError, ErrorCode
 from darkroom.sandbox import TEST_HANG_ENV, Cancelled, DecoderProcess
 from tests.derive import images as im
 
 DUNE = (im.CORPUS / "Dune.jpg").read_bytes()
-LIMITS = Limits()
+LIMITS = Limits.from_settings(load_settings())
 
 
 @pytest.fixture
@@ -306,9 +306,10 @@ def test_cli_in_a_fresh_interpreter(tmp_path: Path) -> None:
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs pidfd (Linux ≥ 5.3)")
 def test_child_exits_when_the_worker_dies_mid_job(hang_fifo: Path) -> None:
     helper = (
-        "import sys; from pathlib import Path; from darkroom.derive import Limits; "
-        "from darkroom.sandbox import DecoderProcess; "
-        "p = DecoderProcess(Limits(), timeout=300, memory_mb=1024); p.start(); "
+        "import sys; from pathlib import Path; from darkroom.config import load_settings; "
+        "from darkroom.derive import Limits; from darkroom.sandbox import DecoderProcess; "
+        "limits = Limits.from_settings(load_settings()); "
+        "p = DecoderProcess(limits, timeout=300, memory_mb=1024); p.start(); "
         "print(p.pid, flush=True); p.derive(Path(sys.argv[1]).read_bytes())"
     )
     worker = subprocess.Popen(

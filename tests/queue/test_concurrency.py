@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.queue import Derived, Queue, derived_key
 
 # A fleet of real processes: not in `make test-fast`.
@@ -35,7 +36,7 @@ def seed_queued(db_url: str, n: int) -> None:
 async def _drain(db_url: str, name: str, seed: int) -> list[str]:
     rng = random.Random(seed)
     pool = await open_pool(db_url, min_size=1, max_size=2)
-    queue = Queue(pool, lease_seconds=300, max_attempts=3, retry_base_seconds=1,
+    queue = Queue(Database(pool), lease_seconds=300, max_attempts=3, retry_base_seconds=1,
                   retry_cap_seconds=1, worker=name)
     started: list[str] = []
     try:

@@ -10,6 +10,7 @@ import psycopg
 
 from darkroom.queue import Derived, Lease, Priority, Queue, derived_key
 from tests.conftest import make_queue
+from tests.support.services import confirm
 
 
 async def add(q: Queue, owner: str, n: int = 1,
@@ -18,7 +19,7 @@ async def add(q: Queue, owner: str, n: int = 1,
     for i in range(n):
         card = await q.create_file(owner=owner, filename=f"{owner}{i}.jpg",
                                    content_type="image/jpeg", size=1, priority=priority)
-        await q.confirm(card["id"], owner, "v1")
+        await confirm(q, card["id"], owner, "v1")
         ids.append(card["id"])
     return ids
 
@@ -108,7 +109,7 @@ async def test_concurrent_confirms_of_one_owner_get_distinct_stamps(pool: Any,
     q = make_queue(pool)
     cards = [await q.create_file(owner="a", filename=f"{i}.jpg", content_type="image/jpeg",
                                  size=1) for i in range(12)]
-    await asyncio.gather(*(q.confirm(c["id"], "a", "v1") for c in cards))
+    await asyncio.gather(*(confirm(q, c["id"], "a", "v1") for c in cards))
     with psycopg.connect(db_url) as conn:
         stamps = [r[0] for r in conn.execute(
             "SELECT fair_stamp FROM archive_files WHERE owner = 'a'").fetchall()]
@@ -118,7 +119,7 @@ async def test_concurrent_confirms_of_one_owner_get_distinct_stamps(pool: Any,
 async def test_repeated_confirm_stamps_once(pool: Any, db_url: str) -> None:
     q = make_queue(pool)
     [a] = await add(q, "a")
-    await q.confirm(a, "a", "v1")
+    await confirm(q, a, "a", "v1")
     [a2] = await add(q, "a")
     with psycopg.connect(db_url) as conn:
         s = dict(conn.execute("SELECT id, fair_stamp FROM archive_files").fetchall())

@@ -22,7 +22,7 @@ from darkroom.queue import (
     derived_key,
     thumb_key,
 )
-from tests.support.services import make_queue, wait_for
+from tests.support.services import confirm, make_queue, wait_for
 
 
 async def new_queued(q: Any, n: int = 1, owner: str = "alice") -> list[uuid.UUID]:
@@ -30,7 +30,7 @@ async def new_queued(q: Any, n: int = 1, owner: str = "alice") -> list[uuid.UUID
     for i in range(n):
         card = await q.create_file(owner=owner, filename=f"f{i}.jpg",
                                    content_type="image/jpeg", size=10)
-        assert await q.confirm(card["id"], owner, "v1") is ConfirmOutcome.QUEUED
+        assert await confirm(q, card["id"], owner, "v1") is ConfirmOutcome.QUEUED
         ids.append(card["id"])
     return ids
 
@@ -70,11 +70,11 @@ async def test_confirm_is_idempotent_and_fenced_by_version(pool: Any) -> None:
     q = make_queue(pool)
     c = await q.create_file(owner="alice", filename="a.jpg", content_type="image/jpeg", size=1)
     assert c["status"] == "pending"
-    assert await q.confirm(c["id"], "bob", "v1") is ConfirmOutcome.NOT_FOUND
-    assert await q.confirm(c["id"], "alice", "v1") is ConfirmOutcome.QUEUED
-    assert await q.confirm(c["id"], "alice", "v1") is ConfirmOutcome.ALREADY
-    assert await q.confirm(c["id"], "alice", "v2") is ConfirmOutcome.CONFLICT
-    assert await q.confirm(uuid.uuid4(), "alice", "v1") is ConfirmOutcome.NOT_FOUND
+    assert await confirm(q, c["id"], "bob", "v1") is ConfirmOutcome.NOT_FOUND
+    assert await confirm(q, c["id"], "alice", "v1") is ConfirmOutcome.QUEUED
+    assert await confirm(q, c["id"], "alice", "v1") is ConfirmOutcome.ALREADY
+    assert await confirm(q, c["id"], "alice", "v2") is ConfirmOutcome.CONFLICT
+    assert await confirm(q, uuid.uuid4(), "alice", "v1") is ConfirmOutcome.NOT_FOUND
 
 
 async def test_claim_complete_publishes_once(pool: Any, db_url: str) -> None:
@@ -337,7 +337,7 @@ async def test_repeated_batch_commit_publishes_once_and_orphans_nothing(
     leases = await q.claim(4)
     results = [(lease, derived_for(lease)) for lease in leases]
     for lease in leases:
-        await q.register_attempt_object(lease, derived_key(lease))
+        await q.register_attempt_objects(lease, [derived_key(lease)])
     assert await q.complete_many(results) == set()
     assert await q.complete_many(results) == set()  # the whole batch again
     assert orphans(db_url) == []

@@ -28,12 +28,13 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from psycopg.rows import dict_row
 
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.db.queries import QUERIES
 from darkroom.errors import ErrorCode
 from darkroom.queue import Derived, Lease, LeaseLost, Priority, Queue, derived_key
 from darkroom.storage import open_store
-from darkroom.sweeper import Database, Orphans, Reconcile
-from tests.support.services import examples
+from darkroom.sweeper import Orphans, Reconcile
+from tests.support.services import confirm, examples
 
 MAX_ATTEMPTS = 3
 WORKERS = 3
@@ -56,7 +57,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             self.store = open_store(self.objects.as_uri())
             self.pool = self.run(open_pool(db_url, min_size=1, max_size=2))
             self.queues = [
-                Queue(self.pool, lease_seconds=60, max_attempts=MAX_ATTEMPTS,
+                Queue(Database(self.pool), lease_seconds=60, max_attempts=MAX_ATTEMPTS,
                       retry_base_seconds=0, retry_cap_seconds=0, worker=f"w{i}")
                 for i in range(WORKERS)
             ]
@@ -87,7 +88,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
         def derive(self, w: int, lease: Lease) -> Derived:
             """What an attempt does before its commit: register its key, then PUT."""
             key = derived_key(lease)
-            self.run(self.queues[w].register_attempt_object(lease, key))
+            self.run(self.queues[w].register_attempt_objects(lease, [key]))
             version = self.store.put(key, b"webp")
             return Derived(key, version, "0" * 64, 1, 1, 4)
 
@@ -108,7 +109,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 card = self.run(self.queues[0].create_file(
                     owner=owner, filename="x.jpg", content_type="image/jpeg", size=1,
                     priority=priority))
-                self.run(self.queues[0].confirm(card["id"], owner, "v1"))
+                self.run(confirm(self.queues[0], card["id"], owner, "v1"))
                 self.files.append(card["id"])
                 self.owner_of[card["id"]] = owner
             # The owner waits from now: hand-backs from here on count in its allowance,
@@ -300,7 +301,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
         @rule()
         def sweep(self) -> None:
             """The orphan unit and reconciliation, between any two steps (guard 0)."""
-            db = Database(self.queues[0])
+            db = self.queues[0].db
             while self.run(Orphans(db, self.store, guard_seconds=0).run_once()):
                 pass
             self.run(Reconcile(db, self.store, guard_seconds=0).run(dry_run=False))

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+from darkroom.config import load_settings
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.derive import Limits, derive
 from darkroom.errors import ErrorCode
 from darkroom.queue import Derived, DerivedObject, Lease, Queue
 from darkroom.storage import ObjectStore
-from tests.support.services import CORPUS
+from tests.support.services import CORPUS, confirm
 
 CARDS = 2000
 REJECTED_EVERY = 9  # every ninth card is rejected, with its error shown
@@ -22,7 +24,7 @@ def _photos(store: ObjectStore) -> list[Derived]:
     """The corpus photos' real derivatives, stored once and shared by every card."""
     out = []
     for path in sorted(CORPUS.glob("*.jpg")):
-        result = derive(path.read_bytes(), Limits())
+        result = derive(path.read_bytes(), Limits.from_settings(load_settings()))
         assert result.thumb is not None
         key, small = f"derived/shared/{path.stem}.webp", f"derived/shared/{path.stem}.t.webp"
         thumb = DerivedObject(
@@ -41,14 +43,14 @@ async def fill(db_url: str, store: ObjectStore, owner: str) -> uuid.UUID:
     photos = _photos(store)
     pool = await open_pool(db_url, min_size=2, max_size=6)
     try:
-        queue = Queue(pool, lease_seconds=600, max_attempts=3, retry_base_seconds=0,
+        queue = Queue(Database(pool), lease_seconds=600, max_attempts=3, retry_base_seconds=0,
                       retry_cap_seconds=0, worker="seed")
 
         async def one(i: int) -> uuid.UUID:
             name = LONG_NAME if i % 10 == 3 else f"photo-{i:05d}.jpg"
             card = await queue.create_file(owner=owner, filename=name,
                                            content_type="image/jpeg", size=1000 + i)
-            await queue.confirm(card["id"], owner, "v1")
+            await confirm(queue, card["id"], owner, "v1")
             return uuid.UUID(str(card["id"]))
 
         ids: list[uuid.UUID] = []
@@ -94,7 +96,7 @@ async def finish(db_url: str, store: ObjectStore, file_id: uuid.UUID) -> None:
     """Play the worker for one card, through the protocol."""
     pool = await open_pool(db_url, min_size=1, max_size=2)
     try:
-        queue = Queue(pool, lease_seconds=600, max_attempts=3, retry_base_seconds=0,
+        queue = Queue(Database(pool), lease_seconds=600, max_attempts=3, retry_base_seconds=0,
                       retry_cap_seconds=0, worker="test")
         [lease] = [le for le in await queue.claim(5) if le.file_id == file_id]
         await queue.complete(lease, _photos(store)[0])

@@ -1,13 +1,18 @@
 """Network faults between real components, injected at the socket.
 
 `FaultProxy` is a TCP proxy in a thread of the test process, between a darkroom process
-and a real server (PostgreSQL, SeaweedFS). It injects what a real network does and no
+and a real server (PostgreSQL, SeaweedFS), or between a client and darkroom's API. It
+injects what a real network does and no
 real component does on demand:
 
 - `cut_before` / `cut_after` (PostgreSQL only: it reads the wire protocol): a connection
   is cut (a) with a statement the client sent, before it reaches the server, or (b) after
   the server answered a statement, with the answer dropped. With autocommit, (b) is the
   statement that committed while its sender sees an error.
+- `cut_answers(n)` (HTTP, or any protocol whose client speaks first): the next n requests
+  reach the server, which acts on them and answers, and the client never hears: the
+  answer is dropped and the connection reset (a load balancer reset, a dropped link just
+  after the server committed). Counted as `cut_after`.
 - `stall()`: connections stay open but nothing moves, new ones included;
 - `reset()`: every connection is reset (RST), new ones at once;
 - `refuse()`: nothing listens (connection refused);
@@ -55,6 +60,7 @@ class _Link:
     client: asyncio.StreamWriter
     server: asyncio.StreamWriter | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    answer_lost: bool = False  # the request in flight is one whose answer is to be lost
 
     def abort(self) -> None:
         for writer in (self.client, self.server):
@@ -82,6 +88,8 @@ class FaultProxy:
         self.rng = random.Random(seed)
         self.cut_before_rate = 0.0
         self.cut_after_rate = 0.0
+        self._answers_to_cut = 0
+        self._cut_prefix: bytes | None = None
         self.counters = Counters()
         self._mode = "forward"
         self._links: set[_Link] = set()
@@ -110,6 +118,17 @@ class FaultProxy:
 
         def apply() -> None:
             self.cut_before_rate, self.cut_after_rate = before, after
+
+        self._call(apply)
+
+    def cut_answers(self, n: int = 1, request_prefix: bytes | None = None) -> None:
+        """Lose the answers to the next n requests, on whichever connections they come, or
+        only to requests that start with `request_prefix` (b"POST /v1/files ", say)."""
+        assert not self.postgres, "PostgreSQL statements are cut with set_cuts"
+
+        def apply() -> None:
+            self._answers_to_cut += n
+            self._cut_prefix = request_prefix
 
         self._call(apply)
 
@@ -163,6 +182,12 @@ class FaultProxy:
 
     def url_host(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # --- the proxy, on its own loop -----------------------------------------------------
 
@@ -219,6 +244,13 @@ class FaultProxy:
             if self._mode != "forward":
                 return
             if frames is None:
+                if from_client and not link.answer_lost and self._take_answer_cut(data):
+                    link.answer_lost = True
+                elif not from_client and link.answer_lost:
+                    # The answer's first bytes prove the server acted on the request.
+                    self.counters.cut_after += 1
+                    link.abort()
+                    return
                 writer.write(data)
                 await writer.drain()
                 continue
@@ -247,6 +279,14 @@ class FaultProxy:
                     writer.write(held)
                     held.clear()
             await writer.drain()
+
+
+    def _take_answer_cut(self, request: bytes) -> bool:
+        if self._answers_to_cut > 0 and (
+                self._cut_prefix is None or request.startswith(self._cut_prefix)):
+            self._answers_to_cut -= 1
+            return True
+        return False
 
 
 class _Frames:

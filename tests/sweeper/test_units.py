@@ -16,7 +16,6 @@ from darkroom.queue import Derived, DerivedObject, Lease, Queue
 from darkroom.storage import ObjectStore, open_store
 from darkroom.sweeper import (
     BATCH,
-    Database,
     DeletedFiles,
     Orphans,
     Reconcile,
@@ -24,7 +23,7 @@ from darkroom.sweeper import (
     run_unit,
 )
 from tests.support.faults import through_proxy
-from tests.support.services import make_queue, wait_for
+from tests.support.services import confirm, make_queue, wait_for
 
 
 class RefusingStore:
@@ -52,13 +51,13 @@ async def queued_card(q: Queue, store: ObjectStore, owner: str = "o") -> uuid.UU
     card = await q.create_file(owner=owner, filename="a.jpg", content_type="image/jpeg",
                                size=3)
     version = await asyncio.to_thread(store.put, card["original_key"], b"abc")
-    await q.confirm(card["id"], owner, version)
+    await confirm(q, card["id"], owner, version)
     return uuid.UUID(str(card["id"]))
 
 
 async def orphan(q: Queue, store: ObjectStore, lease: Lease) -> str:
     key = derived_key(lease)
-    await q.register_attempt_object(lease, key)
+    await q.register_attempt_objects(lease, [key])
     await asyncio.to_thread(store.put, key, b"webp")
     return key
 
@@ -79,8 +78,8 @@ async def test_orphans_are_deleted_but_never_a_referenced_object(
     await q.complete(published, Derived(kept, "v", "0" * 64, 1, 1, 4))
     await q.revoke(lost.file_id, "o")
     # As an old bug did: the published key registered as an orphan after all.
-    await q.register_attempt_object(published, kept)
-    unit = Orphans(Database(q), store, guard_seconds=0)
+    await q.register_attempt_objects(published, [kept])
+    unit = Orphans(q.db, store, guard_seconds=0)
     assert await unit.run_once() == 2
     assert orphan_rows(db_url) == {}
     assert [o.key for o in store.list(kept)] == [kept]
@@ -96,7 +95,7 @@ async def test_an_orphan_that_cannot_be_deleted_is_retried_and_holds_up_nothing(
     keys = [await orphan(q, store, lease) for lease in leases]
     for lease in leases:
         await q.release([lease])
-    unit = Orphans(Database(q), RefusingStore(store, {keys[0]}), guard_seconds=0)  # type: ignore[arg-type]
+    unit = Orphans(q.db, RefusingStore(store, {keys[0]}), guard_seconds=0)  # type: ignore[arg-type]
     assert await unit.run_once() == 2
     assert orphan_rows(db_url) == {keys[0]: 1}
     assert await unit.run_once() == 0  # not due again before its backoff
@@ -117,7 +116,7 @@ async def test_two_sweepers_share_the_orphans(pool: Any, db_url: str,
     for lease in leases:
         await orphan(q, store, lease)
     await q.release(leases)
-    units = [Orphans(Database(q), store, guard_seconds=0) for _ in range(2)]
+    units = [Orphans(q.db, store, guard_seconds=0) for _ in range(2)]
     done = await asyncio.gather(*(u.run_once() for u in units))
     assert sum(done) == total and min(done) > 0
     assert orphan_rows(db_url) == {}
@@ -148,7 +147,7 @@ async def test_reconcile_deletes_only_what_nothing_accounts_for(
     file_id = await queued_card(q, store)
     [lease] = await q.claim(1)
     key = derived_key(lease)
-    await q.register_attempt_object(lease, key)
+    await q.register_attempt_objects(lease, [key])
     version = store.put(key, b"webp2")
     await q.complete(lease, Derived(key, version, "0" * 64, 1, 1, 5))
     stray_original = original_key(uuid.uuid4())  # bytes that landed after a purge
@@ -156,7 +155,7 @@ async def test_reconcile_deletes_only_what_nothing_accounts_for(
     stray_derived = f"derived/{file_id}/{uuid.uuid4()}.webp"  # a restore forgot it
     store.put(stray_derived, b"old")
     extra_version = store.put(original_key(file_id), b"second upload, never confirmed")
-    unit = Reconcile(Database(q), store, guard_seconds=0)
+    unit = Reconcile(q.db, store, guard_seconds=0)
     dry = await unit.run(dry_run=True)
     expected = {f"{stray_original}@", f"{stray_derived}@", f"{original_key(file_id)}@"}
     assert {item.split("@")[0] + "@" for item in dry.unaccounted} == expected
@@ -185,7 +184,7 @@ async def test_reconcile_keeps_a_published_thumb_and_deletes_a_stray_one(
                                     thumbhash="AAAA"))
     stray = f"derived/{file_id}/{uuid.uuid4()}.thumb.webp"  # an attempt's, never published
     store.put(stray, b"old thumb")
-    unit = Reconcile(Database(q), store, guard_seconds=0)
+    unit = Reconcile(q.db, store, guard_seconds=0)
     done = await unit.run(dry_run=False)
     assert {item.split("@")[0] for item in done.unaccounted} == {stray}
     assert store.get(small, small_version) == b"thumb"
@@ -196,14 +195,14 @@ async def test_reconcile_keeps_a_published_thumb_and_deletes_a_stray_one(
 async def test_reconcile_runs_once_per_interval_across_sweepers(
         pool: Any, store: ObjectStore) -> None:
     q = make_queue(pool)
-    units = [Reconcile(Database(q), store, guard_seconds=0, interval_seconds=3600)
+    units = [Reconcile(q.db, store, guard_seconds=0, interval_seconds=3600)
              for _ in range(2)]
     await asyncio.gather(*(u.run_once() for u in units))
     with psycopg.connect(pool.conninfo) as conn:
         row = conn.execute("SELECT count(*), min(next_run_at) > now() FROM"
                            " maintenance_schedule").fetchone()
     assert row == (1, True)
-    took = [await Database(q).rows("sweep_take_turn",
+    took = [await q.db.rows("sweep_take_turn",
                                    {"unit": "reconcile", "interval_seconds": 3600})]
     assert took == [[]]
 
@@ -232,7 +231,7 @@ async def test_a_database_outage_pauses_a_unit_and_never_ends_it(
             await orphan(direct, store, lease)
             await direct.release([lease])
         finally:
-            await direct.pool.close()
+            await direct.db.close()
         await asyncio.to_thread(wait_for, lambda: orphan_rows(db_url) == {}, timeout=120,
                                 what="the unit to work again")
         assert not task.done()

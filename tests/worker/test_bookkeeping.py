@@ -10,10 +10,11 @@ from typing import Any
 import psycopg
 
 from darkroom.config import Settings
+from darkroom.db.database import Database
 from darkroom.queue import Queue
 from darkroom.storage import open_store
 from darkroom.worker import Worker
-from tests.support.services import small_photos
+from tests.support.services import confirm, small_photos
 
 
 async def test_reclaiming_its_own_card_runs_one_attempt_and_keeps_the_slots(
@@ -23,19 +24,19 @@ async def test_reclaiming_its_own_card_runs_one_attempt_and_keeps_the_slots(
     back, and nothing crashes (jobs are tracked by attempt, not by file)."""
     store = open_store((tmp_path / "objects").as_uri())
     settings = Settings(lease_seconds=30, retry_base_seconds=0, data_dir=tmp_path)
-    queue = Queue.from_settings(pool, settings, worker="w")
+    queue = Queue.from_settings(Database(pool), settings, worker="w")
     [data] = small_photos(1)
     card = await queue.create_file(owner="o", filename="a.jpg", content_type="image/jpeg",
                                    size=len(data))
     version = await asyncio.to_thread(store.put, card["original_key"], data)
-    await queue.confirm(card["id"], "o", version)
+    await confirm(queue, card["id"], "o", version)
     [stale] = await queue.claim(1)
     with psycopg.connect(db_url, autocommit=True) as conn:  # the outage outlived the lease
         conn.execute("UPDATE archive_files SET lease_until = now() - interval '1 s'")
     [fresh] = await queue.claim(1)
     assert fresh.file_id == stale.file_id and fresh.attempt == 2
 
-    worker = Worker(settings, queue, store, listen_conninfo=db_url, concurrency=2)
+    worker = Worker(settings, queue, store, concurrency=2)
     for decoder in worker.idle_decoders:
         decoder.start()
     completer = asyncio.create_task(worker.completer.run())

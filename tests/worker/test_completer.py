@@ -11,14 +11,14 @@ import psycopg
 
 from darkroom.completer import Completer, running
 from darkroom.queue import Derived, Lease, derived_key
-from tests.support.services import make_queue
+from tests.support.services import confirm, make_queue
 
 
 async def new_queued(q: Any, n: int) -> None:
     for i in range(n):
         card = await q.create_file(owner="o", filename=f"f{i}.jpg",
                                    content_type="image/jpeg", size=1)
-        await q.confirm(card["id"], "o", "v1")
+        await confirm(q, card["id"], "o", "v1")
 
 
 def result(lease: Lease) -> Derived:

@@ -1,4 +1,4 @@
-"""Faults at the network, between real processes and real servers (issue: unknown outcomes).
+"""Faults at the network, between real processes and real servers.
 
 A worker process reaches PostgreSQL or the S3 server through a `FaultProxy` that cuts its
 connections, before a statement reaches the server or after the server answered (the

@@ -1,4 +1,4 @@
--- Statements whose answer was lost (issue 11). On a real network a statement can commit
+-- Statements whose answer was lost. On a real network a statement can commit
 -- while its sender sees an error; the sender repeats it, and the repeat must be recognized
 -- as the same attempt's success rather than as a lost lease.
 

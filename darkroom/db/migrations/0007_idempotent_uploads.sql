@@ -1,4 +1,4 @@
--- Uploads that are safe to retry (issue 17): idempotency keys per owner, and the digests
+-- Uploads that are safe to retry: idempotency keys per owner, and the digests
 -- of confirmed originals so a create can tell the client the archive already has them.
 
 -- The sha256 a client claimed at create. It is trusted for nothing until confirm has

@@ -1,4 +1,4 @@
--- Fair sharing between owners, interactive before bulk, and re-deriving (issue 13).
+-- Fair sharing between owners, interactive before bulk, and re-deriving.
 --
 -- Start-time fair queueing: every card is stamped when it becomes claimable (confirm,
 -- re-derive) with a virtual start time from its owner's clock in its priority class, and

@@ -1,0 +1,151 @@
+"""The one way in to PostgreSQL: every statement the product runs goes through `Database`.
+
+It holds the pool and sends the named statements of the `.sql` files beside it (see
+`queries.py`); `LISTEN` runs on a connection of its own that it opens for the listener.
+The protocol (`queue.Queue`), the sweeper's units, API keys, idempotent uploads, health
+and the CLI's read-outs each hold a `Database` and name the statements they run, so a
+reader finds every statement in SQL and every connection in this file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import class_row
+from psycopg_pool import AsyncConnectionPool
+
+from darkroom.db.connection import SESSION_OPTIONS, open_pool
+from darkroom.db.queries import QUERIES
+
+# What a lost connection or an unreachable server raises. The statement may or may not
+# have committed: every write of the protocol is built to be repeated after one.
+CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
+
+Row = dict[str, Any]
+Params = Mapping[str, Any]
+T = TypeVar("T")
+
+
+class Statements:
+    """Named statements on one connection: the pool's (one statement, autocommitted) or
+    a transaction's (`Database.transaction`)."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self._conn = conn
+
+    async def rows(self, name: str, params: Params | None = None) -> list[Row]:
+        cur = await self._conn.execute(QUERIES[name], params or {}, prepare=True)
+        return list(await cur.fetchall()) if cur.description else []
+
+    async def row(self, name: str, params: Params | None = None) -> Row | None:
+        rows = await self.rows(name, params)
+        return rows[0] if rows else None
+
+    async def typed(self, name: str, params: Params | None, cls: type[T]) -> list[T]:
+        """Rows built into `cls` by column name (a dataclass whose fields are the columns)."""
+        cur = self._conn.cursor(row_factory=class_row(cls))
+        await cur.execute(QUERIES[name], params or {}, prepare=True)
+        return list(await cur.fetchall())
+
+    async def rowcount(self, name: str, params: Params | None = None) -> int:
+        cur = await self._conn.execute(QUERIES[name], params or {}, prepare=True)
+        return int(cur.rowcount)
+
+
+class Database:
+    """A pool and the named statements sent on it. Safe to share among one loop's tasks."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+        self.pool = pool
+
+    @classmethod
+    async def open(cls, conninfo: str, *, name: str, min_size: int = 1, max_size: int = 4,
+                   fail_fast: bool = True) -> Database:
+        """An opened database; with `fail_fast`, an unreachable server is psycopg's one-line
+        error at once (long-running services pass False and wait for it)."""
+        return cls(await open_pool(conninfo, min_size=min_size, max_size=max_size,
+                                   name=name, fail_fast=fail_fast))
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    @property
+    def conninfo(self) -> str:
+        conninfo = self.pool.conninfo
+        assert isinstance(conninfo, str)  # every pool here is opened with a fixed one
+        return conninfo
+
+    @asynccontextmanager
+    async def _statements(self) -> AsyncIterator[Statements]:
+        async with self.pool.connection() as conn:
+            yield Statements(conn)
+
+    async def rows(self, name: str, params: Params | None = None) -> list[Row]:
+        async with self._statements() as s:
+            return await s.rows(name, params)
+
+    async def row(self, name: str, params: Params | None = None) -> Row | None:
+        async with self._statements() as s:
+            return await s.row(name, params)
+
+    async def typed(self, name: str, params: Params | None, cls: type[T]) -> list[T]:
+        async with self._statements() as s:
+            return await s.typed(name, params, cls)
+
+    async def rowcount(self, name: str, params: Params | None = None) -> int:
+        async with self._statements() as s:
+            return await s.rowcount(name, params)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Statements]:
+        """Several statements that commit together (or not at all)."""
+        async with self.pool.connection() as conn, conn.transaction():
+            yield Statements(conn)
+
+    async def ping(self, timeout: float) -> None:
+        """One round trip within `timeout` seconds, for readiness checks."""
+        async with self.pool.connection(timeout=timeout) as conn:
+            await conn.execute(QUERIES["ping"])
+
+    @asynccontextmanager
+    async def listen(self, channel: str) -> AsyncIterator[AsyncIterator[str]]:
+        """`LISTEN channel` on a connection of its own (a listener holds its connection
+        for as long as it waits); yields the notifications' payloads as they come.
+
+        Notifications sent while no connection listened are lost: a listener treats
+        entering this block as "something may have changed".
+        """
+        conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True,
+                                                     **SESSION_OPTIONS)
+        async with conn:
+            await conn.execute(f"LISTEN {channel}")
+
+            async def payloads() -> AsyncGenerator[str, None]:
+                # A waiting `notifies()` holds the connection: it is closed before the
+                # connection is, or leaving the block would wait on it for ever.
+                notifies = conn.notifies()
+                try:
+                    async for notify in notifies:
+                        yield notify.payload
+                finally:
+                    await notifies.aclose()
+
+            gen = payloads()
+            try:
+                yield gen
+            finally:
+                await gen.aclose()
+
+
+@asynccontextmanager
+async def opened(conninfo: str, *, name: str, max_size: int = 1,
+                 fail_fast: bool = True) -> AsyncIterator[Database]:
+    """A database for the length of a block: what one CLI command needs."""
+    db = await Database.open(conninfo, name=name, max_size=max_size, fail_fast=fail_fast)
+    try:
+        yield db
+    finally:
+        await db.close()

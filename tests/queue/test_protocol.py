@@ -452,8 +452,9 @@ async def _racing_the_original(db_url: str, lease: Any, repeat: Any) -> Any:
         with psycopg.connect(db_url, autocommit=True) as waiting:
             # The repeat is blocked on the original's row lock: wait for that, not a clock.
             def blocked() -> bool:
-                row = waiting.execute("SELECT count(*) FROM pg_stat_activity"
-                                      " WHERE wait_event_type = 'Lock'").fetchone()
+                row = waiting.execute("SELECT count(*) FROM pg_stat_activity WHERE"
+                                      " wait_event_type = 'Lock' AND datname = current_database()"
+                                      ).fetchone()
                 return bool(row and row[0] > 0)
 
             await asyncio.to_thread(wait_for, blocked, interval=0.005,

@@ -24,9 +24,10 @@ test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 # What a developer runs after each change: no process fleets, no chaos run, no restarts,
-# no browser (`make test` runs everything, as CI does).
+# no browser, and the property tests on fewer examples (`make test` runs everything, as CI does).
 test-fast: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not fleet and not browser"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not fleet and not browser" \
+		--hypothesis-profile=fast
 
 # The tests that talk to PostgreSQL; .ci/run repeats them against a second server.
 test-db: install

@@ -1,19 +1,26 @@
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from darkroom.db.connection import open_pool
 from tests.support.postgres import TestPostgres
 from tests.support.seaweed import SeaweedServer
 from tests.support.services import CORPUS, make_queue  # noqa: F401 - for fixtures
 
+# `make test-fast` runs with --hypothesis-profile=fast: every property test still runs, on
+# fewer examples (tests/support/services.py `examples`); `make test` explores in full.
+settings.register_profile("fast", max_examples=10)
+
 
 @pytest.fixture(scope="session")
 def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestPostgres]:
     server = TestPostgres.start(tmp_path_factory.mktemp("pg"))
+    server.skip_flushes()
     try:
         yield server
     finally:
@@ -30,7 +37,6 @@ def db_url(postgres: TestPostgres) -> Iterator[str]:
 def empty_db_url(postgres: TestPostgres) -> Iterator[str]:
     with postgres.database(migrated=False) as url:
         yield url
-
 
 
 @pytest.fixture
@@ -50,3 +56,12 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_bucket(seaweed: SeaweedServer) -> str:
+    """One versioned bucket for the tests whose store needs only a prefix of its own: a
+    store sees nothing outside its prefix (tests/storage/test_s3.py checks that), and a
+    new bucket costs a volume allocation on its first write. A test that looks at a whole
+    bucket takes its own (`seaweed.create_bucket`)."""
+    return seaweed.create_bucket(f"shared-{uuid.uuid4().hex[:12]}")

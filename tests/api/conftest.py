@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from darkroom.config import Settings, load_settings
 from darkroom.keys import create_key_at
 from darkroom.storage import ObjectStore, open_store
 from tests.support.seaweed import SeaweedServer
-from tests.support.services import free_port
+from tests.support.services import free_port, wait_for
 
 MAX_UPLOAD = 200_000
 
@@ -41,13 +40,15 @@ class ServerThread:
 
     def start(self, timeout: float = 30.0) -> None:
         self.thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
+
+        def started() -> bool:
+            if self.server.started:
+                return True
             if not self.thread.is_alive():
                 raise RuntimeError("the API did not start")
-            if time.monotonic() > deadline:
-                raise TimeoutError("the API did not start in time")
-            time.sleep(0.01)
+            return False
+
+        wait_for(started, timeout=timeout, interval=0.01, what="the API to start")
 
     def stop(self) -> None:
         # As `darkroom api` does on SIGTERM: open event streams end, or shutdown waits.
@@ -80,8 +81,8 @@ def _storage_url(
     weed: SeaweedServer = request.getfixturevalue("seaweed")
     for name, value in weed.env().items():
         monkeypatch.setenv(name, value)
-    bucket = weed.create_bucket(f"dr-{uuid.uuid4().hex[:12]}")
-    return f"s3://{bucket}/t"
+    bucket: str = request.getfixturevalue("shared_bucket")
+    return f"s3://{bucket}/{uuid.uuid4().hex[:12]}"
 
 
 def start_api(

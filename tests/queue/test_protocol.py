@@ -23,7 +23,7 @@ from darkroom.queue import (
     derived_key,
     thumb_key,
 )
-from tests.support.services import confirm, make_queue
+from tests.support.services import confirm, make_queue, wait_for
 
 
 async def new_queued(q: Any, n: int = 1, owner: str = "alice") -> list[uuid.UUID]:
@@ -474,18 +474,16 @@ async def _racing_the_original(db_url: str, lease: Any, repeat: Any) -> Any:
             "thumb_heights": [None], "thumb_sizes": [None], "thumbhashes": [None],
             "worker": "test", "fingerprint": None})
         task = asyncio.ensure_future(repeat())
-        waiting = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
-        async with waiting:
+        with psycopg.connect(db_url, autocommit=True) as waiting:
             # The repeat is blocked on the original's row lock: wait for that, not a clock.
-            for _ in range(2000):
-                cur = await waiting.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
-                row = await cur.fetchone()
-                if row and row[0] > 0:
-                    break
-                await asyncio.sleep(0.005)
-            else:
-                raise AssertionError("the repeat never waited for the original")
+            def blocked() -> bool:
+                row = waiting.execute("SELECT count(*) FROM pg_stat_activity WHERE"
+                                      " wait_event_type = 'Lock' AND datname = current_database()"
+                                      ).fetchone()
+                return bool(row and row[0] > 0)
+
+            await asyncio.to_thread(wait_for, blocked, interval=0.005,
+                                    what="the repeat to wait for the original")
         await original.commit()
         return await task
     finally:

@@ -34,7 +34,7 @@ from darkroom.errors import ErrorCode
 from darkroom.queue import Derived, Lease, LeaseLost, Priority, Queue, derived_key
 from darkroom.storage import open_store
 from darkroom.sweeper import Orphans, Reconcile
-from tests.support.services import confirm
+from tests.support.services import confirm, examples
 
 MAX_ATTEMPTS = 3
 WORKERS = 3
@@ -390,6 +390,6 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
 def test_lease_protocol_state_machine(db_url: str) -> None:
     machine = make_machine(db_url)
     machine.TestCase.settings = settings(
-        max_examples=60, stateful_step_count=40, deadline=None,
+        max_examples=examples(60), stateful_step_count=40, deadline=None,
         suppress_health_check=[HealthCheck.too_slow])
     machine.TestCase().runTest()

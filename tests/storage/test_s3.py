@@ -22,7 +22,7 @@ from darkroom.errors import (
 from darkroom.storage import S3Store, make_client, open_store
 from tests.storage.conftest import fresh_bucket_name
 from tests.support.seaweed import SeaweedServer
-from tests.support.services import wait_for
+from tests.support.services import free_port, wait_for
 
 
 def assert_public(message: str) -> None:
@@ -168,14 +168,8 @@ def test_a_delete_marker_is_not_an_object(
 # -- outages -----------------------------------------------------------------------------
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_refused_connection_is_unavailable(seaweed: SeaweedServer) -> None:
-    store = quick_store(f"http://127.0.0.1:{closed_port()}", seaweed)
+    store = quick_store(f"http://127.0.0.1:{free_port()}", seaweed)
     for operation in every_operation(store):
         with pytest.raises(StorageUnavailable) as failed:
             operation()

@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.support.services import free_port
+
 # Client messages that end a statement's round trip (extended protocol Sync, or a simple
 # Query); server messages that a session sends unprompted (notifications, notices).
 _STATEMENT_END = {ord("S"), ord("Q")}
@@ -94,10 +96,7 @@ class FaultProxy:
         self._healed = asyncio.Event()
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port: int = sock.getsockname()[1]
-        sock.close()
+        self.port = free_port()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name="fault-proxy")
         self._thread.start()

@@ -19,7 +19,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -27,6 +26,8 @@ from typing import TYPE_CHECKING
 
 import boto3
 from botocore.config import Config
+
+from tests.support.services import free_port, wait_for
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -69,27 +70,17 @@ def _is_free(port: int) -> bool:
 
 
 def _free_ports(count: int, taken: set[int]) -> list[int]:
-    """Distinct free loopback ports. Held open together so none is handed out twice."""
-    sockets: list[socket.socket] = []
-    try:
-        ports: list[int] = []
-        while len(ports) < count:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-            port = int(s.getsockname()[1])
-            if port not in taken and port not in ports:
-                ports.append(port)
-        return ports
-    finally:
-        for s in sockets:
-            s.close()
+    """Distinct free loopback ports, none of them in `taken`."""
+    ports: list[int] = []
+    while len(ports) < count:
+        ports.append(free_port(avoid={*taken, *ports}))
+    return ports
 
 
 def _admin_ports(taken: set[int]) -> tuple[int, int]:
     """A free admin HTTP port whose +10000 twin is also free (for its gRPC port)."""
     for _ in range(200):
-        (port,) = _free_ports(1, taken)
+        port = free_port(avoid=taken)
         if port + _GRPC_OFFSET > 65535:
             # Ephemeral ports are high; fold into a lower range that has room above it.
             port = 20000 + port % 30000
@@ -124,6 +115,7 @@ class SeaweedServer:
         self.ports = ports or set()
         self._scratch = scratch
         self._stopped = False
+        self._admin: S3Client | None = None
         atexit.register(self.stop)
 
     @classmethod
@@ -230,22 +222,24 @@ class SeaweedServer:
     def _wait_ready(self, timeout: float) -> None:
         """Poll until S3 answers a signed request; the port opens before S3 can serve."""
         client = self.client(connect_timeout=1, read_timeout=2, max_attempts=1)
-        deadline = time.monotonic() + timeout
-        last_error: Exception | None = None
-        while time.monotonic() < deadline:
+        errors: list[Exception] = []
+
+        def serving() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(
                     f"weed mini exited with {self.process.returncode}:\n{self.log_tail()}"
                 )
             try:
                 client.list_buckets()
-                return
             except Exception as exc:  # not ready yet, whatever the form of "not ready"
-                last_error = exc
-            time.sleep(0.1)
-        raise TimeoutError(
-            f"SeaweedFS S3 not ready after {timeout}s ({last_error!r}):\n{self.log_tail()}"
-        )
+                errors[:] = [exc]
+                return False
+            return True
+
+        try:
+            wait_for(serving, timeout=timeout, interval=0.1, what="SeaweedFS S3")
+        except AssertionError as exc:
+            raise TimeoutError(f"{exc} ({errors[-1:]!r}):\n{self.log_tail()}") from None
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -280,7 +274,10 @@ class SeaweedServer:
         return client
 
     def create_bucket(self, name: str, versioning: bool = True) -> str:
-        client = self.client()
+        if self._admin is None:
+            # Made once: a new client loads the S3 service model, and tests make buckets often.
+            self._admin = self.client()
+        client = self._admin
         client.create_bucket(Bucket=name)
         if versioning:
             client.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
@@ -315,11 +312,8 @@ class SeaweedServer:
     def _wait_until_stopped(self, stopped: bool, timeout: float = 5.0) -> None:
         # Signal delivery is asynchronous: a request sent right after SIGSTOP could still
         # be served, so wait until the kernel reports every thread in the wanted state.
-        deadline = time.monotonic() + timeout
-        while (state := self._threads_stopped()) is not None and state != stopped:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"SeaweedFS did not {'stop' if stopped else 'continue'}")
-            time.sleep(0.005)
+        wait_for(lambda: self._threads_stopped() in (None, stopped), timeout=timeout,
+                 interval=0.005, what=f"SeaweedFS to {'stop' if stopped else 'continue'}")
 
     def freeze(self) -> None:
         """Stop every server process: connections hang instead of being refused."""
@@ -343,13 +337,8 @@ class SeaweedServer:
             return
         self._stopped = True
         atexit.unregister(self.stop)
-        if self.process.poll() is None:
-            # A stopped process ignores SIGTERM until continued.
-            self._signal_group(signal.SIGCONT)
-            self._signal_group(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout)
-        # Whatever the leader did, nothing of the group may outlive the tests.
+        # Killed outright, the whole group: its data is thrown away, so a graceful shutdown
+        # (seconds of flushing) would buy nothing.
         self._signal_group(signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout)

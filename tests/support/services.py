@@ -13,11 +13,12 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
+from hypothesis import settings
 from psycopg.rows import dict_row
 
 from darkroom.db.connection import open_pool
@@ -31,12 +32,21 @@ T = TypeVar("T")
 CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
 
 
+def examples(full: int) -> int:
+    """How many Hypothesis examples a property test runs: `full`, or fewer when the loaded
+    profile allows fewer (the `fast` profile of `make test-fast`, see tests/conftest.py)."""
+    return min(full, settings().max_examples)
 
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+
+def free_port(avoid: Collection[int] = ()) -> int:
+    """A TCP port on loopback that nothing listens on right now, and not one of `avoid`
+    (the ports already handed to a server that has not bound them yet)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in avoid:
+            return port
 
 
 def small_photos(count: int) -> list[bytes]:

@@ -219,8 +219,9 @@ async def test_a_database_outage_pauses_a_unit_and_never_ends_it(
         sweeper = Sweeper(q, store, guard_seconds=0, retention_seconds=86_400)
         proxy.refuse()
         task = asyncio.create_task(run_unit(sweeper.orphans, stop, interval_seconds=0.05))
-        while not pool.get_stats().get("connections_errors") and not task.done():
-            await asyncio.sleep(0.05)
+        await asyncio.to_thread(
+            wait_for, lambda: pool.get_stats().get("connections_errors") or task.done(),
+            what="the unit to meet the outage")
         assert not task.done()
         proxy.heal()
         direct = make_queue(await open_pool(db_url, min_size=1, max_size=1))

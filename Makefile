@@ -25,9 +25,12 @@ test: install
 
 # What a developer runs after each change: no process fleets, no chaos run, no restarts,
 # no browser, and the property tests on fewer examples (`make test` runs everything, as CI does).
+# Two pytest processes, each with its own PostgreSQL and S3 server: every test already has
+# its own database, bucket and ports. (`make test` stays in one process: the fleets and the
+# chaos run measure leases against the clock and want the cores to themselves.)
 test-fast: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not fleet and not browser" \
-		--hypothesis-profile=fast
+		--hypothesis-profile=fast -n 2
 
 # The tests that talk to PostgreSQL; .ci/run repeats them against a second server.
 test-db: install

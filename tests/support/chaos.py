@@ -31,7 +31,7 @@ from darkroom.storage import S3Store
 from tests.support.faults import FaultProxy, through_proxy
 from tests.support.postgres import TestPostgres
 from tests.support.seaweed import SeaweedServer
-from tests.support.services import DarkroomProcess, free_port, wait_for
+from tests.support.services import DarkroomProcess, free_port, wait_for, wait_past_guard
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT.parent / "shared" / "corpus"
@@ -385,7 +385,7 @@ def run(files: int, seed: int, tmp: Path, workers: int = 4) -> Outcome:
         drained = time.monotonic()
         stop.set()
         # Past the guard interval, one more sweep takes the last orphans and deletions.
-        time.sleep(GUARD + 1)
+        wait_past_guard(system.db_url, GUARD)
         sweep = system.start("sweep", "--once")
         assert sweep.wait(300) == 0, sweep.log()
         with db_lock:

@@ -32,7 +32,7 @@ from darkroom.db.connection import SESSION_OPTIONS
 from darkroom.db.migrations import migrate
 from tests.support.chaos import MAX_ATTEMPTS, Client, Outcome, Tally, hostile_inputs, photos, verify
 from tests.support.seaweed import SeaweedServer
-from tests.support.services import wait_for
+from tests.support.services import wait_for, wait_past_guard
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "dr16"
@@ -526,7 +526,7 @@ def run(files: int, seed: int, tmp: Path) -> HostsOutcome:
         wait_for(lambda: (tl.samples and tl.samples[-1][1] >= total) or None, timeout=1800,
                  interval=0.5, what="the queue to drain")
         drained = time.monotonic()
-        time.sleep(GUARD + 1)
+        wait_past_guard(system.db_url, GUARD)
         sweep = system.start("sweep", "sweep", "--once")
         assert sweep.wait(300) == 0, sweep.log()
         # Then what an operator runs after an incident: reconciliation of the bucket

@@ -74,6 +74,23 @@ def wait_for(check: Callable[[], T], *, timeout: float = 60.0, interval: float =
         time.sleep(interval)
 
 
+def wait_past_guard(db_url: str, guard_seconds: float, *, timeout: float = 120.0) -> None:
+    """Until every orphan and every deleted card is older than the sweeper's guard interval
+    by the database's clock (the one the sweeper judges by), so one sweep takes them all."""
+    statement = """
+        SELECT NOT EXISTS (SELECT 1 FROM orphan_objects
+                           WHERE created_at >= now() - make_interval(secs => %(g)s))
+           AND NOT EXISTS (SELECT 1 FROM archive_files WHERE status = 'deleting'
+                           AND deleted_at >= now() - make_interval(secs => %(g)s))"""
+
+    def past() -> bool:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            row = conn.execute(statement, {"g": float(guard_seconds)}).fetchone()
+        return bool(row and row[0])
+
+    wait_for(past, timeout=timeout, interval=0.25, what="the guard interval to pass")
+
+
 class DarkroomProcess:
     """One `darkroom …` subprocess with its own log file.
 

@@ -192,15 +192,19 @@ class Queue:
     async def create_file(
         self, *, owner: str, filename: str, content_type: str, size: int,
         file_id: uuid.UUID | None = None, priority: Priority = Priority.INTERACTIVE,
+        quota_files: int = 0, quota_bytes: int = 0,
     ) -> Card:
-        """A new card in `pending`; its original goes under a key derived from its id."""
-        file_id = file_id or uuid.uuid4()
-        rows = await self._cards("create_file", {
-            "id": file_id, "owner": owner, "filename": filename,
-            "content_type": content_type, "size": size,
-            "original_key": original_key(file_id), "priority": str(Priority(priority)),
-        })
-        return rows[0]
+        """A new card in `pending`; its original goes under a key derived from its id.
+
+        Raises `QuotaExceeded` when it would take the owner past a quota (0: none). A
+        retried creation is a second card; an unconfirmed one expires (`expire_pending`).
+        """
+        card = await self.create_file_keyed(
+            owner=owner, filename=filename, content_type=content_type, size=size,
+            file_id=file_id, priority=priority, quota_files=quota_files,
+            quota_bytes=quota_bytes)
+        assert card is not None  # only an idempotency key already held makes no card
+        return card
 
     async def create_file_keyed(
         self, *, owner: str, filename: str, content_type: str, size: int,
@@ -213,7 +217,9 @@ class Queue:
 
         None when the owner already holds `key_hash` (made by an earlier or a concurrent
         create): no card is made, and the caller answers the key's card instead. Raises
-        `QuotaExceeded` when a new card would take the owner past a quota (0: none).
+        `QuotaExceeded` when a new card would take the owner past a quota (0: none); the
+        owner's creations are serialized for the check, so concurrent ones cannot
+        overshoot together.
         """
         file_id = file_id or uuid.uuid4()
         params = {
@@ -224,12 +230,12 @@ class Queue:
             "priority": str(Priority(priority)),
         }
         if not quota_files and not quota_bytes:
-            rows = await self._cards("create_file_keyed", params)
+            rows = await self._cards("create_file", params)
             return rows[0] if rows else None
         async with self.db.transaction() as tx:
             if not await _within_quota(tx, owner, size, quota_files, quota_bytes):
                 raise QuotaExceeded(owner)
-            rows = await tx.typed("create_file_keyed", params, Card)
+            rows = await tx.typed("create_file", params, Card)
         return rows[0] if rows else None
 
     async def confirm_card(
@@ -282,32 +288,6 @@ class Queue:
     async def revoke(self, file_id: uuid.UUID, owner: str) -> bool:
         """Any state -> deleting; the lease (if any) is revoked so nothing can publish."""
         return bool(await self._rows("revoke", {"id": file_id, "owner": owner}))
-
-    async def create_file_within_quota(
-        self, *, owner: str, filename: str, content_type: str, size: int,
-        quota_files: int, quota_bytes: int, file_id: uuid.UUID | None = None,
-        priority: Priority = Priority.INTERACTIVE,
-    ) -> Card | None:
-        """`create_file`, or None when the card would take the owner past a quota (0: none).
-
-        The owner's creations are serialized for the check, so concurrent ones cannot
-        overshoot together. A retried creation is a second card, as with `create_file`;
-        an unconfirmed one expires (`expire_pending`).
-        """
-        if not quota_files and not quota_bytes:
-            return await self.create_file(owner=owner, filename=filename,
-                                          content_type=content_type, size=size,
-                                          file_id=file_id, priority=priority)
-        file_id = file_id or uuid.uuid4()
-        async with self.db.transaction() as tx:
-            if not await _within_quota(tx, owner, size, quota_files, quota_bytes):
-                return None
-            rows = await tx.typed("create_file", {
-                "id": file_id, "owner": owner, "filename": filename,
-                "content_type": content_type, "size": size,
-                "original_key": original_key(file_id), "priority": str(Priority(priority)),
-            }, Card)
-        return rows[0]
 
     async def expire_pending(self, *, ttl_seconds: float, limit: int) -> list[uuid.UUID]:
         """pending -> deleting for a batch of cards unconfirmed for `ttl_seconds`.

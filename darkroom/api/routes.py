@@ -238,13 +238,14 @@ async def create_file(
                       "try again later.", headers={"Retry-After": str(wait)})
     if body.sha256 is not None or idempotency_key is not None:
         return await _create_once(body, who.owner, request, idempotency_key)
-    row = await _queue(request).create_file_within_quota(
-        owner=who.owner, filename=body.filename, content_type=body.content_type, size=body.size,
-        quota_files=settings.owner_quota_files, quota_bytes=settings.owner_quota_bytes,
-        priority=Priority(body.priority),
-    )
-    if row is None:
-        raise _quota_exceeded(settings)
+    try:
+        row = await _queue(request).create_file(
+            owner=who.owner, filename=body.filename, content_type=body.content_type,
+            size=body.size, quota_files=settings.owner_quota_files,
+            quota_bytes=settings.owner_quota_bytes, priority=Priority(body.priority),
+        )
+    except QuotaExceeded:
+        raise _quota_exceeded(settings) from None
     upload = await _upload_instructions(request, row)
     card = NewCard(**card_from_row(row).model_dump(), upload=upload)
     return _card_json(card, 201, {"Location": f"/v1/files/{row.id}"})

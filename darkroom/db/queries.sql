@@ -4,17 +4,6 @@
 
 -- name: create_file
 -- Statements that answer cards name the columns of darkroom.card.Card, never `*`.
-INSERT INTO archive_files (id, owner, filename, content_type, size_bytes, original_key,
-                           priority)
-VALUES (%(id)s, %(owner)s, %(filename)s, %(content_type)s, %(size)s, %(original_key)s,
-        %(priority)s)
-RETURNING id, owner, filename, content_type, size_bytes, original_key, original_version,
-          original_sha256, status, priority, attempts, error_code, derived_key,
-          derived_version, sha256, width, height, derived_bytes, thumb_key,
-          thumb_version, thumb_sha256, thumb_width, thumb_height, thumb_bytes,
-          thumbhash, created_at, updated_at;
-
--- name: create_file_keyed
 -- A new card that may carry a claimed sha256 and an idempotency key. The key's row is
 -- inserted first: when the owner already used the key (or a concurrent create with it
 -- commits first), no card is made and the caller reads the key's card instead.

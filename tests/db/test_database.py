@@ -31,7 +31,8 @@ async def test_a_transaction_that_fails_commits_nothing(pool: Any) -> None:
         async with db.transaction() as tx:
             params = {"id": file_id, "owner": "o", "filename": "a.jpg",
                       "content_type": "image/jpeg", "size": 1,
-                      "original_key": f"originals/{file_id}", "priority": str(Priority.BULK)}
+                      "original_key": f"originals/{file_id}", "priority": str(Priority.BULK),
+                      "sha256": None, "key_hash": None, "request_hash": None}
             await tx.rows("create_file", params)
             await tx.rows("create_file", params)  # the same id again: the whole block fails
     assert await make_queue(pool).get_file(file_id, "o") is None

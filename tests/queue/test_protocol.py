@@ -312,9 +312,8 @@ async def test_cards_and_events_are_read_from_a_newer_schema(pool: Any, db_url: 
     assert [c.id for c in await q.list_files("alice")] == [fid]
     assert [e.kind for e in await q.events(fid)] == ["claimed", "ready"]
     [other] = await new_queued(q)  # create_file, and confirm's answer
-    kept = await q.create_file_within_quota(owner="alice", filename="b.jpg",
-                                            content_type="image/jpeg", size=1,
-                                            quota_files=10, quota_bytes=0)
+    kept = await q.create_file(owner="alice", filename="b.jpg", content_type="image/jpeg",
+                               size=1, quota_files=10, quota_bytes=0)
     assert kept is not None and kept.status is Status.PENDING
     assert {c.id for c in await q.list_files("alice")} == {fid, other, kept.id}
 

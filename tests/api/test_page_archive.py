@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -80,6 +81,13 @@ def test_two_thousand_cards(archive: Archive, tmp_path: Path) -> None:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             requests: list[str] = []
             page.on("request", lambda r: requests.append(r.url))
+            # What a failed wait reports: requests still open, and what the page complained of.
+            ended: list[str] = []
+            page.on("requestfinished", lambda r: ended.append(r.url))
+            page.on("requestfailed", lambda r: ended.append(r.url))
+            complaints: list[str] = []
+            page.on("pageerror", lambda e: complaints.append(str(e)))
+            page.on("console", lambda m: complaints.append(m.text) if m.type == "error" else None)
             # The page's own timers run on this clock, so a minute passes without waiting.
             page.clock.install()
             page.add_init_script(
@@ -160,7 +168,15 @@ def test_two_thousand_cards(archive: Archive, tmp_path: Path) -> None:
             ready = page.locator('[data-testid="card"][data-status="ready"]').nth(1)
             ready.locator(".thumb").click()
             image = viewer.get_by_test_id("viewer-image")
-            expect(image).to_be_visible(timeout=20_000)
+            try:
+                expect(image).to_be_visible(timeout=30_000)
+            except AssertionError as e:
+                open_now = Counter(requests) - Counter(ended)
+                raise AssertionError(
+                    f"no preview: {sum(open_now.values())} requests open "
+                    f"({sum(n for u, n in open_now.items() if u.endswith('=thumb'))} thumbs, "
+                    f"preview {any(u.endswith('/derivative') for u in open_now)}); "
+                    f"page errors: {complaints[-5:]}") from e
             assert any(u.endswith("/derivative") for u in requests)  # the preview, on click
             page.screenshot(path=str(shots / "page-viewer.png"))
             viewer.get_by_test_id("viewer-close").click()

@@ -19,6 +19,10 @@ const FORMATS_TEXT = "JPEG, PNG, WebP, GIF, HEIC, AVIF or TIFF";
 const FINAL = new Set(["ready", "rejected"]);
 const PAGE_SIZE = 100;
 const QUEUE_REFRESH_MS = 3000;
+// Chromium opens six connections to one host: one holds the event stream, thumbs take at
+// most four, and one stays free so that a page of the listing or the viewer's preview never
+// waits behind a screenful of thumbs.
+const THUMBS_AT_ONCE = 4;
 const UPLOADS_AT_ONCE = 3;
 // A step whose answer was lost (network) or refused for a passing reason is sent again:
 // the create with the same Idempotency-Key (so it never makes a second card), the PUT and
@@ -56,6 +60,8 @@ const state = {
   stream: null,              // AbortController of the event stream
   streamFailures: 0,
   thumbs: null,              // IntersectionObserver for lazy thumbs
+  thumbsWanted: new Set(),   // ids near the viewport whose thumb waits for a connection
+  thumbsFetching: 0,
   uploads: { total: 0, sent: 0, files: 0, done: 0, running: 0, waiting: [] },
 };
 // Counters for tests and operators: what the page did, without timing anything.
@@ -245,7 +251,7 @@ function render(card, atTop = false) {
   if (card.status === "ready" && card.derivative) {
     meta.textContent = `${card.derivative.width}×${card.derivative.height} · ${formatBytes(card.derivative.bytes)}`;
     placeholderFor(card, el);
-    if (el.dataset.visible === "1") loadThumb(card.id);
+    if (el.dataset.visible === "1") wantThumb(card.id);
   } else {
     meta.textContent = formatBytes(card.size);
   }
@@ -253,15 +259,33 @@ function render(card, atTop = false) {
 }
 
 // Thumbs are fetched only for cards near the viewport: a grid of thousands downloads what
-// is seen. The route needs the bearer key, which an <img src> cannot send: fetch a blob.
-async function loadThumb(id) {
+// is seen. A card scrolled past before its turn came is dropped from the wait, so a fast
+// scroll through the archive does not leave hundreds of fetches queued in the browser.
+function wantThumb(id) {
   const entry = state.cards.get(id);
   if (!entry || entry.thumbLoaded || entry.card.status !== "ready") return;
+  state.thumbsWanted.add(id);
+  pumpThumbs();
+}
+
+function pumpThumbs() {
+  while (state.thumbsFetching < THUMBS_AT_ONCE && state.thumbsWanted.size > 0) {
+    const id = state.thumbsWanted.values().next().value;
+    state.thumbsWanted.delete(id);
+    const entry = state.cards.get(id);
+    if (!entry || entry.thumbLoaded || entry.card.status !== "ready") continue;
+    state.thumbsFetching += 1;
+    loadThumb(entry).finally(() => { state.thumbsFetching -= 1; pumpThumbs(); });
+  }
+}
+
+// The route needs the bearer key, which an <img src> cannot send: fetch a blob.
+async function loadThumb(entry) {
   entry.thumbLoaded = true;
   const card = entry.card;
   const url = (card.derivatives && card.derivatives.thumb.url) || card.derivative.url;
   try {
-    const response = await fetch(url, { headers: authHeaders() });
+    const response = await fetch(url, { headers: authHeaders(), priority: "low" });
     if (!response.ok) throw new ApiError(response.status, null);
     const blob = URL.createObjectURL(await response.blob());
     const img = $('[data-testid="preview"]', entry.el);
@@ -278,6 +302,7 @@ function removeCard(id) {
   const entry = state.cards.get(id);
   if (!entry) return;
   state.thumbs.unobserve(entry.el);
+  state.thumbsWanted.delete(id);
   const img = $('[data-testid="preview"]', entry.el);
   if (img.src.startsWith("blob:")) URL.revokeObjectURL(img.src);
   entry.el.remove();
@@ -478,7 +503,8 @@ async function openViewer(card) {
   if (!dialog.open) dialog.showModal();
   if (card.status === "ready" && card.derivative) {
     try {
-      const response = await fetch(card.derivative.url, { headers: authHeaders() });
+      // The one the user asked for: ahead of any thumb still waiting for a connection.
+      const response = await fetch(card.derivative.url, { headers: authHeaders(), priority: "high" });
       if (!response.ok) throw new ApiError(response.status, null);
       const url = URL.createObjectURL(await response.blob());
       img.onload = () => { img.hidden = false; };
@@ -791,7 +817,10 @@ function init() {
   state.thumbs = new IntersectionObserver((entries) => {
     for (const e of entries) {
       e.target.dataset.visible = e.isIntersecting ? "1" : "";
-      if (e.isIntersecting && e.target.dataset.id) loadThumb(e.target.dataset.id);
+      const id = e.target.dataset.id;
+      if (!id) continue;
+      if (e.isIntersecting) wantThumb(id);
+      else state.thumbsWanted.delete(id);
     }
   }, { rootMargin: "400px 0px" });
   new IntersectionObserver((entries) => {

@@ -39,7 +39,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -243,7 +243,8 @@ async def drain_like_worker(queue: Queue, slots: int) -> int:
         if not await completer.complete(lease, noop_result(lease)):
             raise RuntimeError("a lease was lost in a no-op run")
 
-    async def direct(call: Callable[[], Awaitable[set[uuid.UUID]]]) -> set[uuid.UUID]:
+    async def direct(call: Callable[[], Awaitable[set[uuid.UUID]]],
+                     _leases: Sequence[Lease]) -> set[uuid.UUID]:
         return await call()
 
     completer = Completer(queue, direct)

@@ -12,13 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from darkroom.queue import Derived, Lease, Queue
 
 T = TypeVar("T")
-Retry = Callable[[Callable[[], Awaitable[T]]], Awaitable[T]]
+# How a batch's statement is tried: the call, and the leases it commits (the worker retries
+# it through a database fault while any of them may still hold).
+Retry = Callable[[Callable[[], Awaitable[T]], Sequence[Lease]], Awaitable[T]]
 
 MAX_BATCH = 100
 
@@ -56,7 +58,8 @@ class Completer:
     async def _commit(self, batch: list[tuple[Lease, Derived, asyncio.Future[bool]]]) -> None:
         results = [(lease, derived) for lease, derived, _ in batch]
         try:
-            lost = await self._retry(lambda: self.queue.complete_many(results))
+            lost = await self._retry(lambda: self.queue.complete_many(results),
+                                     [lease for lease, _ in results])
         except Exception as exc:
             for *_, answer in batch:
                 if not answer.done():

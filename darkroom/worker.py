@@ -36,7 +36,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -66,10 +66,11 @@ from darkroom.storage import ObjectStore
 log = logging.getLogger("darkroom.worker")
 T = TypeVar("T")
 
-# Database errors that a restart or a network blip produces; anything else is a bug.
 # How long a stopping worker spends handing its leases back, and then waiting for its
 # cancelled jobs, at most.
 HAND_BACK_SECONDS = 5.0
+# A failed heartbeat is tried again this soon (doubling up to the heartbeat interval).
+HEARTBEAT_RETRY_SECONDS = 0.2
 
 
 class Outcome(StrEnum):
@@ -93,6 +94,10 @@ class Job:
     # Set when the attempt must not touch the card any more: its lease was lost, or the
     # worker handed it back at shutdown.
     abandoned: bool = False
+    # Until when (this process's monotonic clock) the lease surely holds: the send time of
+    # the claim or of the last answered heartbeat, plus the lease. Its statements are
+    # retried through a database fault until then.
+    held_until: float = 0.0
 
     def log_extra(self) -> dict[str, Any]:
         return {"file_id": str(self.lease.file_id), "attempt": self.lease.attempt,
@@ -122,7 +127,7 @@ class Worker:
         self.jobs: dict[uuid.UUID, Job] = {}
         self.breaker = StoreBreaker(self._probe_store, on_change=self._record_pause)
         # Fenced commits, batched: one statement for the results that finish together.
-        self.completer = Completer(queue, self._db)
+        self.completer = Completer(queue, self._db_for_leases)
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.skip_grace = asyncio.Event()
@@ -168,6 +173,8 @@ class Worker:
         free = self.concurrency - len(self.jobs)
         if free <= 0:
             return 0
+        sent = time.monotonic()
+        held_until = sent + self.settings.lease_seconds
         try:
             leases = await self.queue.claim(free)
         except ClaimUnknown as unknown:
@@ -176,7 +183,8 @@ class Worker:
                         extra={"error": type(unknown.__cause__).__name__})
             claim_id = unknown.claim_id
             try:
-                leases = await self._db(lambda: self.queue.adopt_claim(claim_id))
+                leases = await self._db(lambda: self.queue.adopt_claim(claim_id),
+                                        lambda: held_until)
             except CONNECTION_ERRORS as exc:
                 # Whatever it leased waits for its lease to expire: nothing is lost.
                 log.warning("could not look up the claim; database unavailable",
@@ -190,10 +198,10 @@ class Worker:
             await self._pause(self._rng.uniform(0.5, 2.0))
             return 0
         for lease in leases:
-            self._start(lease)
+            self._start(lease, held_until)
         return len(leases)
 
-    def _start(self, lease: Lease) -> None:
+    def _start(self, lease: Lease, held_until: float) -> None:
         # After an outage longer than the lease this worker may have reclaimed a card its
         # own stale attempt still works on. That attempt's lease is gone: stop it, so
         # exactly one attempt runs for the card. (Its slot frees when its task ends.)
@@ -202,7 +210,7 @@ class Worker:
                 log.warning("stale attempt of a reclaimed card; stopping it",
                             extra=other.log_extra())
                 other.abandon()
-        job = Job(lease, self.idle_decoders.pop())
+        job = Job(lease, self.idle_decoders.pop(), held_until=held_until)
         self.jobs[lease.token] = job
         job.task = asyncio.create_task(self._run_job(job), name=f"job-{lease.file_id}")
         metrics.CLAIMED.inc()
@@ -280,7 +288,8 @@ class Worker:
             key, small_key = derived_key(lease), thumb_key(lease)
             thumb = result.thumb
             keys = [key] if thumb is None else [key, small_key]
-            await self._db(lambda: self.queue.register_attempt_objects(lease, keys))
+            await self._db(lambda: self.queue.register_attempt_objects(lease, keys),
+                           lambda: job.held_until)
             with _stage("put"):
                 version = await asyncio.to_thread(
                     self.store.put, key, result.data, content_type="image/webp")
@@ -316,7 +325,8 @@ class Worker:
         if job.abandoned:
             return Outcome.LEASE_LOST
         try:
-            status = await self._db(lambda: self.queue.fail(job.lease, code))
+            status = await self._db(lambda: self.queue.fail(job.lease, code),
+                                    lambda: job.held_until)
         except LeaseLost:
             metrics.LEASE_LOST.inc()
             log.warning("lease lost before the failure was recorded", extra=job.log_extra())
@@ -339,7 +349,8 @@ class Worker:
                               self.settings.retry_cap_seconds, self._rng)
         try:
             await self._db(lambda: self.queue.defer(job.lease, ErrorCode.STORAGE_UNAVAILABLE,
-                                                    delay))
+                                                    delay),
+                           lambda: job.held_until)
         except LeaseLost:
             metrics.LEASE_LOST.inc()
             return Outcome.LEASE_LOST
@@ -357,47 +368,74 @@ class Worker:
             else:
                 await self.queue.resume_worker()
 
-    async def _db(self, call: Callable[[], Awaitable[T]]) -> T:
-        """Retry a statement through a database outage while the lease may hold.
+    async def _db(self, call: Callable[[], Awaitable[T]], held_until: Callable[[], float]) -> T:
+        """Retry a statement through a database fault while its lease may still hold.
 
         Every statement of the protocol is safe to repeat and recognizes a repeat of
-        itself that went through (its answer lost) as success; after a lease's worth of
-        trying the lease has certainly expired, and the next holder takes over.
+        itself that went through (its answer lost) as success, so trying longer is never
+        wrong, only slower to free the slot. A statement is tried for a lease's worth of
+        time, and on for as long as `held_until` (read at each try) moves on with the
+        heartbeats: a statement whose own connections keep being cut while the database
+        answers the heartbeats does not cost its attempt. Past both, the lease may have
+        gone to the next holder, and the fault is raised.
         """
-        deadline = time.monotonic() + self.settings.lease_seconds
+        patience = time.monotonic() + self.settings.lease_seconds
         delay = 0.2
         while True:
             try:
                 return await call()
             except CONNECTION_ERRORS as exc:
                 metrics.DB_ERRORS.inc()
-                if time.monotonic() + delay > deadline:
+                if time.monotonic() + delay > max(patience, held_until()):
                     raise
                 log.warning("database call failed; retrying",
                             extra={"error": type(exc).__name__, "retry_in": round(delay, 2)})
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
+    async def _db_for_leases(self, call: Callable[[], Awaitable[T]],
+                             leases: Sequence[Lease]) -> T:
+        """`_db` for a statement of several attempts (the completer's batch): tried while
+        any of their leases may hold, since each row is fenced by its own token."""
+        def held_until() -> float:
+            jobs = (self.jobs.get(lease.token) for lease in leases)
+            return max((job.held_until for job in jobs if job is not None), default=0.0)
+
+        return await self._db(call, held_until)
+
     # --- background tasks --------------------------------------------------------------
 
     async def _heartbeat(self) -> None:
         interval = self.settings.lease_seconds / 3
+        wait = interval
+        retry = HEARTBEAT_RETRY_SECONDS
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(wait)
+            wait = interval
             held = [job.lease for job in self.jobs.values() if not job.abandoned]
             if not held:
                 continue
+            sent = time.monotonic()
             try:
                 lost = await self.queue.heartbeat(held)
             except CONNECTION_ERRORS as exc:
                 metrics.DB_ERRORS.inc()
                 log.warning("heartbeat failed", extra={"error": type(exc).__name__})
+                # One cut connection must not cost the leases: try again soon, backing off
+                # to the interval while the database stays away.
+                wait = min(interval, retry * self._rng.uniform(0.5, 1.5))
+                retry = min(retry * 2, interval)
                 continue
+            retry = HEARTBEAT_RETRY_SECONDS
             metrics.HEARTBEATS.inc()
-            for token in lost:
+            for lease in held:
                 # A job that ended while the heartbeat was in flight is gone from here.
-                job = self.jobs.get(token)
-                if job is not None and not job.abandoned:
+                job = self.jobs.get(lease.token)
+                if job is None:
+                    continue
+                if lease.token not in lost:
+                    job.held_until = max(job.held_until, sent + self.settings.lease_seconds)
+                elif not job.abandoned:
                     metrics.LEASE_LOST.inc()
                     log.warning("heartbeat: lease lost; stopping the job", extra=job.log_extra())
                     job.abandon()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from darkroom.config import Settings
 from darkroom.db.database import Database
@@ -40,8 +42,9 @@ async def test_reclaiming_its_own_card_runs_one_attempt_and_keeps_the_slots(
         decoder.start()
     completer = asyncio.create_task(worker.completer.run())
     try:
-        worker._start(stale)
-        worker._start(fresh)
+        held_until = time.monotonic() + settings.lease_seconds
+        worker._start(stale, held_until)
+        worker._start(fresh, held_until)
         assert len(worker.jobs) == 2 and worker.jobs[stale.token].abandoned
         await asyncio.gather(*(job.task for job in list(worker.jobs.values())
                                if job.task is not None))
@@ -57,3 +60,32 @@ async def test_reclaiming_its_own_card_runs_one_attempt_and_keeps_the_slots(
         completer.cancel()
         for decoder in worker.idle_decoders:
             decoder.close()
+
+
+async def test_a_statement_is_tried_while_the_heartbeats_hold_its_lease(
+        pool: Any, tmp_path: Path) -> None:
+    """A statement whose own connections keep being cut is tried again for as long as the
+    lease is known to hold, past a lease's worth of trying; once the lease may be gone,
+    the fault is raised (the statement is fenced, so only a slot is at stake)."""
+    store = open_store((tmp_path / "objects").as_uri())
+    settings = Settings(lease_seconds=0.5, data_dir=tmp_path)
+    worker = Worker(settings, Queue.from_settings(Database(pool), settings, worker="w"),
+                    store, concurrency=1)
+    tries = 0
+
+    async def cut_three_times() -> str:
+        nonlocal tries
+        tries += 1
+        if tries <= 3:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return "committed"
+
+    # Heartbeats get through: the lease keeps holding.
+    assert await worker._db(cut_three_times, lambda: time.monotonic() + 10) == "committed"
+    assert tries == 4
+
+    # No heartbeat since the lease ran out: a lease's worth of trying, then the fault.
+    tries = 0
+    with pytest.raises(psycopg.OperationalError):
+        await worker._db(cut_three_times, lambda: 0.0)
+    assert 1 <= tries <= 3

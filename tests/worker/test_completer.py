@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -37,7 +37,8 @@ async def test_results_that_finish_together_commit_in_one_statement(
     assert thief.file_id == leases[0].file_id
     statements = 0
 
-    async def counting(call: Callable[[], Awaitable[set[uuid.UUID]]]) -> set[uuid.UUID]:
+    async def counting(call: Callable[[], Awaitable[set[uuid.UUID]]],
+                     _leases: Sequence[Lease]) -> set[uuid.UUID]:
         nonlocal statements
         statements += 1
         return await call()
@@ -57,7 +58,8 @@ async def test_a_failed_batch_fails_each_of_its_jobs(pool: Any) -> None:
     await new_queued(q, 2)
     leases = await q.claim(2)
 
-    async def broken(call: Callable[[], Awaitable[set[uuid.UUID]]]) -> set[uuid.UUID]:
+    async def broken(call: Callable[[], Awaitable[set[uuid.UUID]]],
+                     _leases: Sequence[Lease]) -> set[uuid.UUID]:
         raise psycopg.OperationalError("the database went away")
 
     completer = Completer(q, broken)

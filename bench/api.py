@@ -66,10 +66,9 @@ from darkroom.db.migrations import migrate
 from darkroom.keys import create_key_at
 from darkroom.queue import ConfirmOutcome, Queue
 from darkroom.storage import open_store
-from tests.support.services import free_port
+from tests.support.services import CORPUS, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT.parent / "shared" / "corpus"
 OWNER = "bench"  # the cards the API is asked about
 BACKLOG_OWNER = "backlog"  # the photos that keep the worker busy; never touched by the API
 CONFIRM_ROUTE = "/v1/files/{file_id}/confirm"

@@ -50,6 +50,7 @@ from darkroom.derive import Limits, _vips, decode_resized, derive, encode  # noq
 from darkroom.errors import DeriveError  # noqa: E402
 from darkroom.sandbox import DecoderProcess  # noqa: E402
 from tests.derive.images import png_header_only, png_zlib_bomb  # noqa: E402
+from tests.support.services import CORPUS  # noqa: E402
 
 LIMITS = Limits.from_settings(load_settings())
 BIG_NAME = "Elephants_5640x3172.jpg"
@@ -308,7 +309,7 @@ def start_up_ms(rounds: int, tiny: bytes) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", default=str(ROOT.parent / "shared" / "corpus"))
+    parser.add_argument("--corpus", default=str(CORPUS))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--big", default=None, help=f"path to {BIG_NAME}")
     parser.add_argument("--out", type=Path, default=BY_NAME["derive"].json_path)

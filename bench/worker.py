@@ -46,9 +46,9 @@ from darkroom.derive import Limits
 from darkroom.queue import ConfirmOutcome, Queue
 from darkroom.sandbox import DecoderProcess
 from darkroom.storage import open_store
+from tests.support.services import CORPUS
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT.parent / "shared" / "corpus"
 
 
 def corpus(n: int) -> list[bytes]:

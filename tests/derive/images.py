@@ -5,11 +5,11 @@ from __future__ import annotations
 import io
 import struct
 import zlib
-from pathlib import Path
 
 from PIL import Image
 
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
+from tests.support.services import CORPUS
+
 CORPUS_IMAGES = sorted(p for p in CORPUS.glob("*") if p.suffix in {".jpg", ".png"})
 
 RED = (255, 0, 0)

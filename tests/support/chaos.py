@@ -31,10 +31,9 @@ from darkroom.storage import S3Store
 from tests.support.faults import FaultProxy, through_proxy
 from tests.support.postgres import TestPostgres
 from tests.support.seaweed import SeaweedServer
-from tests.support.services import DarkroomProcess, free_port, wait_for, wait_past_guard
+from tests.support.services import CORPUS, DarkroomProcess, free_port, wait_for, wait_past_guard
 
 ROOT = Path(__file__).resolve().parents[2]
-CORPUS = ROOT.parent / "shared" / "corpus"
 LEASE = 2.0
 RETRY_BASE = 1.0
 MAX_ATTEMPTS = 8

@@ -28,8 +28,8 @@ from darkroom.storage import ObjectStore
 
 T = TypeVar("T")
 
-# Real photographs (shared/corpus, beside the repository).
-CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
+# Real photographs, kept in the repository (corpus/README.md has their licence).
+CORPUS = Path(__file__).resolve().parents[2] / "corpus"
 
 
 def examples(full: int) -> int:

@@ -38,6 +38,7 @@ test-db: install
 
 lint: install
 	$(BIN)/ruff check darkroom tests bench
+	$(BIN)/lint-imports
 
 typecheck: install
 	$(BIN)/mypy

@@ -34,14 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 from darkroom.errors import DeriveError, ErrorCode
 from darkroom.formats import sniff
+from darkroom.recipe import WEBP_EFFORT, WEBP_QUALITY
 
 if TYPE_CHECKING:
     from darkroom.config import Settings
 
 log = logging.getLogger("darkroom.derive")
-
-WEBP_QUALITY = 80
-WEBP_EFFORT = 4
 
 # Loaders we trust, by libvips class name. Everything else that derives from
 # VipsForeignLoad is blocked. The pyvips-binary build marks none of its loaders
@@ -77,24 +75,6 @@ class Limits:
             max_dimension=settings.max_dimension,
             max_edge=settings.derivative_max_edge,
         )
-
-
-# Bump when the pipeline itself changes what it writes (colour handling, metadata, ...),
-# so that `darkroom rederive --all` takes every derivative made before the change.
-PIPELINE_VERSION = 1
-
-
-def settings_fingerprint(settings: Settings) -> str:
-    """A short digest of everything that shapes a derivative's bytes, stored with each
-    derivative so that `darkroom rederive` finds those made with other settings.
-
-    Input limits (bytes, pixels) are left out: they decide whether a file is derived at
-    all, not what its derivative looks like.
-    """
-    shape = {"pipeline": PIPELINE_VERSION, "max_edge": settings.derivative_max_edge,
-             "format": "webp", "quality": WEBP_QUALITY, "effort": WEBP_EFFORT}
-    digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
-    return digest[:16]
 
 
 @dataclass(frozen=True)

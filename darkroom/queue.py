@@ -27,6 +27,7 @@ from darkroom.card import STATUSES, Card, Event, Priority, Status
 from darkroom.db.database import CONNECTION_ERRORS, Database, Statements
 from darkroom.errors import TRANSIENT_CODES, DarkroomError, ErrorCode
 from darkroom.layout import derived_key, original_key, thumb_key
+from darkroom.recipe import settings_fingerprint
 
 if TYPE_CHECKING:
     from darkroom.config import Settings
@@ -158,14 +159,12 @@ class Queue:
         self.retry_cap_seconds = retry_cap_seconds
         self.worker = worker
         self._rng = rng or random.Random()
-        # The derivative settings this process derives with (derive.settings_fingerprint),
+        # The derivative settings this process derives with (recipe.settings_fingerprint),
         # stored with every derivative it publishes.
         self.fingerprint = fingerprint
 
     @classmethod
     def from_settings(cls, db: Database, settings: Settings, worker: str = "") -> Queue:
-        from darkroom.derive import settings_fingerprint
-
         return cls(
             db,
             lease_seconds=settings.lease_seconds,

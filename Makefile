@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-fast test-db lint typecheck check bench-install clean
+.PHONY: install run test test-fast test-db lint typecheck check docs bench-install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ typecheck: install
 	$(BIN)/mypy
 
 check: lint typecheck test
+
+# README.md's table of settings, made from darkroom/config.py.
+docs: install
+	$(BIN)/python -m tests.docs_sync --write
 
 bench-install: install
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'

@@ -18,6 +18,7 @@ from typing import IO
 from darkroom.config import ConfigError, Settings
 from darkroom.db.connection import database_url
 from darkroom.db.database import opened
+from darkroom.progress import Bar
 from darkroom.queue import Queue
 from darkroom.recipe import settings_fingerprint
 
@@ -55,8 +56,6 @@ async def run(settings: Settings, *, owner: str | None, everyone: bool, dry_run:
 
 async def _wait(queue: Queue, owner: str | None, queued: int) -> None:
     """A progress bar until no re-derive of the scope is waiting or running."""
-    from darkroom.progress import Bar  # noqa: PLC0415
-
     pending = await queue.rederive_pending(owner)
     # Re-derives queued earlier (by another run) count as well: wait for all of them.
     total = max(queued, pending)

@@ -56,6 +56,8 @@ docs: install
 
 bench-install: install
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	# sharp (the engine Immich uses), for bench/engines.py; skipped where npm is missing.
+	if command -v npm >/dev/null 2>&1; then cd bench/engines && npm ci --no-audit --no-fund --silent; fi
 
 clean:
 	rm -rf $(VENV) .darkroom .pytest_cache .mypy_cache .ruff_cache

@@ -8,7 +8,7 @@ import zlib
 
 from PIL import Image
 
-from tests.support.services import CORPUS
+from tests.support.services import CORPUS as CORPUS
 
 CORPUS_IMAGES = sorted(p for p in CORPUS.glob("*") if p.suffix in {".jpg", ".png"})
 
@@ -89,7 +89,7 @@ def heic(image: Image.Image, *, grid_tile: int | None = None, **options: object)
     """A HEIC made by pillow-heif's encoder (x265), not by the decoder under test."""
     import pillow_heif
 
-    saved = pillow_heif.options.GRID_TILE_SIZE if grid_tile is not None else None
+    saved: int = pillow_heif.options.GRID_TILE_SIZE
     if grid_tile is not None:
         pillow_heif.options.GRID_TILE_SIZE = grid_tile
     try:
@@ -124,5 +124,7 @@ def decode_webp(webp: bytes) -> Image.Image:
     return image
 
 
-def close_to(pixel: tuple[int, ...], want: tuple[int, int, int], tolerance: int = 40) -> bool:
+def close_to(pixel: object, want: tuple[int, int, int], tolerance: int = 40) -> bool:
+    """A pixel as Pillow's getpixel answers it, within `tolerance` of `want` per channel."""
+    assert isinstance(pixel, tuple), pixel
     return all(abs(a - b) <= tolerance for a, b in zip(pixel[:3], want, strict=True))

@@ -297,6 +297,11 @@ class Queue:
             "after_id": after[1] if after else None,
         })
 
+    async def get_any_file(self, file_id: uuid.UUID) -> Card | None:
+        """A card whoever owns it (an operator's view)."""
+        rows = await self._cards("get_any_file", {"id": file_id})
+        return rows[0] if rows else None
+
     async def list_rejected(
         self, *, code: str | None = None, limit: int = 50,
         after: tuple[datetime, uuid.UUID] | None = None,

@@ -38,6 +38,19 @@ def _share(value: float | None) -> str:
     return "—" if value is None else f"{value:.1%}"
 
 
+def _pauses(pauses: list[dict[str, Any]]) -> list[str]:
+    """An operator's pauses of claiming (`darkroom pause`), one line each."""
+    if not pauses:
+        return ["claiming paused        no"]
+    lines = []
+    for i, p in enumerate(pauses):
+        scope = ", ".join(x for x in (p["owner"] and f"owner {p['owner']}",
+                                      p["priority"] and f"{p['priority']} cards") if x)
+        lines.append(("claiming paused        " if i == 0 else " " * 23)
+                     + f"{scope or 'every card'} (by {p['paused_by']} since {p['since']})")
+    return lines
+
+
 def render(stats: dict[str, Any]) -> str:
     age = stats["oldest_claimable_age_seconds"]
     lines = ["status       cards"]
@@ -54,6 +67,10 @@ def render(stats: dict[str, Any]) -> str:
         "paused workers         " + (", ".join(stats["paused_workers"]) or "none")
         + ("  (object store failing)" if stats["paused_workers"] else ""),
         f"re-derives pending     {stats['rederive_pending']}",
+        *_pauses(stats["claim_pauses"]),
+        *(["rejected by code       " + ", ".join(
+            f"{code} {n}" for code, n in stats["rejected_by_code"].items())]
+          if stats["rejected_by_code"] else []),
         "",
         "priority     waiting  oldest wait",
     ]

@@ -61,3 +61,12 @@ WHERE status = 'rejected'
        OR (created_at, id) < (%(after_created)s::timestamptz, %(after_id)s::uuid))
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
+
+-- name: get_any_file
+-- One card whoever owns it, deleting ones too: an operator's `darkroom show`.
+SELECT id, owner, filename, content_type, size_bytes, original_key, original_version,
+       original_sha256, status, priority, attempts, error_code, derived_key,
+       derived_version, sha256, width, height, derived_bytes, thumb_key, thumb_version,
+       thumb_sha256, thumb_width, thumb_height, thumb_bytes, thumbhash, created_at,
+       updated_at
+FROM archive_files WHERE id = %(id)s;

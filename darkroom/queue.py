@@ -497,13 +497,17 @@ class Queue:
                            priority: Priority | None = None) -> tuple[ClaimPause, bool]:
         """Stop every worker starting attempts on the cards of this scope (running ones go
         on). Answers the pause in force and whether this call made it; safe to repeat."""
-        rows = await self._rows("pause_claims", {
-            "owner": owner, "priority": None if priority is None else str(priority),
-            "actor": actor})
-        row = rows[0]
-        return (ClaimPause(owner=row["owner"], priority=row["priority"],
-                           paused_by=row["paused_by"], since=row["since"]),
-                bool(row["changed"]))
+        params = {"owner": owner, "priority": None if priority is None else str(priority),
+                  "actor": actor}
+        while True:
+            rows = await self._rows("pause_claims", params)
+            if rows:
+                row = rows[0]
+                return (ClaimPause(owner=row["owner"], priority=row["priority"],
+                                   paused_by=row["paused_by"], since=row["since"]),
+                        bool(row["changed"]))
+            # No row: the same pause was made (or lifted) by a statement that committed
+            # while this one ran, after its snapshot was taken. Asking again sees it.
 
     async def resume_claims(self, *, actor: str, owner: str | None = None,
                             priority: Priority | None = None,

@@ -11,7 +11,7 @@ from darkroom.card import Priority
 from darkroom.errors import ErrorCode
 from darkroom.queue import Status
 from tests.queue.test_protocol import derived_for, expire, new_queued
-from tests.support.services import make_queue
+from tests.support.services import make_queue, wait_for
 
 
 async def test_history_is_in_order_with_attempt_durations_and_pages(pool: Any) -> None:
@@ -116,3 +116,29 @@ async def test_a_paused_priority_and_expired_leases_wait_for_the_resume(
         (None, "bulk"), ("alice", "interactive")]
     await q.resume_claims(actor="t", priority=Priority.BULK)
     assert [lease.file_id for lease in await q.claim(5)] == [bulk.id]
+
+
+async def test_a_pause_racing_the_same_pause_answers_the_one_that_won(
+        pool: Any, db_url: str) -> None:
+    """The same pause committed by another operator while this one waits on it: the
+    answer is that pause (not made by this call), and only one event is written."""
+    import asyncio
+
+    q = make_queue(pool)
+    with psycopg.connect(db_url) as other:
+        other.execute("INSERT INTO claim_pauses (owner, paused_by) VALUES ('alice', 'other')")
+        racing = asyncio.create_task(q.pause_claims(actor="me", owner="alice"))
+
+        def waiting() -> bool:
+            with psycopg.connect(db_url, autocommit=True) as probe:
+                row = probe.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE '%%INSERT INTO claim_pauses%%'").fetchone()
+            return bool(row and row[0])
+
+        await asyncio.to_thread(wait_for, waiting, what="the pause to wait on the other")
+        other.commit()
+    pause, made = await racing
+    assert (pause.owner, pause.paused_by, made) == ("alice", "other", False)
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM claim_pause_events").fetchone() == (0,)

@@ -39,6 +39,8 @@ NOTIFY_CHANNEL = "darkroom_jobs"
 # Owners listed by name in the backlog figures (stats, /v1/queue, /metrics): the rest are
 # summed, so no figure grows with the number of owners.
 TOP_OWNERS = 10
+# The latest pauses and resumes in the queue's health, newest first.
+PAUSE_LOG = 10
 
 
 class ClaimUnknown(DarkroomError):
@@ -555,6 +557,7 @@ class Queue:
         backlog = (await self._rows("backlog", {"top": top}))[0]
         row = (await self._rows("stats", {}))[0]
         pauses = await self.claim_pauses()
+        pause_log = await self._rows("claim_pause_events", {"limit": PAUSE_LOG})
         rejected = await self._rows("rejected_by_code", {})
         counts = {status: 0 for status in STATUSES}
         counts.update({k: int(v) for k, v in row["counts"].items()})
@@ -581,6 +584,9 @@ class Queue:
             "claim_pauses": [
                 {"owner": p.owner, "priority": p.priority, "paused_by": p.paused_by,
                  "since": p.since.isoformat()} for p in pauses],
+            "claim_pause_log": [
+                {"kind": e["kind"], "owner": e["owner"], "priority": e["priority"],
+                 "actor": e["actor"], "at": e["created_at"].isoformat()} for e in pause_log],
             "rejected_by_code": {r["code"]: int(r["n"]) for r in rejected},
         }
 

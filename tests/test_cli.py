@@ -152,4 +152,8 @@ def test_pause_resume_and_show_answer_in_one_line_and_are_safe_to_repeat(
     lifted = darkroom("resume", "--priority", "bulk", env=env)
     assert lifted.returncode == 0 and lifted.stdout.startswith("resumed: bulk cards")
     assert darkroom("resume", "--all", env=env).stdout.startswith("nothing to resume")
-    assert json.loads(darkroom("stats", "--json", env=env).stdout)["claim_pauses"] == []
+    stats = json.loads(darkroom("stats", "--json", env=env).stdout)
+    assert stats["claim_pauses"] == []
+    assert [(e["kind"], e["priority"]) for e in stats["claim_pause_log"]] == [
+        ("resumed", "bulk"), ("paused", "bulk")]  # newest first, a repeat no event
+    assert "last resumed           bulk cards by cli:" in darkroom("stats", env=env).stdout

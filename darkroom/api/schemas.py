@@ -215,6 +215,8 @@ class QueueStats(BaseModel):
     paused_workers: list[str] = Field(default_factory=list)
     claim_pauses: list[ClaimPause] = Field(
         default_factory=list, description="An operator's pauses of claiming in force.")
+    claim_pause_log: list[PauseEvent] = Field(
+        default_factory=list, description="The latest pauses and resumes (10), newest first.")
     rejected_by_code: dict[str, int] = Field(
         default_factory=dict, description="Rejected cards per error code.")
 
@@ -225,6 +227,14 @@ class ClaimPause(BaseModel):
     paused_by: str = Field(description="Who asked: `api:OWNER` of an admin key, or "
                            "`cli:USER@HOST`.")
     since: datetime
+
+
+class PauseEvent(BaseModel):
+    kind: Literal["paused", "resumed"]
+    owner: str | None
+    priority: PriorityName | None
+    actor: str = Field(description="Who asked (as `paused_by`).")
+    at: datetime
 
 
 class PauseScope(BaseModel):

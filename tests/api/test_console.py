@@ -103,7 +103,10 @@ def test_pause_and_resume_routes_are_an_admins_and_show_in_the_queue(local_api: 
         assert c.post("/v1/queue/resume", json={"owner": "alice"}).json() == {"resumed": []}
         lifted = c.post("/v1/queue/resume", json={"owner": "alice", "priority": "bulk"})
         assert [p["owner"] for p in lifted.json()["resumed"]] == ["alice"]
-        assert c.get("/v1/queue").json()["claim_pauses"] == []
+        health = c.get("/v1/queue").json()
+        assert health["claim_pauses"] == []
+        assert [(e["kind"], e["owner"], e["actor"]) for e in health["claim_pause_log"]] == [
+            ("resumed", "alice", "api:root"), ("paused", "alice", "api:root")]
 
 
 def test_rejected_cards_by_code_for_the_owner_and_every_owner_for_an_admin(

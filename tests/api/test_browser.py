@@ -303,6 +303,8 @@ def test_console_for_an_admin_history_rejected_by_code_pause_and_resume(
             paused.get_by_test_id("q-resume").click()
             expect(paused).to_have_count(0, timeout=10_000)
             expect(page.get_by_test_id("q-claiming")).to_have_text("running")
+            expect(page.get_by_test_id("q-pause-log")).to_contain_text(
+                "Last: resumed owner bob by api:root")
 
             page.get_by_test_id("code-filter-clear").click()
             expect(page.get_by_test_id("code-filter")).to_be_hidden()

@@ -831,6 +831,7 @@ async function refreshQueue() {
     $('[data-testid="q-rederive"]').textContent = s.rederive_pending ?? 0;
     renderOwners((s.backlog && s.backlog.top_owners) || []);
     renderPauses(s.claim_pauses || []);
+    renderPauseLog((s.claim_pause_log || [])[0]);
     renderCodes(s.rejected_by_code || {});
     state.admin = true;
     panel.hidden = false;
@@ -879,6 +880,15 @@ function renderPauses(pauses) {
   }));
 }
 
+// The latest pause or resume, and who asked for it.
+function renderPauseLog(last) {
+  const p = $('[data-testid="q-pause-log"]');
+  p.hidden = !last;
+  p.textContent = last
+    ? `Last: ${last.kind} ${pauseScope(last)} by ${last.actor} at ${new Date(last.at).toLocaleTimeString()}`
+    : "";
+}
+
 async function changePause(action, scope, button) {
   const body = {};
   if (scope.owner) body.owner = scope.owner;
@@ -919,6 +929,8 @@ function renderCodes(byCode) {
   $('[data-testid="q-rejected-codes"]').replaceChildren(...items);
 }
 
+// The grid on one code's rejected files. (Once a rejected file can be retried, the
+// selection's "Retry these" belongs beside the filter's text: see index.html.)
 function showRejected(code) {
   state.filter = "rejected";
   state.code = code;

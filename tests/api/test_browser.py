@@ -296,6 +296,7 @@ def test_console_for_an_admin_history_rejected_by_code_pause_and_resume(
             expect(paused).to_contain_text("owner bob", timeout=10_000)
             expect(paused).to_contain_text("api:root")
             expect(page.get_by_test_id("q-claiming")).to_have_text("paused")
+            page.get_by_test_id("queue-panel").screenshot(path="/tmp/darkroom-console-paused.png")
             with api.client(root) as c:
                 assert [(x["owner"], x["priority"], x["paused_by"]) for x in
                         c.get("/v1/queue").json()["claim_pauses"]] == [

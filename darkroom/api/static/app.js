@@ -898,12 +898,14 @@ async function changePause(action, scope, button) {
     // Both are safe to repeat: a pause already in force, or one already lifted, is a no-op.
     await withRetries(() => api("POST", `/v1/queue/${action}`, body));
     consoleError("");
+    return true;
   } catch (_) {
     consoleError(`The ${action} did not go through. Please try again.`);
+    return false;
   } finally {
     button.disabled = false;
+    refreshQueue();
   }
-  refreshQueue();
 }
 
 // Rejected files by code: each opens the grid on every owner's rejected files of that code.
@@ -1046,7 +1048,8 @@ function init() {
     e.preventDefault();
     const owner = $('[data-testid="q-pause-owner"]').value.trim();
     const priority = $('[data-testid="q-pause-priority"]').value;
-    changePause("pause", { owner, priority }, $('[data-testid="q-pause"]'));
+    changePause("pause", { owner, priority }, $('[data-testid="q-pause"]'))
+      .then((done) => { if (done) $('[data-testid="q-pause-owner"]').value = ""; });
   });
 
   const dialog = $('[data-testid="viewer"]');

@@ -75,7 +75,7 @@ class Account:
     name: str
 
 
-def _bin(name: str) -> str:
+def binary(name: str) -> str:
     # Located without importing pgserver, whose import probes and warns about the
     # runtime directory this module exists not to use.
     spec = importlib.util.find_spec("pgserver")
@@ -138,7 +138,7 @@ def _owner_of(pgdata: Path, account: Account | None) -> Account | None:
 def pg_ctl(pgdata: Path, *args: str, check: bool = True, timeout: float = 120) -> int:
     """Run the bundled pg_ctl on `pgdata` as the server's owner; answers its exit code."""
     owner = _owner_of(pgdata, service_account())
-    done = _run(owner, [_bin("pg_ctl"), "-D", str(pgdata), *args], check=False,
+    done = _run(owner, [binary("pg_ctl"), "-D", str(pgdata), *args], check=False,
                 timeout=timeout)
     if check and done.returncode != 0:
         raise ConfigError(f"embedded PostgreSQL in {pgdata}: pg_ctl {args[-1]} failed "
@@ -246,7 +246,7 @@ def _initdb(pgdata: Path, account: Account | None) -> None:
     pwfile = pgdata.with_name(f".{pgdata.name}.initpw")
     _write_owned(pwfile, password + "\n", account)
     try:
-        done = _run(account, [_bin("initdb"), "-D", str(pgdata), "-U", SUPERUSER,
+        done = _run(account, [binary("initdb"), "-D", str(pgdata), "-U", SUPERUSER,
                               "--encoding=utf8", "--auth=scram-sha-256",
                               f"--pwfile={pwfile}"], check=False)
     finally:
@@ -293,7 +293,7 @@ def _make_private(pgdata: Path, account: Account | None) -> None:
         password = secrets.token_urlsafe(32)
         _write_owned(pgdata / PASSFILE, f"*:*:*:{SUPERUSER}:{password}\n", account)
     # Single-user mode: no socket and no listener while the password is set.
-    done = _run(account, [_bin("postgres"), "--single", "-D", str(pgdata),
+    done = _run(account, [binary("postgres"), "--single", "-D", str(pgdata),
                           "-c", "password_encryption=scram-sha-256", "postgres"],
                 input=f"ALTER ROLE {SUPERUSER} PASSWORD '{password}'\n".encode(),
                 check=False)

@@ -39,8 +39,10 @@ import pwd
 import secrets
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
+import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -173,6 +175,11 @@ def _reachable(path: Path, account: Account) -> bool:
 def _prepare_data_dir(pgdata: Path, account: Account | None) -> None:
     data_dir = pgdata.parent
     private_dir(data_dir)
+    # A data dir someone else made (in /tmp, say) stays theirs to open up again: refused.
+    owner = data_dir.stat().st_uid
+    if owner not in (os.geteuid(), account.uid if account else os.geteuid()):
+        raise ConfigError(f"the data dir {data_dir} belongs to another user (uid {owner}); "
+                          f"choose a data dir of your own")
     if account is None:
         return
     for parent in data_dir.parents:
@@ -199,17 +206,47 @@ def _locked(pgdata: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _running_socket_dir(pgdata: Path) -> Path | None:
-    """The socket directory of a server running in `pgdata`, else None."""
-    if pg_ctl(pgdata, "status", check=False, timeout=30) != 0:
-        return None
+def _running_postmaster(pgdata: Path) -> tuple[int, list[str]] | None:
+    """The pid and postmaster.pid lines of a server running in `pgdata`, else None.
+
+    Checked by darkroom itself rather than by `pg_ctl status` as the files' owner: a
+    server made before may belong to a user that can no longer enter the (now private)
+    data dir, and must still be seen, and stopped, before its files are touched.
+    """
     try:
         lines = (pgdata / "postmaster.pid").read_text().splitlines()
-    except FileNotFoundError:
+        pid = int(lines[0])
+    except (FileNotFoundError, ValueError, IndexError):
         return None
-    if len(lines) > 7 and lines[7].strip() != "ready":
+    try:
+        os.kill(pid, 0)
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (ProcessLookupError, FileNotFoundError):
         return None
-    return Path(lines[4].strip()) if len(lines) > 4 and lines[4].strip() else Path("/")
+    except PermissionError:
+        raise ConfigError(f"a PostgreSQL of another user runs in {pgdata}; "
+                          "stop it first") from None
+    # A stale pid file whose pid now belongs to some other process is not a server.
+    try:
+        data = os.fsdecode(args[args.index(b"-D") + 1])
+        if Path(args[0].decode()).name != "postgres" or not os.path.samefile(data, pgdata):
+            return None
+    except (ValueError, IndexError, OSError):
+        return None
+    return pid, lines
+
+
+def _stop(pid: int, pgdata: Path) -> None:
+    """A fast shutdown (what `pg_ctl stop -m fast` sends), waited for."""
+    os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise ConfigError(f"the PostgreSQL running in {pgdata} did not stop within 60 s")
 
 
 def _write_owned(path: Path, data: str, account: Account | None) -> None:
@@ -348,16 +385,17 @@ def start(pgdata: Path, *, stop_on_exit: bool = False) -> Server:
                     raise ConfigError(f"{pgdata} is not empty and holds no PostgreSQL "
                                       "cluster; move it away")
                 _initdb(pgdata, account)
-            socket_dir = _running_socket_dir(pgdata)
-            if not _is_private(pgdata, account) or (
-                    socket_dir is not None and socket_dir != pgdata):
+            running = _running_postmaster(pgdata)
+            ready = running is not None and len(running[1]) > 7 and (
+                running[1][4].strip() == str(pgdata) and running[1][7].strip() == "ready")
+            if running is not None and not (ready and _is_private(pgdata, account)):
                 # Made or started by an earlier darkroom (trust, a shared socket
-                # directory): stop it, then upgrade it in place.
-                if socket_dir is not None:
-                    pg_ctl(pgdata, "-w", "-m", "fast", "stop")
-                    socket_dir = None
+                # directory, another owner): stop it, then upgrade it in place.
+                _stop(running[0], pgdata)
+                running = None
+            if not _is_private(pgdata, account):
                 _make_private(pgdata, account)
-            if socket_dir is None:
+            if running is None:
                 _start(pgdata)
     except subprocess.SubprocessError as exc:
         raise ConfigError(f"embedded PostgreSQL in {pgdata} did not start "

@@ -8,6 +8,7 @@ ordinary user (a throwaway account made for the test when the tests run as root)
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import pwd
@@ -73,6 +74,16 @@ def assert_private(pgdata: Path, before: dict[Path, int]) -> None:
     sockets = [c.laddr for c in server.net_connections(kind="unix") if c.laddr]
     assert sockets == [str(pgdata / ".s.PGSQL.5432")], sockets
     assert server.uids().real != 0
+    # Shared memory: PostgreSQL's POSIX segments and its SysV one, its user's alone.
+    uid = server.uids().real
+    for segment in Path("/dev/shm").glob("PostgreSQL.*"):
+        with contextlib.suppress(FileNotFoundError):
+            info = segment.stat()
+            assert info.st_uid != uid or not info.st_mode & 0o077, segment
+    for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[7]) == uid:  # uid column
+            assert not int(fields[2], 8) & 0o077, line  # perms column
     # Even with the directory's permission, no connection without the password.
     refused = subprocess.run([pg_binary("psql"), f"host={pgdata} user=postgres dbname=postgres",
                               "-c", "select 1"], capture_output=True, text=True, timeout=60,
@@ -227,9 +238,12 @@ def test_a_trust_cluster_made_before_is_upgraded_in_place(base: Path) -> None:
         conn.execute("CREATE TABLE kept (v text)")
         conn.execute("INSERT INTO kept VALUES ('every row')")
     old_uri = old.get_uri()
+    old_server = postmaster(pgdata)
     before = modes(base)
 
     server = embedded.start(pgdata, stop_on_exit=True)
+    # The old server was stopped first: never two postmasters on one cluster.
+    assert not old_server.is_running()
     with psycopg.connect(server.get_uri()) as conn:
         assert conn.execute("SELECT v FROM kept").fetchall() == [("every row",)]
     assert "trust" not in (pgdata / "pg_hba.conf").read_text()
@@ -243,3 +257,21 @@ def test_a_trust_cluster_made_before_is_upgraded_in_place(base: Path) -> None:
     again = embedded.start(pgdata)
     with psycopg.connect(again.get_uri()) as conn:
         assert conn.execute("SELECT count(*) FROM kept").fetchone() == (1,)
+
+
+@needs_root
+def test_a_data_dir_another_user_made_is_refused(base: Path) -> None:
+    """A data dir made in advance by another local user (in /tmp, say) stays theirs to
+    open again, whatever mode darkroom sets: it is refused, not used."""
+    theirs = base / "theirs"
+    theirs.mkdir(mode=0o700)
+    nobody = pwd.getpwnam("nobody")
+    os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
+    done = subprocess.run([sys.executable, "-m", "darkroom.cli", "migrate"],
+                          env={**env, "DARKROOM_DATA_DIR": str(theirs)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "belongs to another user" in lines[0], done.stderr
+    assert not (theirs / "pg").exists()

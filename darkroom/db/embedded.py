@@ -172,8 +172,26 @@ def _reachable(path: Path, account: Account) -> bool:
     return bool(mode & stat.S_IXOTH)
 
 
+def _check_parents(data_dir: Path) -> None:
+    """Refuse a data dir that another local user could move aside and replace (and so
+    hand darkroom a socket and a passfile of their own): every parent must belong to
+    root or to us, and be writable by no one else unless sticky, as /tmp is."""
+    me = os.geteuid()
+    for parent in data_dir.parents:
+        st = parent.stat()
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid not in (0, me):
+            raise ConfigError(f"{parent}, above the data dir, belongs to another user "
+                              f"(uid {st.st_uid}); choose a data dir in directories of "
+                              "your own")
+        if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
+            raise ConfigError(f"{parent}, above the data dir, is writable by other users; "
+                              "choose a data dir in directories of your own")
+
+
 def _prepare_data_dir(pgdata: Path, account: Account | None) -> None:
     data_dir = pgdata.parent
+    _check_parents(data_dir)
     private_dir(data_dir)
     # A data dir someone else made (in /tmp, say) stays theirs to open up again: refused.
     owner = data_dir.stat().st_uid

@@ -275,3 +275,26 @@ def test_a_data_dir_another_user_made_is_refused(base: Path) -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "belongs to another user" in lines[0], done.stderr
     assert not (theirs / "pg").exists()
+
+
+@needs_root
+@pytest.mark.parametrize("parent", ["another user's", "writable by all, not sticky"])
+def test_a_data_dir_under_a_directory_others_control_is_refused(base: Path, parent: str) -> None:
+    """Whoever controls a parent can move the data dir aside and put their own in its
+    place, socket and passfile included: refused, whatever the data dir's own mode."""
+    above = base / "above"
+    above.mkdir()
+    if parent == "another user's":
+        nobody = pwd.getpwnam("nobody")
+        os.chown(above, nobody.pw_uid, nobody.pw_gid)
+        above.chmod(0o755)
+    else:
+        above.chmod(0o777)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
+    done = subprocess.run([sys.executable, "-m", "darkroom.cli", "migrate"],
+                          env={**env, "DARKROOM_DATA_DIR": str(above / "data")},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{above}, above the data dir" in lines[0], done.stderr
+    assert not (above / "data").exists()

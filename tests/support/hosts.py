@@ -162,12 +162,10 @@ class HostProcess:
 
 
 class Postgres:
-    """pgserver's PostgreSQL, moved onto the db host and listening on its address."""
+    """The embedded PostgreSQL, moved onto the db host and listening on its address."""
 
     def __init__(self, net: Network, base: Path) -> None:
-        from pgserver._commands import POSTGRES_BIN_PATH
-
-        self.pg_ctl = str(POSTGRES_BIN_PATH / "pg_ctl")
+        self.pg_ctl = embedded.binary("pg_ctl")
         self.net, self.pgdata = net, base / "pg"
         # darkroom's embedded start creates the cluster (as its unprivileged user when
         # root), then it is stopped and started again inside the db namespace.

@@ -1,4 +1,4 @@
-"""A real PostgreSQL for the tests: the embedded pgserver one, or DARKROOM_TEST_DATABASE_URL.
+"""A real PostgreSQL for the tests: darkroom's embedded one, or DARKROOM_TEST_DATABASE_URL.
 
 Each test gets a database of its own, cloned from a migrated template, so no test can see
 another's rows or depend on another's order. The clones are made one test ahead, and
@@ -68,8 +68,9 @@ class TestPostgres:
     def stop(self) -> None:
         """Stop our own server and delete its files; an external server is left alone.
 
-        Explicitly, at the end of the session: pgserver's own clean-up at exit misses a
-        server that `restart` has given a new postmaster, and it would outlive the tests.
+        Explicitly, at the end of the session, with the server's files: nothing else
+        would stop it (a `restart` gives it a new postmaster), and it would outlive the
+        tests.
         """
         self._close_maker()
         if self.pgdata is None:

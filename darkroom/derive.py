@@ -229,7 +229,10 @@ def _load_header(vips: Any, kind: str, data: bytes, jpeg_shrink: int = 1,
     if kind == "gif":
         return vips.Image.gifload_buffer(data, n=1, **common)
     if kind == "avif":
-        # The primary image only; libheif reports a grid's full (output) size here.
+        # The primary image only; libheif reports a grid's full (output) size here. Its
+        # `thumbnail` option is not shrink-on-load: it swaps in the file's own thumbnail,
+        # small and chosen by the file (it need not show the primary image), so AVIF's
+        # cost is bounded by check_density instead.
         return vips.Image.heifload_buffer(data, n=1, **common)
     if kind == "tiff":
         return vips.Image.tiffload_buffer(data, page=0, n=1, **common)

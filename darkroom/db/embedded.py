@@ -15,12 +15,14 @@ The server is private to whoever runs darkroom, by construction:
   one line), which lives in a 0600 pgpass file in the cluster directory and reaches
   clients as a `passfile` path, never in a URL or a log line;
 - no directory's mode is ever widened: the data dir is made or narrowed to 0700 and its
-  parents are left alone.
+  parents are left alone; a data dir of another user, or under a directory another user
+  owns or may write to, is refused (they could swap in one of their own).
 
 PostgreSQL refuses to run as root. When darkroom runs as root, the server runs as the
 unprivileged system user `darkroom` (created if missing), which then owns the data dir
-(mode still 0700); a data dir that user cannot reach through its parents' own modes (the
-default `/root/.darkroom`, say) is refused with one line instead of opened up.
+(mode still 0700); a data dir, or an installation of the server's programs, that user
+cannot reach through its parents' own modes (anything under `/root`, say) is refused with
+one line instead of opened up.
 
 The pgserver Python wrapper is not used: it initialises with trust authentication, moves
 a long socket path to a world-writable runtime directory, and adds o+rx to every parent.
@@ -207,6 +209,15 @@ def _prepare_data_dir(pgdata: Path, account: Account | None) -> None:
                 f"which cannot enter {parent} (darkroom widens no directory's mode): set "
                 f"DARKROOM_DATA_DIR to a directory outside it (e.g. /var/lib/darkroom), "
                 f"run darkroom as an unprivileged user, or set DARKROOM_DATABASE_URL")
+    # The server's own programs too: a virtualenv under /root is out of its reach.
+    install = Path(binary("postgres")).parent.parent
+    for parent in (install, *install.parents):
+        if not _reachable(parent, account):
+            raise ConfigError(
+                f"running as root, the embedded PostgreSQL runs as user {account.name!r}, "
+                f"which cannot enter {parent} to run its programs (darkroom widens no "
+                f"directory's mode): install darkroom outside it, run darkroom as an "
+                f"unprivileged user, or set DARKROOM_DATABASE_URL")
     st = data_dir.stat()
     if (st.st_uid, st.st_gid) != (account.uid, account.gid):
         os.chown(data_dir, account.uid, account.gid)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,17 +28,15 @@ def darkroom(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
 
 @pytest.fixture
 def data_dir() -> Iterator[Path]:
-    # Readable by the unprivileged user the embedded server runs as when tests run as root.
+    # Not under pytest's tmp dirs, which are private to root: the embedded server runs as
+    # the unprivileged `darkroom` user when the tests run as root.
     base = Path(tempfile.mkdtemp(prefix="darkroom-cli-"))
     base.chmod(0o755)
     yield base / "data"
-    pgdata = base / "data" / "pg"
-    if (pgdata / "postmaster.pid").exists():
-        from pgserver._commands import POSTGRES_BIN_PATH
+    from darkroom.db import embedded
 
-        subprocess.run([str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(pgdata), "-w", "stop"],
-                       user="pgserver" if os.geteuid() == 0 else None, check=False,
-                       capture_output=True, timeout=60)
+    embedded.remove(base / "data" / "pg")
+    shutil.rmtree(base, ignore_errors=True)
 
 
 def test_migrate_and_stats_share_the_embedded_database(data_dir: Path) -> None:

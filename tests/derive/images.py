@@ -48,6 +48,17 @@ def png_zlib_bomb(width: int, height: int) -> bytes:
     )
 
 
+def flat(width: int, height: int, suffix: str, **options: object) -> bytes:
+    """One colour, any size, encoded by libvips: its pixels are never all in memory, so
+    a 50 MP header costs the test little. `suffix` picks the saver (".webp", ".png")."""
+    import pyvips
+
+    image = pyvips.Image.black(width, height).new_from_image([200, 30, 30])
+    image = image.cast("uchar").copy(interpretation="srgb")
+    data: bytes = image.write_to_buffer(suffix, **options)
+    return data
+
+
 def save(image: Image.Image, fmt: str, **options: object) -> bytes:
     buf = io.BytesIO()
     image.save(buf, fmt, **options)

@@ -22,7 +22,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DARKROOM_", extra="ignore", frozen=True)
 
     database_url: str | None = Field(None,
-        description="PostgreSQL URL; unset: the `pgserver` one in `$DARKROOM_DATA_DIR/pg`",
+        description=("PostgreSQL URL (a libpq host list may name several hosts); unset: a "
+                     "private one in `$DARKROOM_DATA_DIR/pg` (password, socket only)"),
         json_schema_extra={"shown": "embedded"})
     storage_url: str | None = Field(None,
         description="`file:///abs/dir` or `s3://bucket/prefix`",

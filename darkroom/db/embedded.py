@@ -35,6 +35,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import functools
+import hashlib
 import importlib.util
 import os
 import pwd
@@ -44,6 +46,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import tempfile
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -79,14 +82,51 @@ class Account:
     name: str
 
 
+# Where root keeps its own copy of PostgreSQL's programs when the service user cannot
+# reach the copy in darkroom's environment (a virtualenv under /root, say): root-owned,
+# writable by root alone, readable by all, as a package manager would install them.
+SHARED_INSTALLS = Path("/var/lib/darkroom")
+
+
 def binary(name: str) -> str:
+    return str(_install() / "bin" / name)
+
+
+@functools.cache
+def _install() -> Path:
+    """PostgreSQL's program tree: the pgserver wheel's, or, as root when the service user
+    cannot traverse to it, a copy of it that it can (no directory's mode is widened)."""
     # Located without importing pgserver, whose import probes and warns about the
     # runtime directory this module exists not to use.
     spec = importlib.util.find_spec("pgserver")
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError("the embedded PostgreSQL needs the pgserver package; "
                           "install darkroom's dependencies or set DARKROOM_DATABASE_URL")
-    return str(Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin" / name)
+    wheel = Path(next(iter(spec.submodule_search_locations))) / "pginstall"
+    account = service_account()
+    if account is None or all(_reachable(p, account) for p in (wheel, *wheel.parents)):
+        return wheel
+    # Named by the server program's bytes: another build gets a copy of its own.
+    with (wheel / "bin" / "postgres").open("rb") as program:
+        digest = hashlib.file_digest(program, "sha256").hexdigest()[:16]
+    # The programs find their shared libraries beside the package (pgserver.libs, by a
+    # relative rpath), so the copy keeps both where they stand to each other.
+    copy = SHARED_INSTALLS / f"postgresql-{digest}"
+    if not (copy / "pgserver" / "pginstall" / "bin" / "postgres").exists():
+        SHARED_INSTALLS.mkdir(mode=0o755, parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".postgresql-", dir=SHARED_INSTALLS))
+        tree = staging / "tree"
+        shutil.copytree(wheel, tree / "pgserver" / "pginstall", symlinks=True)
+        libs = wheel.parent.parent / "pgserver.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, tree / "pgserver.libs", symlinks=True)
+        for path in (tree, *tree.rglob("*")):
+            if not path.is_symlink():
+                path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+        with contextlib.suppress(OSError):  # another start made it first: the same tree
+            tree.rename(copy)
+        shutil.rmtree(staging, ignore_errors=True)
+    return copy / "pgserver" / "pginstall"
 
 
 def service_account() -> Account | None:

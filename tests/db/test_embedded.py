@@ -298,3 +298,36 @@ def test_a_data_dir_under_a_directory_others_control_is_refused(base: Path, pare
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{above}, above the data dir" in lines[0], done.stderr
     assert not (above / "data").exists()
+
+
+@needs_root
+def test_as_root_programs_out_of_the_service_users_reach_are_copied_not_widened(
+        base: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """darkroom installed under /root (0700): the server still starts, from a root-owned
+    copy of its programs that the service user can reach, and /root stays closed."""
+    hidden = Path(tempfile.mkdtemp(prefix="darkroom-hidden-", dir="/root"))
+    try:
+        wheels = tmp_path_factory.mktemp("wheel")
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d",
+                        str(wheels), "pgserver"], check=True, timeout=300)
+        subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                        str(hidden / "site"), *map(str, wheels.iterdir())], check=True,
+                       timeout=300)
+        before = modes(hidden)
+        data = base / "data"
+        program = ("import sys; from pathlib import Path; from darkroom.db import embedded; "
+                   "s = embedded.start(Path(sys.argv[1])); print(embedded.binary('postgres')); "
+                   "s.cleanup()")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
+        done = subprocess.run([sys.executable, "-c", program, str(data / "pg")],
+                              env={**env, "PYTHONPATH": f"{hidden / 'site'}"},
+                              capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr
+        used = Path(done.stdout.strip().splitlines()[-1])
+        assert used.is_relative_to(embedded.SHARED_INSTALLS), used
+        assert modes(hidden) == before  # nothing above the wheel was opened up
+        for path in (used, *used.parents):
+            st = path.stat()
+            assert st.st_uid == 0 and not stat.S_IMODE(st.st_mode) & 0o022, path
+    finally:
+        shutil.rmtree(hidden, ignore_errors=True)

@@ -1,10 +1,10 @@
 """The decoder jail, proven against the real child: one test per protection.
 
 The state tests read what the kernel says about the live child (`/proc/<child>/status`,
-`limits`, `environ`, `ns/net`, `fd`, `cwd`). The hostile tests turn the child into a
-compromised decoder (DARKROOM_SANDBOX_TEST_HOSTILE): instead of decoding it tries an
-attack and answers what happened, and the parent must record an ordinary outcome for the
-file (`processing_failed`) and go on decoding.
+`limits`, `environ`, `ns/net`, `fd`, `cwd`). The hostile tests run a compromised decoder
+through the same jail (`tests/derive/hostile_child.py`, given as the child program):
+instead of decoding it tries an attack and answers what happened, and the parent must
+record an ordinary outcome for the file (`processing_failed`) and go on decoding.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ from darkroom.derive import Limits, _vips, derive
 from darkroom.errors import DeriveError, ErrorCode
 from darkroom.jail import KILLED, PROTECTIONS, SYSCALLS
 from darkroom.sandbox import (
-    TEST_HOSTILE_ENV,
+    DECODER,
     DecoderProcess,
     child_environment,
     jail_log_fields,
     probe_jail,
 )
 from tests.derive import images as im
+from tests.derive.hostile_child import hostile
 
 DUNE = (im.CORPUS / "Dune.jpg").read_bytes()
 LIMITS = Limits.from_settings(load_settings())
@@ -76,11 +77,9 @@ def limit(pid: int, name: str) -> tuple[str, str]:
     raise AssertionError(f"no {name} in limits")
 
 
-def hostile(monkeypatch: pytest.MonkeyPatch, action: str, **extra: str) -> DecoderProcess:
-    monkeypatch.setenv(TEST_HOSTILE_ENV, action)
-    for key, value in extra.items():
-        monkeypatch.setenv(f"{TEST_HOSTILE_ENV}_{key.upper()}", value)
-    return DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024)
+def compromised(action: str, *args: str) -> DecoderProcess:
+    """A decoder child that an image has taken over: it tries `action` on every job."""
+    return DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024, program=hostile(action, *args))
 
 
 def attack(proc: DecoderProcess) -> DeriveError:
@@ -214,9 +213,8 @@ def test_every_decode_path_works_inside_the_jail(jailed: DecoderProcess) -> None
 # -- a compromised decoder: each attack is refused, the file gets an ordinary outcome ----
 
 
-def test_hostile_reading_secrets_finds_none(monkeypatch: pytest.MonkeyPatch,
-                                            secrets: dict[str, str]) -> None:
-    with hostile(monkeypatch, "environ") as proc:
+def test_hostile_reading_secrets_finds_none(secrets: dict[str, str]) -> None:
+    with compromised("environ") as proc:
         detail = attack(proc).detail
         pid = proc.pid
         assert "parent environ: refused" in detail
@@ -227,13 +225,13 @@ def test_hostile_reading_secrets_finds_none(monkeypatch: pytest.MonkeyPatch,
         assert proc.pid == pid
 
 
-def test_hostile_tcp_socket_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hostile_tcp_socket_is_refused() -> None:
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         listener.setblocking(False)
         port = listener.getsockname()[1]
-        with hostile(monkeypatch, "socket", port=str(port)) as proc:
+        with compromised("socket", str(port)) as proc:
             detail = attack(proc).detail
         assert "socket: refused (EPERM)" in detail
         assert "connect: refused" in detail
@@ -241,10 +239,9 @@ def test_hostile_tcp_socket_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
             listener.accept()  # no connection ever arrived
 
 
-def test_hostile_file_write_is_refused(monkeypatch: pytest.MonkeyPatch,
-                                       open_dir: Path) -> None:
+def test_hostile_file_write_is_refused(open_dir: Path) -> None:
     target = open_dir / "pwned"
-    with hostile(monkeypatch, "write", path=str(target)) as proc:
+    with compromised("write", str(target)) as proc:
         detail = attack(proc).detail
     assert "write: refused (EPERM)" in detail
     assert "write cwd: refused (EPERM)" in detail
@@ -252,27 +249,27 @@ def test_hostile_file_write_is_refused(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_hostile_exec_kills_the_child_and_the_next_file_is_fine(
-        monkeypatch: pytest.MonkeyPatch, open_dir: Path) -> None:
+        open_dir: Path) -> None:
     target = open_dir / "pwned-by-sh"
-    with hostile(monkeypatch, "exec", path=str(target)) as proc:
+    with compromised("exec", str(target)) as proc:
         detail = attack(proc).detail
         first = proc.pid
         assert "SIGSYS" in detail  # KILL_PROCESS: no shell ever ran
         assert not target.exists()
-        monkeypatch.delenv(TEST_HOSTILE_ENV)
+        proc.program = DECODER
         assert proc.derive(DUNE).width > 0  # a fresh child took over
         assert proc.pid != first
 
 
-def test_hostile_ptrace_of_the_worker_kills_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
-    with hostile(monkeypatch, "ptrace") as proc:
+def test_hostile_ptrace_of_the_worker_kills_the_child() -> None:
+    with compromised("ptrace") as proc:
         detail = attack(proc).detail
     assert "SIGSYS" in detail
     assert status(os.getpid())["TracerPid"] == "0"
 
 
-def test_hostile_fork_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    with hostile(monkeypatch, "fork") as proc:
+def test_hostile_fork_is_refused() -> None:
+    with compromised("fork") as proc:
         detail = attack(proc).detail
     assert detail == "fork: refused (EPERM)"
 

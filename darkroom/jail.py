@@ -92,16 +92,16 @@ _CLONE_THREAD = 0x00010000
 _O_TMPFILE_BIT = getattr(os, "O_TMPFILE", 0o20200000) & ~os.O_DIRECTORY
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND | _O_TMPFILE_BIT
 
-# The seccomp allow-list, one group per reason. Calls with argument conditions (opening
-# files, clone, signals, prctl, prlimit) are added in `_seccomp_filter`.
+# The seccomp allow-list, one group per reason: calls that reach nothing outside the
+# child whatever their arguments. Calls whose arguments could reach outside it are in
+# `FILTERED`, allowed only with the arguments that cannot.
 SYSCALLS: dict[str, tuple[str, ...]] = {
-    # The allocator and libvips' tile caches.
-    "memory": ("brk", "mmap", "munmap", "mremap", "mprotect", "madvise", "membarrier"),
-    # libvips' worker threads and Python's GIL; new threads only (see clone below).
+    # The allocator and libvips' tile caches. mmap and mprotect are in FILTERED.
+    "memory": ("brk", "munmap", "mremap", "madvise", "membarrier"),
+    # libvips' worker threads and Python's GIL; new threads only (clone is in FILTERED).
     "threads": (
-        "futex", "futex_waitv", "set_robust_list", "get_robust_list", "rseq",
-        "set_tid_address", "gettid", "sched_yield", "sched_getaffinity", "exit",
-        "exit_group", "restart_syscall",
+        "futex", "futex_waitv", "set_robust_list", "rseq", "set_tid_address", "gettid",
+        "sched_yield", "exit", "exit_group", "restart_syscall",
     ),
     "signals": (
         "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "sigaltstack", "rt_sigsuspend",
@@ -111,23 +111,112 @@ SYSCALLS: dict[str, tuple[str, ...]] = {
         "clock_gettime", "clock_getres", "clock_nanosleep", "nanosleep", "gettimeofday",
         "time", "getrusage", "times",
     ),
-    # The request and response pipes, stderr, and files already open read-only.
+    # The request and response pipes, stderr, and files already open read-only. fcntl is
+    # in FILTERED.
     "descriptors": (
         "read", "readv", "pread64", "preadv", "preadv2", "write", "writev", "close",
-        "fstat", "lseek", "fcntl", "dup", "dup2", "dup3", "poll", "ppoll", "select",
-        "pselect6",
+        "fstat", "lseek", "dup", "dup2", "dup3", "poll", "ppoll", "select", "pselect6",
     ),
-    # Python's lazy imports and error formatting read source files; nothing may write.
+    # Python's error formatting stats source files; Landlock refuses their contents.
     "read_only_files": (
         "stat", "lstat", "newfstatat", "statx", "access", "faccessat", "faccessat2",
         "readlink", "readlinkat", "getcwd", "getdents64",
     ),
     "identity": (
         "getpid", "getppid", "getuid", "geteuid", "getgid", "getegid", "getresuid",
-        "getresgid", "getgroups", "uname", "getrandom", "sysinfo", "getpriority",
-        "getrlimit",
+        "getresgid", "getgroups", "uname", "getrandom", "sysinfo", "getrlimit",
     ),
 }
+
+# Argument values the filter compares with. `SELF` is the child's own pid, as the kernel
+# sees it from inside the child, filled in when the filter is built.
+SELF = -1
+_F_DUPFD, _F_GETFD, _F_SETFD, _F_GETFL, _F_SETFL, _F_DUPFD_CLOEXEC = 0, 1, 2, 3, 4, 1030
+_O_ASYNC = 0o20000
+_PROT_EXEC = 4
+_PRIO_PROCESS = 0
+# clone flags a thread never needs: new namespaces, a traced, untraced or vfork child, a
+# sibling of the caller (CLONE_PARENT), a pidfd. Masked with CLONE_THREAD, which must be set.
+_CLONE_FORBIDDEN = (
+    _CLONE_THREAD | _CLONE_NEWNS | _CLONE_NEWUSER | _CLONE_NEWNET
+    | 0x00001000  # CLONE_PIDFD
+    | 0x00002000  # CLONE_PTRACE
+    | 0x00004000  # CLONE_VFORK
+    | 0x00008000  # CLONE_PARENT
+    | 0x00800000  # CLONE_UNTRACED
+    | 0x02000000  # CLONE_NEWCGROUP
+    | 0x04000000  # CLONE_NEWUTS
+    | 0x08000000  # CLONE_NEWIPC
+    | 0x20000000  # CLONE_NEWPID
+)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One seccomp rule: `syscall` is allowed (or answers `action`) when every condition
+    holds. A condition is (argument index, value, mask): `arg & mask == value`, or
+    `arg == value` when mask is 0."""
+
+    syscall: str
+    why: str
+    when: tuple[tuple[int, int, int], ...] = ()
+    action: str = "allow"  # or "enosys": glibc then falls back to an older call
+
+
+# Every call whose arguments could reach outside the child, with the arguments it may
+# take and why. Several rules for one call are alternatives.
+FILTERED: tuple[Rule, ...] = (
+    # Descriptors: F_SETOWN/F_SETSIG/O_ASYNC would let the kernel signal any process with
+    # the child's rights when the worker reads its pipe; leases and pipe sizes reach the
+    # files' other holders. Python and glibc need only these.
+    Rule("fcntl", "close-on-exec and status flags of its own descriptors",
+         ((1, _F_GETFD, 0),)),
+    Rule("fcntl", "close-on-exec flag", ((1, _F_SETFD, 0),)),
+    Rule("fcntl", "status flags (Python checks blocking mode)", ((1, _F_GETFL, 0),)),
+    Rule("fcntl", "status flags, never O_ASYNC (signal delivery on I/O)",
+         ((1, _F_SETFL, 0), (2, 0, _O_ASYNC))),
+    Rule("fcntl", "duplicating a descriptor", ((1, _F_DUPFD, 0),)),
+    Rule("fcntl", "duplicating a descriptor, close-on-exec", ((1, _F_DUPFD_CLOEXEC, 0),)),
+    # Files: read-only opens only (Landlock refuses the contents anyway). openat2 hides
+    # its flags in a struct seccomp cannot read.
+    Rule("open", "read-only opens", ((1, 0, _WRITE_FLAGS),)),
+    Rule("openat", "read-only opens", ((2, 0, _WRITE_FLAGS),)),
+    Rule("openat2", "flags in a struct: glibc falls back to openat", action="enosys"),
+    # Memory: no new executable pages, so injected bytes cannot be made code.
+    Rule("mmap", "memory, never executable", ((2, 0, _PROT_EXEC),)),
+    Rule("mprotect", "page protection, never executable", ((2, 0, _PROT_EXEC),)),
+    # Threads but no processes, no namespaces, no tracing. clone3's flags are in a struct
+    # too: ENOSYS makes glibc use clone.
+    Rule("clone", "threads only", ((0, _CLONE_THREAD, _CLONE_FORBIDDEN),)),
+    Rule("clone3", "flags in a struct: glibc falls back to clone", action="enosys"),
+    # Signals to itself only (abort, raise, Python's signal handling).
+    Rule("kill", "signals to itself", ((0, SELF, 0),)),
+    Rule("tgkill", "signals to its own threads", ((0, SELF, 0),)),
+    # Its own scheduling and limits only, never another process's.
+    Rule("sched_getaffinity", "its own CPU set (glib counts processors)", ((0, 0, 0),)),
+    Rule("sched_getaffinity", "its own CPU set, by pid", ((0, SELF, 0),)),
+    Rule("get_robust_list", "its own robust futex list", ((0, 0, 0),)),
+    Rule("getpriority", "its own niceness", ((0, _PRIO_PROCESS, 0), (1, 0, 0))),
+    Rule("prlimit64", "its own resource limits", ((0, 0, 0),)),
+    # Thread names (glib names libvips' workers) and reading no_new_privs; nothing else
+    # (PR_SET_PDEATHSIG, PR_SET_PTRACER, PR_SET_MM … reach or expose other processes).
+    Rule("prctl", "naming its threads", ((0, _PR_SET_NAME, 0),)),
+    Rule("prctl", "reading a thread's name", ((0, _PR_GET_NAME, 0),)),
+    Rule("prctl", "reading no_new_privs", ((0, _PR_GET_NO_NEW_PRIVS, 0),)),
+)
+
+# Refused (EPERM, the default) although a decoder might seem to want them, and why.
+REFUSED: dict[str, str] = {
+    "ioctl": "no terminal or device: every request reaches a driver",
+    "tkill": "a thread id alone may name another process; glibc uses tgkill",
+    "rt_sigqueueinfo": "signals with a payload: not needed, could name other processes",
+    "rt_tgsigqueueinfo": "as rt_sigqueueinfo",
+    "pkey_mprotect": "could make pages executable around the mprotect rule",
+    "socket": "no network",
+    "fork": "no processes",
+    "vfork": "no processes",
+}
+
 # Only an exploit makes these: the child dies with SIGSYS instead of getting an error.
 KILLED: tuple[str, ...] = (
     "execve", "execveat", "ptrace", "process_vm_readv", "process_vm_writev",
@@ -346,22 +435,13 @@ def _seccomp_filter() -> Any:
             add(sc.ALLOW, name)
     for name in KILLED:
         add(sc.KILL_PROCESS, name)
-    # Files: read-only opens only. openat2 hides its flags in a struct seccomp cannot
-    # read, so it answers ENOSYS and glibc falls back to openat.
-    read_only = sc.Arg(1, sc.MASKED_EQ, _WRITE_FLAGS, 0)
-    add(sc.ALLOW, "open", read_only)
-    add(sc.ALLOW, "openat", sc.Arg(2, sc.MASKED_EQ, _WRITE_FLAGS, 0))
-    add(sc.ERRNO(errno.ENOSYS), "openat2")
-    # Threads but no processes: clone must carry CLONE_THREAD (fork and vfork are
-    # EPERM). clone3's flags are in a struct too; ENOSYS makes glibc use clone.
-    add(sc.ALLOW, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, _CLONE_THREAD))
-    add(sc.ERRNO(errno.ENOSYS), "clone3")
-    # Signals to itself only (abort, Python's signal handling), never to a neighbour.
-    pid = os.getpid()
-    for name in ("kill", "tgkill"):
-        add(sc.ALLOW, name, sc.Arg(0, sc.EQ, pid))
-    # Thread names (glib names libvips' workers) and its own resource limits only.
-    for option in (_PR_SET_NAME, _PR_GET_NAME, _PR_GET_NO_NEW_PRIVS):
-        add(sc.ALLOW, "prctl", sc.Arg(0, sc.EQ, option))
-    add(sc.ALLOW, "prlimit64", sc.Arg(0, sc.EQ, 0))
+    own_pid = os.getpid()
+    for rule in FILTERED:
+        conditions = []
+        for index, value, mask in rule.when:
+            value = own_pid if value == SELF else value
+            conditions.append(sc.Arg(index, sc.MASKED_EQ, mask, value) if mask
+                              else sc.Arg(index, sc.EQ, value))
+        action = sc.ALLOW if rule.action == "allow" else sc.ERRNO(errno.ENOSYS)
+        add(action, rule.syscall, *conditions)
     return syscall_filter

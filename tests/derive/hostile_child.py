@@ -130,7 +130,9 @@ def report(action: str, args: list[str]) -> str:
     if action == "exec-memory":
         return attempt("mmap rwx", _mmap_exec) + "; " + attempt("mprotect rwx", _mprotect_exec)
     if action == "read":
-        return "; ".join(attempt(f"read {path}", lambda p=path: _read(p)) for path in args)
+        # By position: the parent bounds the detail, and paths are long.
+        return "; ".join(attempt(f"read #{i}", lambda p=path: _read(p))
+                         for i, path in enumerate(args))
     if action == "proc":
         return attempt("list /proc", lambda: len(os.listdir("/proc"))) + "; " + attempt(
             "parent status", lambda: Path(f"/proc/{os.getppid()}/status").read_text()[:40])

@@ -9,12 +9,16 @@ record an ordinary outcome for the file (`processing_failed`) and go on decoding
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -351,3 +355,209 @@ def test_an_exposed_worker_makes_itself_non_dumpable() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.split() == ["True", "0"]
+
+
+# -- a compromised decoder against its siblings, the worker and the files around it -----
+
+
+class _LineSeen(logging.Handler):
+    """Set when the worker's drain thread has read `text` from a child's stderr."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.seen = text, threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+@pytest.fixture
+def sibling() -> Iterator[DecoderProcess]:
+    """A live decoder child of the same worker, as another slot's would be."""
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) as proc:
+        proc.derive(DUNE)
+        yield proc
+
+
+def test_hostile_f_setown_cannot_make_the_worker_kill_a_sibling(
+        sibling: DecoderProcess) -> None:
+    # F_SETOWN + F_SETSIG(SIGKILL) + O_ASYNC on its stderr pipe: when the worker reads the
+    # next line, the kernel would send SIGKILL to the named process with the child's rights.
+    victim = child_pid(sibling)
+    line = _LineSeen("hostile: the worker reads this line")
+    child_log = logging.getLogger("darkroom.sandbox.child")
+    child_log.addHandler(line)
+    try:
+        with compromised("setown", str(victim)) as proc:
+            detail = attack(proc).detail
+            assert line.seen.wait(10), "the worker never read the child's line"
+    finally:
+        child_log.removeHandler(line)
+    assert "F_SETOWN: refused (EPERM)" in detail
+    assert "F_SETSIG: refused (EPERM)" in detail
+    assert "O_ASYNC: refused (EPERM)" in detail
+    assert sibling.derive(DUNE).width == 1680  # the same sibling, alive, answers
+    assert child_pid(sibling) == victim
+
+
+def test_hostile_kill_reaches_no_sibling_nor_the_worker(sibling: DecoderProcess) -> None:
+    victim = child_pid(sibling)
+    with compromised("kill", str(victim), str(os.getpid())) as proc:
+        detail = attack(proc).detail
+    assert f"kill {victim}: refused (EPERM)" in detail
+    assert f"kill {os.getpid()}: refused (EPERM)" in detail
+    assert sibling.derive(DUNE).width == 1680 and child_pid(sibling) == victim
+
+
+def test_hostile_cannot_map_executable_memory() -> None:
+    with compromised("exec-memory") as proc:
+        detail = attack(proc).detail
+    assert "mmap rwx: refused (EPERM)" in detail
+    assert "mprotect rwx: refused (EPERM)" in detail
+
+
+def test_hostile_sees_no_process() -> None:
+    with compromised("proc") as proc:
+        detail = attack(proc).detail
+    assert "list /proc: done 0" in detail or "list /proc: refused" in detail
+    assert "parent status: refused" in detail
+
+
+def service_files(root: Path, owner: int | None = None) -> dict[str, Path]:
+    """What lies around a worker: its data directory (0700) with the admin key file and
+    the local store's originals of several owners, PostgreSQL's data directory (0700),
+    and a world-readable file beside them."""
+    data, pgdata = root / "data", root / "pgdata"
+    files = {
+        "key file": data / "admin.key",
+        "another owner's original": data / "store" / "owner-b" / "original.jpg",
+        "data dir": data,
+        "postgres file": pgdata / "PG_VERSION",
+        "world-readable file": root / "public.txt",
+    }
+    for path in (data / "store" / "owner-b", pgdata):
+        path.mkdir(parents=True, exist_ok=True)
+    files["key file"].write_text("admin-key-hunter2")
+    files["another owner's original"].write_bytes(DUNE[:100])
+    files["postgres file"].write_text("16")
+    files["world-readable file"].write_text("public-hunter2")
+    for path in (data, data / "store", data / "store" / "owner-b", pgdata):
+        path.chmod(0o700)
+    for path in (files["key file"], files["postgres file"]):
+        path.chmod(0o600)
+    files["another owner's original"].chmod(0o644)
+    files["world-readable file"].chmod(0o644)
+    root.chmod(0o755)
+    if owner is not None:
+        for path in (root, *root.rglob("*")):
+            os.chown(path, owner, owner)
+    return files
+
+
+@pytest.fixture
+def host_dir() -> Iterator[Path]:
+    """A directory every user may traverse, as the parents of a service's files are."""
+    path = Path(tempfile.mkdtemp(prefix="darkroom-host-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def test_hostile_reads_nothing_around_it(host_dir: Path) -> None:
+    root = host_dir
+    files = service_files(root)
+    targets = [*map(str, files.values()), "/etc/passwd", str(Path(__file__))]
+    with compromised("read", *targets) as proc:
+        detail = attack(proc).detail
+    for i, target in enumerate(targets):
+        assert f"read #{i}: refused" in detail, (target, detail)
+    assert "hunter2" not in detail and "root:" not in detail
+
+
+NON_ROOT_UID = 4242
+NON_ROOT_SCRIPT = """
+import os, sys
+from darkroom.config import load_settings
+from darkroom.derive import Limits
+from darkroom.errors import DeriveError
+from darkroom.sandbox import DecoderProcess
+from tests.derive.hostile_child import hostile
+limits = Limits.from_settings(load_settings())
+# The worker's own user reads all of them: only the jail may stand in the way.
+for path in sys.argv[2:]:
+    if not os.path.isdir(path):
+        open(path, "rb").close()
+with DecoderProcess(limits, timeout=30.0, memory_mb=1024,
+                    program=hostile("read", *sys.argv[2:])) as proc:
+    try:
+        proc.derive(open(sys.argv[1], "rb").read())
+    except DeriveError as exc:
+        print(exc.detail)
+"""
+
+
+def non_root_env(home: Path) -> dict[str, str]:
+    # This checkout and its packages, importable by an interpreter outside the venv.
+    paths = [str(Path(__file__).resolve().parents[2]), sysconfig.get_paths()["purelib"]]
+    return {"PATH": os.environ.get("PATH", ""), "HOME": str(home),
+            "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def python_for(as_user: list[str]) -> str:
+    """An interpreter of this version that the other user may run (a venv's may live in a
+    private home), able to start a child as the worker does."""
+    spawn = "import subprocess, sys, pyvips; subprocess.run([sys.executable, '-c', ''], check=True)"
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for python in (sys.executable, shutil.which(version, path="/usr/local/bin:/usr/bin")):
+        if python and not subprocess.run([*as_user, python, "-c", spawn], capture_output=True,
+                                         cwd="/", env=non_root_env(Path("/")),
+                                         check=False).returncode:
+            return python
+    pytest.skip("no Python of this version that another user may start")
+
+
+@pytest.mark.skipif(not AS_ROOT or not shutil.which("setpriv"),
+                    reason="needs root and setpriv to start a worker as another user")
+def test_hostile_of_a_non_root_worker_reads_none_of_its_users_files(host_dir: Path) -> None:
+    # A worker that does not run as root: its child keeps the worker's uid, so only the
+    # jail's filesystem layer stands between it and every file of that user.
+    as_user = ["setpriv", f"--reuid={NON_ROOT_UID}", f"--regid={NON_ROOT_UID}", "--clear-groups"]
+    python = python_for(as_user)
+    root = host_dir
+    files = service_files(root, owner=NON_ROOT_UID)
+    targets = [*map(str, files.values()), "/etc/passwd"]
+    done = subprocess.run(
+        [*as_user, python, "-c", NON_ROOT_SCRIPT, str(im.CORPUS / "Dune.jpg"), *targets],
+        capture_output=True, text=True, timeout=120, cwd="/", env=non_root_env(root),
+    )
+    assert done.returncode == 0, done.stderr
+    for i, target in enumerate(targets):
+        assert f"read #{i}: refused" in done.stdout, (target, done.stdout)
+    assert "hunter2" not in done.stdout
+
+
+@pytest.mark.parametrize("kind", ["file", "png", "dimensions", "edge", "padded", "thumbhash"])
+def test_a_forged_derivative_kills_the_child_and_stores_nothing(kind: str) -> None:
+    with compromised("forge", kind) as proc:
+        with pytest.raises(DeriveError) as info:
+            proc.derive(DUNE)
+        first = proc.pid
+        assert (info.value.code, info.value.detail) == (
+            ErrorCode.PROCESSING_FAILED, "invalid child output")
+        assert first is None  # killed and forgotten, never asked again
+        proc.program = DECODER
+        assert proc.derive(DUNE) == derive(DUNE, LIMITS)
+
+
+def test_a_child_never_serves_a_second_owner() -> None:
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) as proc:
+        proc.derive(DUNE, owner="alice")
+        first = child_pid(proc)
+        proc.derive(DUNE, owner="alice")
+        assert child_pid(proc) == first  # the same owner keeps the warm child
+        proc.derive(DUNE, owner="bob")
+        second = child_pid(proc)
+        assert second != first
+        proc.derive(DUNE, owner="alice")
+        assert child_pid(proc) not in (first, second)

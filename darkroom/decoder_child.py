@@ -161,15 +161,19 @@ def serve(memory_mb: int, nice: int = 0, cpu_seconds: int = 61, *, jailed: bool 
         level=logging.WARNING, format="darkroom.decoder[%(process)d] %(name)s: %(message)s"
     )
     if not probe:
-        from darkroom.derive import warm_up
+        from darkroom.derive import _heif, warm_up
 
         # Pay for libvips and thumbhash before the first job, not inside its time limit.
         warm_up()
+        # And pillow-heif, although only HEIC needs it (~25 MB of address space): once
+        # locked down the child can neither read a module nor map a library executable.
+        _heif()
     kept = prepare() if prepare is not None else ()
-    _watch_parent()
     if jailed:
+        # Still single-threaded: Landlock binds this thread and those it starts later.
         lock_down(jail, cpu_seconds=cpu_seconds, cpu_lifetime_seconds=cpu_lifetime(cpu_seconds),
                   threads=VIPS_THREADS, extra_fds=(out.fileno(), *kept))
+    _watch_parent()
     if probe:
         out.write(json.dumps(jail.report).encode())
         out.flush()

@@ -13,9 +13,11 @@ applies them (`docs/SECURITY.md` says what each stops and what it does not):
 3. The child imports Python modules and initialises libvips: everything that reads files
    happens here, before the doors close.
 4. `lock_down()`: `/proc` is covered by an empty read-only tmpfs (other processes'
-   `environ` and `mem` disappear), root drops to `nobody`, the resource limits are set,
-   `PR_SET_NO_NEW_PRIVS`, and finally the seccomp allow-list (`SYSCALLS`) for every
-   thread at once (TSYNC).
+   `environ` and `mem` disappear), root drops to a uid of its own (`own_uid`), the
+   resource limits are set, `PR_SET_NO_NEW_PRIVS`, Landlock closes the whole filesystem
+   and scopes signals to the child, and finally the seccomp filter (`SYSCALLS`, and
+   `FILTERED` for the calls allowed only with some arguments) for every thread at once
+   (TSYNC).
 
 Where the kernel refuses a layer (no user namespaces, no seccomp, libseccomp missing) the
 child goes on with the others; `Jail.report` says exactly which are active, and the worker
@@ -27,9 +29,10 @@ on and the child still answers; the calls only an exploit makes (execve, ptrace,
 another process's memory) kill the child outright with SIGSYS.
 
 Adding a decoder (HEIC, AVIF, TIFF): load its library and plugins before `lock_down()`
-(in `sandbox._child_main`, beside `_vips()`), then run its test corpus through the jailed
-child; a syscall it still needs at decode time goes into `SYSCALLS` under a group named
-for the reason, never into the default action.
+(in `derive.warm_up`, which `decoder_child.serve` calls): the jailed child can open no
+file. Then run its test corpus through the jailed child; a syscall it still needs at
+decode time goes into `SYSCALLS` under a group named for the reason, or into `FILTERED`
+with the arguments it needs, never into the default action.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Imported now: once the child drops to nobody it may not read the interpreter's files
+# Imported now: once the child drops root it may not read the interpreter's files
 # (a Python under /root, say), so nothing may be imported late.
 try:
     import pyseccomp
@@ -62,6 +65,8 @@ PROTECTIONS = (
     "unprivileged_uid",
     "rlimits",
     "no_new_privs",
+    "filesystem_closed",
+    "signal_scope",
     "seccomp",
 )
 
@@ -70,14 +75,22 @@ BY_DESIGN = {
     "user_namespace": "not needed: started as root",
     "unprivileged_uid": "not root: keeps the worker's own uid",
 }
-# The uid and gid a child started as root runs as.
-NOBODY = 65534
+# A child started as root runs as a uid and gid of its own: this base plus its pid, so no
+# two live children, and no other process on the host, share one. Keep this range
+# (1879048192 to 1883242496, the base plus the kernel's largest pid) unassigned.
+OWN_UID_BASE = 0x7000_0000
+
+
+def own_uid() -> int:
+    """The uid (and gid) this process takes when it drops root."""
+    return OWN_UID_BASE + os.getpid()
+
 # Descriptors: the child needs its pipes and the files Python may read for a traceback.
 _FD_LIMIT = 64
-# RLIMIT_NPROC counts every task of the uid, and the children of all slots (of every
-# worker on the host) share `nobody`: a sibling started later must not leave this child
-# unable to start the libvips threads it needs. fork is refused by seccomp anyway; this
-# bounds a thread bomb (so does RLIMIT_AS: every thread reserves a stack).
+# RLIMIT_NPROC counts every task of the uid; a non-root worker's children share its uid,
+# so a sibling started later must not leave this child unable to start the libvips
+# threads it needs. fork is refused by seccomp anyway; this bounds a thread bomb (so does
+# RLIMIT_AS: every thread reserves a stack).
 _THREAD_HEADROOM = 256
 
 # Linux ABI numbers Python's os module does not export on 3.11.
@@ -354,7 +367,7 @@ def _own_uid_tasks(uid: int) -> int:
 def lock_down(jail: Jail, *, cpu_seconds: int, cpu_lifetime_seconds: int,
               threads: int, extra_fds: tuple[int, ...] = ()) -> None:
     """Close every door. Call after all imports and library initialisation."""
-    run_as = NOBODY if os.geteuid() == 0 else os.getuid()
+    run_as = own_uid() if os.geteuid() == 0 else os.getuid()
     tasks = _own_uid_tasks(run_as) + len(os.listdir("/proc/self/task"))
     if jail.private_mounts:
         try:
@@ -366,8 +379,8 @@ def lock_down(jail: Jail, *, cpu_seconds: int, cpu_lifetime_seconds: int,
     if os.geteuid() == 0:
         try:
             os.setgroups([])
-            os.setresgid(NOBODY, NOBODY, NOBODY)
-            os.setresuid(NOBODY, NOBODY, NOBODY)
+            os.setresgid(run_as, run_as, run_as)
+            os.setresuid(run_as, run_as, run_as)
             jail.on("unprivileged_uid")
         except OSError as exc:
             jail.off("unprivileged_uid", exc)
@@ -380,6 +393,7 @@ def lock_down(jail: Jail, *, cpu_seconds: int, cpu_lifetime_seconds: int,
         jail.on("no_new_privs")
     except OSError as exc:
         jail.off("no_new_privs", exc)
+    _landlock(jail)
     if pyseccomp is None:
         jail.off("seccomp", _SECCOMP_MISSING)
         return
@@ -417,6 +431,62 @@ def per_job_cpu(cpu_seconds: int) -> None:
         soft = min(soft, hard)
     with contextlib.suppress(OSError, ValueError):
         resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64),
+                ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+# Landlock's system calls (the same numbers on every architecture) and flags.
+_LANDLOCK_CREATE_RULESET, _LANDLOCK_RESTRICT_SELF = 444, 446
+_LANDLOCK_CREATE_RULESET_VERSION = 1
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1, 2
+
+
+def _landlock(jail: Jail) -> None:
+    """No filesystem access at all, and no signal out of the child (Landlock).
+
+    Every module and library is loaded by now, so the child needs no file: the ruleset
+    handles every access right the kernel knows and grants none. Already open descriptors
+    (its pipes) are not affected. From ABI 6 the child may also signal nobody outside its
+    own domain (SIGIO through F_SETOWN included) nor reach an abstract unix socket; from
+    ABI 4 it may neither bind nor connect TCP. Applies to this thread and those it starts:
+    the child is single-threaded here (the parent watcher starts after lock-down).
+    """
+    libc_syscall = _libc.syscall
+    abi = libc_syscall(ctypes.c_long(_LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0),
+                       ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION))
+    if abi < 1:
+        code = ctypes.get_errno()
+        jail.off("filesystem_closed", OSError(code, os.strerror(code)))
+        jail.off("signal_scope", "needs Landlock ABI 6 (Linux 6.12)")
+        return
+    fs = (1 << 13) - 1  # ABI 1: execute, read, write, make and remove every kind of file
+    for version, right in ((2, 1 << 13), (3, 1 << 14), (5, 1 << 15)):  # refer, truncate, ioctl
+        if abi >= version:
+            fs |= right
+    attr = _RulesetAttr(fs, 3 if abi >= 4 else 0,
+                        _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if abi >= 6 else 0)
+    size = 8 if abi < 4 else 16 if abi < 6 else 24
+    fd = libc_syscall(ctypes.c_long(_LANDLOCK_CREATE_RULESET), ctypes.byref(attr),
+                      ctypes.c_size_t(size), ctypes.c_uint32(0))
+    try:
+        if fd < 0 or libc_syscall(ctypes.c_long(_LANDLOCK_RESTRICT_SELF), ctypes.c_int(fd),
+                                  ctypes.c_uint32(0)) != 0:
+            code = ctypes.get_errno()
+            jail.off("filesystem_closed", OSError(code, os.strerror(code)))
+            jail.off("signal_scope", "Landlock refused")
+            return
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    jail.on("filesystem_closed")
+    if abi >= 6:
+        jail.on("signal_scope")
+    else:
+        jail.off("signal_scope", f"needs Landlock ABI 6, kernel has {abi}")
 
 
 def _seccomp_filter() -> Any:

@@ -27,7 +27,7 @@ import pytest
 from darkroom.config import load_settings
 from darkroom.derive import Limits, _vips, derive
 from darkroom.errors import DeriveError, ErrorCode
-from darkroom.jail import KILLED, PROTECTIONS, SYSCALLS
+from darkroom.jail import KILLED, OWN_UID_BASE, PROTECTIONS, SYSCALLS
 from darkroom.sandbox import (
     DECODER,
     DecoderProcess,
@@ -60,6 +60,14 @@ def jailed(secrets: dict[str, str]) -> Iterator[DecoderProcess]:
     """A child that holds the worker's secrets in its parent and has done one job."""
     with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) as proc:
         proc.derive(DUNE)  # the jail is complete once a job has been answered
+        yield proc
+
+
+@pytest.fixture
+def sibling() -> Iterator[DecoderProcess]:
+    """A live decoder child of the same worker, as another slot's would be."""
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) as proc:
+        proc.derive(DUNE)
         yield proc
 
 
@@ -134,12 +142,19 @@ def test_environment_is_empty_of_secrets(jailed: DecoderProcess,
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="the uid drop applies to a child started as root")
-def test_started_as_root_runs_as_nobody(jailed: DecoderProcess) -> None:
-    st = status(child_pid(jailed))
-    assert st["Uid"].split() == ["65534"] * 4
-    assert st["Gid"].split() == ["65534"] * 4
-    assert st["Groups"] == ""
-    assert st["CapEff"] == "0000000000000000"
+def test_started_as_root_each_child_runs_as_a_uid_of_its_own(
+        jailed: DecoderProcess, sibling: DecoderProcess) -> None:
+    uids = set()
+    for proc in (jailed, sibling):
+        st = status(child_pid(proc))
+        uid = OWN_UID_BASE + child_pid(proc)
+        assert st["Uid"].split() == [str(uid)] * 4
+        assert st["Gid"].split() == [str(uid)] * 4
+        assert st["Groups"] == ""
+        assert st["CapEff"] == "0000000000000000"
+        uids.add(uid)
+    assert len(uids) == 2  # siblings cannot signal, trace or read each other by uid
+    assert not uids & {os.getuid(), 65534}
 
 
 def test_own_network_namespace(jailed: DecoderProcess) -> None:
@@ -370,14 +385,6 @@ class _LineSeen(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if self.text in record.getMessage():
             self.seen.set()
-
-
-@pytest.fixture
-def sibling() -> Iterator[DecoderProcess]:
-    """A live decoder child of the same worker, as another slot's would be."""
-    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) as proc:
-        proc.derive(DUNE)
-        yield proc
 
 
 def test_hostile_f_setown_cannot_make_the_worker_kill_a_sibling(

@@ -196,7 +196,7 @@ def big_progressive_jpeg() -> bytes:
 def test_memory_limit_gives_a_bounded_code(big_progressive_jpeg: bytes) -> None:
     # After an out-of-memory answer the child is replaced (its heap is left fragmented),
     # so the small job after it runs in a fresh one.
-    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=120) as proc:
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=150) as proc:
         proc.derive(DUNE)  # small jobs fit
         with pytest.raises(DeriveError) as info:
             proc.derive(big_progressive_jpeg)

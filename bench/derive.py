@@ -20,6 +20,7 @@ import argparse
 import io
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -42,7 +43,13 @@ from PIL import Image, ImageOps  # noqa: E402
 
 from bench.cpu import machine, process_cpu_seconds  # noqa: E402
 from bench.markdown import targets_table  # noqa: E402
-from bench.results import DeriveFormatsResult, DeriveJail, DeriveResult, save  # noqa: E402
+from bench.results import (  # noqa: E402
+    DeriveFormatsResult,
+    DeriveJail,
+    DeriveOwnerSwitch,
+    DeriveResult,
+    save,
+)
 from bench.runs import BY_NAME, OUT, command  # noqa: E402
 from bench.sections import derive_formats_section, publish  # noqa: E402
 from darkroom.config import load_settings  # noqa: E402
@@ -307,6 +314,29 @@ def start_up_ms(rounds: int, tiny: bytes) -> dict[str, float]:
     return result
 
 
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def owner_switch(corpus: list[bytes], rounds: int) -> DeriveOwnerSwitch:
+    """The same jobs of one owner, then with the owner changing at every job (a fresh
+    child each time), alternated; CPU of every child including its start-up."""
+    jobs = [data for _ in range(2) for data in corpus]
+    best = {"same_owner": float("inf"), "owner_every_job": float("inf")}
+    for _ in range(rounds):
+        for mode in best:
+            before = _children_cpu()
+            with DecoderProcess(LIMITS, timeout=120.0, memory_mb=1024) as proc:
+                for i, data in enumerate(jobs):
+                    proc.derive(data, owner=str(i) if mode == "owner_every_job" else "one")
+            best[mode] = min(best[mode], (_children_cpu() - before) / len(jobs))
+    return DeriveOwnerSwitch(
+        jobs=len(jobs), cpu_per_job_ms={k: v * 1000 for k, v in best.items()},
+        switch_cpu_ms=(best["owner_every_job"] - best["same_owner"]) * 1000,
+        throughput_ratio=best["same_owner"] / best["owner_every_job"])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", default=str(CORPUS))
@@ -315,12 +345,17 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=BY_NAME["derive"].json_path)
     parser.add_argument("--formats", action="store_true",
                         help="only the per-format and thumbnail section")
+    parser.add_argument("--owners", action="store_true",
+                        help="only the owner-change measure, printed")
     args = parser.parse_args()
 
     paths = sorted(p for p in Path(args.corpus).iterdir() if p.suffix in {".jpg", ".png"})
     if args.formats:
         return formats_section(paths, args.rounds, OUT / "derive_formats.json")
     corpus = [p.read_bytes() for p in paths]
+    if args.owners:
+        print(owner_switch(corpus, args.rounds))
+        return 0
     n = len(corpus)
     rounds = args.rounds
     started_on = machine()
@@ -385,6 +420,7 @@ def main() -> int:
             spent = process_cpu_seconds(a.pid or 0) + process_cpu_seconds(b.pid or 0) - cpu0
             cpu_per_image["two"] = min(cpu_per_image["two"], spent / (4 * n))
 
+    owners = owner_switch(corpus, rounds)
     big, big_source = find_big(args.big)
     rss_mb = child_peak_rss_mb(big)
     pillow_rss_mb = pillow_peak_rss_mb(big)
@@ -412,6 +448,7 @@ def main() -> int:
         child_cpu_seconds_per_image=cpu_per_image,
         child_peak_rss_mb=rss_mb, pillow_peak_rss_mb=pillow_rss_mb, big_image=big_source,
         bomb_rejection_ms=bomb_rejection_ms, header_100k_rejection_ms=header_rejection_ms,
+        owner_switch=owners,
         command=command("derive"), loadavg_at_end=list(os.getloadavg()))
     publish("derive", result, args.out)
     return 0

@@ -52,7 +52,7 @@ from darkroom.decoder_child import ENVIRONMENT_NAMES, VIPS_THREADS, cpu_budget, 
 from darkroom.derive import Derivative, Limits, check_size
 from darkroom.errors import DeriveError, ErrorCode
 from darkroom.jail import BY_DESIGN, PROTECTIONS, shield_parent
-from darkroom.webp import InvalidDerivative, check_derivative, check_thumbhash
+from darkroom.webp import InvalidDerivative, check_derivative, check_thumbhash, max_payload
 from darkroom.wire import FRAME, MAX_OUTPUT, ProtocolError, read_frame
 
 if TYPE_CHECKING:
@@ -225,6 +225,9 @@ class DecoderProcess:
         self.program = program
         self._cpu_budget = _cpu_budget(timeout)
         self._limits_json = json.dumps(dataclasses.asdict(limits)).encode()
+        # The largest answer a working child can give: `darkroom.webp`'s bound on each image.
+        self._max_payload = min(MAX_OUTPUT, max_payload(limits.max_edge)
+                                + max_payload(limits.thumb_edge))
         self._job_lock = threading.Lock()  # one request on the pipe at a time
         self._lock = threading.Lock()  # guards every field below
         self._proc: subprocess.Popen[bytes] | None = None
@@ -429,7 +432,7 @@ class DecoderProcess:
             stdin.write(self._limits_json)
             stdin.write(data)
             stdin.flush()
-            return read_frame(stdout, MAX_OUTPUT)
+            return read_frame(stdout, self._max_payload)
         except (OSError, ValueError) as exc:
             # EPIPE, EBADF after a concurrent kill.
             raise ProtocolError(f"{type(exc).__name__}: {exc}") from None

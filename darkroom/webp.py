@@ -102,6 +102,11 @@ def webp_dimensions(data: bytes) -> tuple[int, int]:
     return canvas
 
 
+def max_payload(edge: int) -> int:
+    """The most bytes a derivative within `edge` × `edge` may have."""
+    return _BYTES_PER_PIXEL * edge * edge + _OVERHEAD
+
+
 def check_derivative(data: bytes, meta: dict[str, Any], max_edge: int) -> Checked:
     """`data` as the WebP that `meta` (`width`, `height`, `sha256`) claims, or raise."""
     width, height, digest = meta["width"], meta["height"], meta["sha256"]
@@ -109,7 +114,7 @@ def check_derivative(data: bytes, meta: dict[str, Any], max_edge: int) -> Checke
         raise InvalidDerivative("meta types")
     if not (0 < width <= max_edge and 0 < height <= max_edge):
         raise InvalidDerivative(f"claimed {width}x{height} outside the edge {max_edge}")
-    if len(data) > _BYTES_PER_PIXEL * width * height + _OVERHEAD:
+    if len(data) > _BYTES_PER_PIXEL * width * height + _OVERHEAD:  # max_payload's bound
         raise InvalidDerivative("larger than its pixels")
     if webp_dimensions(data) != (width, height):
         raise InvalidDerivative("dimensions are not the claimed ones")

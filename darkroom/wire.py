@@ -21,8 +21,9 @@ from typing import IO, Any, BinaryIO
 
 FRAME = struct.Struct("!II")
 MAX_META = 64 * 1024
-# A response's payload: a preview and a thumb. `darkroom.webp` bounds each by its pixels.
-MAX_OUTPUT = 64 * 1024 * 1024
+# A response's payload, at most: a preview and a thumb. The parent asks for less, the
+# bound `darkroom.webp` puts on images of the configured edges.
+MAX_OUTPUT = 256 * 1024 * 1024
 
 
 class ProtocolError(Exception):

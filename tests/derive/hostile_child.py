@@ -18,6 +18,7 @@ import hashlib
 import os
 import signal
 import socket
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,13 @@ from darkroom.sandbox import ChildProgram
 MODULE = "tests.derive.hostile_child"
 _F_SETSIG = 10
 _F_SETOWN = 8
+
+
+def _is_fifo(path: str) -> bool:
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def hostile(action: str, *args: str) -> ChildProgram:
@@ -162,6 +170,8 @@ def forged(kind: str, data: bytes, limits: Limits) -> tuple[dict[str, Any], byte
         extra = b"EXIF" + (len(preview) * 0 + 5_000_000).to_bytes(4, "little") + bytes(5_000_000)
         preview = preview[:4] + (len(preview) - 8 + len(extra)).to_bytes(4, "little") + \
             preview[8:] + extra
+    elif kind == "oversized":  # more than any derivative within the edge could be
+        preview = bytes(4 * (limits.max_edge ** 2 + limits.thumb_edge ** 2) + 10_000)
     elif kind == "thumbhash":
         meta["thumbhash"] = meta["thumbhash"] + "AAAA"
     else:
@@ -177,7 +187,9 @@ def run(argv: list[str]) -> int:
     def prepare() -> tuple[int, ...]:
         # A hang announces each job on a FIFO the test blocks reading: opened now (O_RDWR
         # never blocks on a FIFO), before the jail closes every path.
-        if action == "hang" and args:
+        # (A worker test's marker that is no FIFO is made by the worker, tests/support/
+        # child_worker.py, when this child says on stderr that it hangs.)
+        if action == "hang" and args and _is_fifo(args[0]):
             fifo.append(os.open(args[0], os.O_RDWR | os.O_NONBLOCK))
         return tuple(fifo)
 

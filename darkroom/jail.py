@@ -104,6 +104,9 @@ _PR_SET_NO_NEW_PRIVS, _PR_GET_NO_NEW_PRIVS = 38, 39
 _CLONE_THREAD = 0x00010000
 _O_TMPFILE_BIT = getattr(os, "O_TMPFILE", 0o20200000) & ~os.O_DIRECTORY
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND | _O_TMPFILE_BIT
+# O_PATH gives a handle Landlock does not check (metadata, a directory to resolve from).
+_O_PATH = getattr(os, "O_PATH", 0o10000000)
+_OPEN_FORBIDDEN = _WRITE_FLAGS | _O_PATH
 
 # The seccomp allow-list, one group per reason: calls that reach nothing outside the
 # child whatever their arguments. Calls whose arguments could reach outside it are in
@@ -192,8 +195,8 @@ FILTERED: tuple[Rule, ...] = (
     Rule("fcntl", "duplicating a descriptor, close-on-exec", ((1, _F_DUPFD_CLOEXEC, 0),)),
     # Files: read-only opens only (Landlock refuses the contents anyway). openat2 hides
     # its flags in a struct seccomp cannot read.
-    Rule("open", "read-only opens", ((1, 0, _WRITE_FLAGS),)),
-    Rule("openat", "read-only opens", ((2, 0, _WRITE_FLAGS),)),
+    Rule("open", "read-only opens, no O_PATH", ((1, 0, _OPEN_FORBIDDEN),)),
+    Rule("openat", "read-only opens, no O_PATH", ((2, 0, _OPEN_FORBIDDEN),)),
     Rule("openat2", "flags in a struct: glibc falls back to openat", action="enosys"),
     # Memory: no new executable pages, so injected bytes cannot be made code.
     Rule("mmap", "memory, never executable", ((2, 0, _PROT_EXEC),)),

@@ -141,6 +141,9 @@ def report(action: str, args: list[str]) -> str:
         # By position: the parent bounds the detail, and paths are long.
         return "; ".join(attempt(f"read #{i}", lambda p=path: _read(p))
                          for i, path in enumerate(args))
+    if action == "o_path":  # a handle without read rights: still a path's metadata
+        return "; ".join(attempt(f"O_PATH #{i}", lambda p=path: os.open(p, os.O_PATH))
+                         for i, path in enumerate(args))
     if action == "proc":
         return attempt("list /proc", lambda: len(os.listdir("/proc"))) + "; " + attempt(
             "parent status", lambda: Path(f"/proc/{os.getppid()}/status").read_text()[:40])

@@ -482,6 +482,15 @@ def test_hostile_reads_nothing_around_it(host_dir: Path) -> None:
     assert "hunter2" not in detail and "root:" not in detail
 
 
+def test_hostile_gets_no_path_handle(host_dir: Path) -> None:
+    files = service_files(host_dir)
+    targets = [str(files["key file"]), "/etc/passwd", "/"]
+    with compromised("o_path", *targets) as proc:
+        detail = attack(proc).detail
+    for i, target in enumerate(targets):
+        assert f"O_PATH #{i}: refused (EPERM)" in detail, (target, detail)
+
+
 NON_ROOT_UID = 4242
 NON_ROOT_SCRIPT = """
 import os, sys

@@ -151,10 +151,10 @@ def jail_log_fields(memory_mb: int = 1024) -> tuple[int, dict[str, Any]]:
     fields: dict[str, Any] = {f"jail_{name}": bool(active.get(name)) for name in PROTECTIONS}
     missing = [name for name in PROTECTIONS if not active.get(name)]
     fields["inactive"] = "; ".join(f"{name}: {reasons.get(name, 'unknown')}" for name in missing)
-    # A child with the worker's uid that can see the worker's /proc could read its
+    # A child with the worker's uid that can read the worker's /proc could read its
     # environment and memory: then the worker itself becomes non-dumpable.
-    exposed = not active.get("mount_namespace_proc_hidden") and not active.get(
-        "unprivileged_uid")
+    exposed = not any(active.get(name) for name in (
+        "mount_namespace_proc_hidden", "unprivileged_uid", "filesystem_closed"))
     fields["worker_not_dumpable"] = shield_parent() if exposed else False
     gaps = [name for name in missing if reasons.get(name) != BY_DESIGN.get(name)]
     return (logging.WARNING if gaps else logging.INFO), fields

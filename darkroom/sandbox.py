@@ -258,6 +258,13 @@ class DecoderProcess:
         with self._lock:
             return self._proc.pid if self._proc is not None else None
 
+    @property
+    def owner(self) -> str | None:
+        """Whose images the current child has decoded (None: nobody's yet, or no owner
+        named). `derive()` for another owner replaces the child first."""
+        with self._lock:
+            return self._owner if self._proc is not None else None
+
     def start(self) -> None:
         """Start the child now rather than on the first derive (pays the spawn early)."""
         with self._lock:

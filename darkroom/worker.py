@@ -211,7 +211,8 @@ class Worker:
                 log.warning("stale attempt of a reclaimed card; stopping it",
                             extra=other.log_extra())
                 other.abandon()
-        job = Job(lease, self.idle_decoders.pop(), held_until=held_until)
+        decoder = self.idle_decoders.pop(pick_decoder(self.idle_decoders, lease.owner))
+        job = Job(lease, decoder, held_until=held_until)
         self.jobs[lease.token] = job
         job.task = asyncio.create_task(self._run_job(job), name=f"job-{lease.file_id}")
         metrics.CLAIMED.inc()
@@ -490,6 +491,17 @@ class Worker:
                 job.task.cancel()
         await asyncio.wait([job.task for job in unfinished if job.task is not None],
                            timeout=HAND_BACK_SECONDS)
+
+
+def pick_decoder(idle: list[DecoderProcess], owner: str) -> int:
+    """Which idle decoder takes a job of `owner`: one whose child already holds only this
+    owner's images, else one with no child, else any. A child never serves two owners
+    (`DecoderProcess.derive` replaces it), so reusing a matching one saves a start-up."""
+    owners = [decoder.owner for decoder in idle]
+    for wanted in (owner, None):
+        if wanted in owners:
+            return len(owners) - 1 - owners[::-1].index(wanted)
+    return len(idle) - 1
 
 
 class _stage:

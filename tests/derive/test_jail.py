@@ -580,3 +580,22 @@ def test_a_child_never_serves_a_second_owner() -> None:
         assert second != first
         proc.derive(DUNE, owner="alice")
         assert child_pid(proc) not in (first, second)
+
+
+def test_the_worker_gives_a_job_to_a_child_that_already_holds_its_owners_images() -> None:
+    from darkroom.worker import pick_decoder
+
+    decoders = [DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) for _ in range(3)]
+    try:
+        decoders[0].derive(DUNE, owner="alice")
+        decoders[1].derive(DUNE, owner="bob")
+        assert [d.owner for d in decoders] == ["alice", "bob", None]
+        assert pick_decoder(decoders, "alice") == 0  # no start-up: its child is warm
+        assert pick_decoder(decoders, "bob") == 1
+        assert pick_decoder(decoders, "carol") == 2  # a child that has seen nobody's
+        assert pick_decoder(decoders[:2], "carol") == 1  # else any: it is replaced
+        decoders[0].kill()
+        assert decoders[0].owner is None  # no child, nothing held
+    finally:
+        for decoder in decoders:
+            decoder.close()

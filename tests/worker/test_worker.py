@@ -234,6 +234,23 @@ def test_compromised_decoder_is_an_ordinary_failure_and_the_jail_is_logged_once(
         assert all("parent environ: refused" in entry["detail"] for entry in failed)
 
 
+@pytest.mark.parametrize("forgery", ["file", "oversized"])
+def test_a_forged_derivative_is_never_stored(harness: Harness, forgery: str) -> None:
+    """A compromised decoder answering another file, or a huge blob, as a derivative."""
+    ids = [harness.upload(photo(i)) for i in range(2)]
+    w = harness.worker(concurrency=1, child=("forge", forgery))
+    wait_for(lambda: harness.all_finished(ids), timeout=120, what="forged files finished")
+    assert harness.statuses(ids) == {"rejected": 2}
+    for file_id in ids:
+        card = harness.card(file_id)
+        assert card["error_code"] == "processing_failed"
+        assert card["derived_key"] is None
+        # Only the original: no forged derivative (nor thumb) was ever put in the store.
+        assert harness.object_keys(file_id) == [
+            f"{card['original_key']}@{card['original_version']}"]
+    assert w.proc.poll() is None
+
+
 def test_two_owners_share_the_workers_and_a_rederive_replaces_every_derivative(
         harness: Harness) -> None:
     # Owner a's import is waiting when owner b uploads one photo: b's is claimed within

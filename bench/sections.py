@@ -296,7 +296,10 @@ def derive_section(src: Source) -> tuple[list[str], list[Target]]:
         lines += ["", f"Owner change: {o.jobs} jobs; CPU per job "
                   f"{o.cpu_per_job_ms['same_owner']:.0f} ms of one owner, "
                   f"{o.cpu_per_job_ms['owner_every_job']:.0f} ms with a fresh child for "
-                  f"every job ({o.switch_cpu_ms:.0f} ms per change)."]
+                  f"every job ({o.switch_cpu_ms:.0f} ms per change), "
+                  f"{o.cpu_per_job_ms.get('two_owners_two_slots', float('nan')):.0f} ms for "
+                  "two owners alternating on two slots (the worker's pick keeps each "
+                  "owner's child)."]
         targets.append(Target(
             f"fresh child at each owner change costs ≤ {DERIVE_OWNER_SWITCH_COST:.0%} of "
             "throughput (owner changing at every job)", f"**{cost:.0%}**",

@@ -19,6 +19,7 @@ DERIVE_CHILD_RSS_MB = 200.0  # child peak RSS on a 17.9 MP JPEG
 DERIVE_BOMB_MS = 50.0  # rejection of a decompression bomb
 DERIVE_JAIL_RATIO = 0.95  # the jailed pipeline, × the component limit (issue 12)
 DERIVE_THUMB_EXTRA = 0.15  # thumb + thumbhash on top of the preview, share of its CPU
+DERIVE_OWNER_SWITCH_COST = 0.05  # throughput lost to a fresh child at every owner change
 
 # bench/worker.py
 WORKER_VS_PIPELINE = 0.90  # end to end, × the pipeline alone

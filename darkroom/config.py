@@ -61,7 +61,8 @@ class Settings(BaseSettings):
     # Time limit and address-space limit of one decode in its child process.
     derive_timeout_seconds: float = Field(60.0, gt=0, le=3_600,
         description="one decode's time limit in its child process")
-    derive_memory_mb: int = Field(1_024, ge=64,
+    # Below 256 MB a child cannot hold its decoders' libraries, let alone an image.
+    derive_memory_mb: int = Field(1_024, ge=256,
         description="one decoder child's address-space limit")
     # Added to the decoder children's niceness. Derivation is throughput work; on a host
     # it shares with the API, requests should not queue behind it. Alone on a machine a

@@ -59,7 +59,7 @@ from darkroom.queue import (
     Queue,
     backoff_delay,
 )
-from darkroom.sandbox import DecoderProcess, jail_log_fields
+from darkroom.sandbox import DECODER, ChildProgram, DecoderProcess, jail_log_fields
 from darkroom.services import prepare
 from darkroom.storage import ObjectStore
 
@@ -111,7 +111,7 @@ class Job:
 class Worker:
     def __init__(
         self, settings: Settings, queue: Queue, store: ObjectStore, *,
-        concurrency: int,
+        concurrency: int, child: ChildProgram = DECODER,
     ) -> None:
         self.settings = settings
         self.queue = queue
@@ -120,7 +120,8 @@ class Worker:
         limits = Limits.from_settings(settings)
         self.idle_decoders = [
             DecoderProcess(limits, timeout=settings.derive_timeout_seconds,
-                           memory_mb=settings.derive_memory_mb, nice=settings.derive_nice)
+                           memory_mb=settings.derive_memory_mb, nice=settings.derive_nice,
+                           program=child)
             for _ in range(concurrency)
         ]
         # By lease token: one entry per attempt, never per file.
@@ -210,7 +211,8 @@ class Worker:
                 log.warning("stale attempt of a reclaimed card; stopping it",
                             extra=other.log_extra())
                 other.abandon()
-        job = Job(lease, self.idle_decoders.pop(), held_until=held_until)
+        decoder = self.idle_decoders.pop(pick_decoder(self.idle_decoders, lease.owner))
+        job = Job(lease, decoder, held_until=held_until)
         self.jobs[lease.token] = job
         job.task = asyncio.create_task(self._run_job(job), name=f"job-{lease.file_id}")
         metrics.CLAIMED.inc()
@@ -282,7 +284,9 @@ class Worker:
             if job.abandoned:
                 return Outcome.LEASE_LOST
             with _stage("derive"):
-                result = await asyncio.to_thread(job.decoder.derive, original)
+                # Named, so that a child that saw another owner's image is replaced first.
+                result = await asyncio.to_thread(job.decoder.derive, original,
+                                                 owner=lease.owner)
             if job.abandoned:
                 return Outcome.LEASE_LOST
             key, small_key = derived_key(lease), thumb_key(lease)
@@ -489,6 +493,17 @@ class Worker:
                            timeout=HAND_BACK_SECONDS)
 
 
+def pick_decoder(idle: list[DecoderProcess], owner: str) -> int:
+    """Which idle decoder takes a job of `owner`: one whose child already holds only this
+    owner's images, else one with no child, else any. A child never serves two owners
+    (`DecoderProcess.derive` replaces it), so reusing a matching one saves a start-up."""
+    owners = [decoder.owner for decoder in idle]
+    for wanted in (owner, None):
+        if wanted in owners:
+            return len(owners) - 1 - owners[::-1].index(wanted)
+    return len(idle) - 1
+
+
 class _stage:
     """Times one stage of an attempt into the stage histogram."""
 
@@ -504,12 +519,13 @@ class _stage:
 
 async def run_worker(settings: Settings, *, concurrency: int, name: str,
                      stop: asyncio.Event | None = None,
-                     pulse: health.LoopPulse | None = None) -> None:
+                     pulse: health.LoopPulse | None = None,
+                     child: ChildProgram = DECODER) -> None:
     """Run one worker until `stop` is set (or SIGTERM/SIGINT, when on the main thread)."""
     conninfo, store = await prepare(settings)
     db = await Database.open(conninfo, min_size=1, max_size=4, name=f"worker-{name}")
     queue = Queue.from_settings(db, settings, worker=name)
-    worker = Worker(settings, queue, store, concurrency=concurrency)
+    worker = Worker(settings, queue, store, concurrency=concurrency, child=child)
     loop = asyncio.get_running_loop()
     with contextlib.suppress(ValueError, NotImplementedError):  # not the main thread
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -540,7 +556,8 @@ def default_name() -> str:
 
 
 def main(settings: Settings, *, concurrency: int | None, name: str | None,
-         metrics_port: int | None, metrics_host: str = "127.0.0.1") -> int:
+         metrics_port: int | None, metrics_host: str = "127.0.0.1",
+         child: ChildProgram = DECODER) -> int:
     from darkroom import logs
 
     logs.setup()
@@ -555,5 +572,5 @@ def main(settings: Settings, *, concurrency: int | None, name: str | None,
             raise ConfigError(f"--metrics-port: cannot listen on {metrics_host}:"
                               f"{metrics_port} ({exc.strerror})") from None
     asyncio.run(run_worker(settings, concurrency=slots, name=name or default_name(),
-                           pulse=pulse))
+                           pulse=pulse, child=child))
     return 0

@@ -6,6 +6,7 @@ errors are turned into `ConfigError` whose message names the variable, never a t
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -57,6 +58,10 @@ class Settings(BaseSettings):
     event_retention_days: float = Field(7.0, gt=0)
     # An open page's event stream carries a ping this often when nothing else happens.
     events_ping_seconds: float = Field(15.0, gt=0, le=3_600)
+    # One owner's open event streams per API process; a new one ends the oldest.
+    events_max_streams_per_owner: int = Field(8, ge=1, le=1_000)
+    # A stream's longest life; the page reconnects at once and re-reads what it shows.
+    events_max_seconds: float = Field(900.0, gt=0, le=86_400)
 
     # How long the API trusts a key it has looked up before looking it up again: a key
     # revoked in the database stops working within this time. 0 looks up every request.
@@ -78,6 +83,13 @@ class Settings(BaseSettings):
     unknown_key_rate_per_minute: int = Field(30, ge=1)
     # Connections one API process holds at once; past it, new requests get 503.
     api_max_connections: int = Field(1_000, ge=1)
+    # Connections one client address (an IPv6 /64) holds at once; past it, new ones are
+    # answered 503 and closed. A trusted proxy's connections are not capped.
+    api_max_connections_per_client: int = Field(64, ge=1)
+    # A request body must arrive at this average rate at least (after the read timeout).
+    api_min_body_bytes_per_second: int = Field(16 * 1024, ge=1)
+    # Addresses or networks (comma-separated) whose X-Forwarded-For names the client.
+    trusted_proxies: str = ""
     # A request's head must arrive within this, and its body may pause no longer.
     api_read_timeout_seconds: float = Field(15.0, gt=0, le=3_600)
     # /metrics without a key on this loopback port (0: only with an admin key on the API).
@@ -109,6 +121,20 @@ class Settings(BaseSettings):
                 or parts.fragment or parts.path not in ("", "/"):
             raise ValueError("must be an origin such as https://photos.example.net")
         return f"{parts.scheme}://{parts.netloc}"
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, value: str) -> str:
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            try:
+                ipaddress.ip_network(part, strict=False)
+            except ValueError:
+                raise ValueError("must be comma-separated IP addresses or networks") from None
+        return ",".join(filter(None, (p.strip() for p in value.split(","))))
+
+    @property
+    def trusted_proxy_list(self) -> list[str]:
+        return [p for p in self.trusted_proxies.split(",") if p]
 
     @field_validator("storage_url")
     @classmethod

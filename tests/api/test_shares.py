@@ -134,6 +134,8 @@ def test_a_stream_ends_at_its_max_age_and_when_its_key_is_revoked(
     # At its max age the stream says so and ends; the page reconnects at once.
     assert old.next() == ("end", {"type": "end", "reason": "max_age"})
     assert old.next() == ("closed", {})
+    # Another process, whose streams outlive the test: a revoked key's stream ends.
+    _, url = _api_process(harness, key_cache_seconds="1", events_ping_seconds="0.5")
     fresh = Events(url, key)
     streams.append(fresh)
     revoked = _cli(harness.db_url, harness.tmp, "keys", "revoke", key[:12])

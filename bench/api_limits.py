@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 
 from bench.api import System
-from bench.targets import API_LIMITS_COST
 from bench.loadgen import LoadClient
+from bench.targets import API_LIMITS_COST
 from darkroom.keys import create_key_at
 from tests.support.services import free_port
 
@@ -34,11 +34,14 @@ from tests.support.services import free_port
 def start(system: System, pythonpath: str | None, port: int, name: str
           ) -> subprocess.Popen[bytes]:
     env = dict(system.env)
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
+    # Each process imports darkroom from its own tree only: `-P` keeps `-m` from putting
+    # the working directory (this tree) ahead of PYTHONPATH, which would make both
+    # processes this tree.
+    env["PYTHONPATH"] = pythonpath or str(Path(__file__).resolve().parents[1])
     log = (system.tmp / f"{name}.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "darkroom.cli", "api", "--port", str(port)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "darkroom.cli", "api", "--port", str(port)],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:

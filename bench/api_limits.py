@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
@@ -51,6 +52,21 @@ def start(system: System, pythonpath: str | None, port: int, name: str
             pass
         time.sleep(0.1)
     raise RuntimeError((system.tmp / f"{name}.log").read_text())
+
+
+def _http_layer(tree: str | None) -> float:
+    here = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run(
+        [sys.executable, "-P", "-m", "bench.http_layer"],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (tree, here) if p)},
+        capture_output=True, text=True, check=True, timeout=300)
+    return float(out.stdout.strip())
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (proc(5): fields 14 and 15, in ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def closed_loop(url: str, key: str, path: str, seconds: float, clients: int) -> float:
@@ -91,12 +107,21 @@ def main() -> int:
                                                  "size": 10}).json()
             path = f"/v1/files/{card['id']}"
 
+            pids = dict(zip(ports, (p.pid for p in procs), strict=True))
+            cpu: dict[str, list[float]] = {"before": [], "this": []}
+
             def run(name: str, seconds: float) -> float:
-                return asyncio.run(closed_loop(f"http://127.0.0.1:{ports[name]}", key, path,
+                used = _cpu_seconds(pids[name])
+                rate = asyncio.run(closed_loop(f"http://127.0.0.1:{ports[name]}", key, path,
                                                seconds, args.clients))
+                # The server's own CPU per request: on a shared machine, far steadier than
+                # requests/s, which also carries what the neighbours take.
+                cpu[name].append((_cpu_seconds(pids[name]) - used) / (rate * seconds) * 1e6)
+                return rate
 
             for name in ports:  # warm-up
                 run(name, 2.0)
+                cpu[name].clear()
             rates: dict[str, list[float]] = {"before": [], "this": []}
             for r in range(args.rounds):
                 for name in (("before", "this") if r % 2 == 0 else ("this", "before")):
@@ -108,6 +133,24 @@ def main() -> int:
                   "median", round(median, 3))
             print(f"cost {1 - median:+.1%} of requests/s (target <= {API_LIMITS_COST:.0%}):",
                   "met" if 1 - median <= API_LIMITS_COST else "NOT met")
+            print("server CPU per request per round, µs:",
+                  {k: [round(x) for x in v] for k, v in cpu.items()})
+            per = {k: statistics.median(v) for k, v in cpu.items()}
+            print("server CPU per request, µs (median of rounds):",
+                  {k: round(v, 1) for k, v in per.items()},
+                  f"this / before {per['this'] / per['before']:.3f}")
+            # The HTTP layer alone (bench/http_layer.py), where the limits live: its CPU
+            # per request in each tree, and the difference as a share of a whole request.
+            layer: dict[str, list[float]] = {"before": [], "this": []}
+            for r in range(args.rounds):
+                for name in (("before", "this") if r % 2 == 0 else ("this", "before")):
+                    layer[name].append(_http_layer(args.before if name == "before" else None))
+            mid = {k: statistics.median(v) for k, v in layer.items()}
+            print("HTTP layer CPU per request, µs:", {k: [round(x, 1) for x in v]
+                                                      for k, v in layer.items()},
+                  "median", {k: round(v, 1) for k, v in mid.items()},
+                  f"difference {mid['this'] - mid['before']:+.1f} µs = "
+                  f"{(mid['this'] - mid['before']) / per['before']:+.2%} of a request's CPU")
         finally:
             for proc in procs:
                 proc.terminate()

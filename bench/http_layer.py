@@ -35,7 +35,7 @@ class _Transport(asyncio.Transport):
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return _Socket() if name == "socket" else default
 
-    def write(self, data: bytes | bytearray | memoryview) -> None:  # type: ignore[override]
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         self.written += len(data)
 
     def is_closing(self) -> bool:
@@ -72,8 +72,8 @@ async def measure(requests: int) -> float:
     config = uvicorn_config(_app, wire=Wire(read_timeout=15.0), max_connections=1000)
     config.load()
     loop = asyncio.get_running_loop()
-    protocol = config.http_protocol_class(config=config, server_state=ServerState(),
-                                          app_state={}, _loop=loop)
+    cls: Any = config.http_protocol_class
+    protocol = cls(config=config, server_state=ServerState(), app_state={}, _loop=loop)
     transport = _Transport()
     protocol.connection_made(transport)
     for _ in range(200):  # warm-up

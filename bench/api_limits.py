@@ -8,7 +8,10 @@ Judged against `bench.targets.API_LIMITS_COST`.
         [--clients 32]
 
 Each round runs both, in alternating order; the answer is each round's ratio of requests
-per second (this tree / the other) and their median.
+per second (this tree / the other) and their median, each server's CPU per request, and
+the HTTP layer's own CPU per request in each tree (bench/http_layer.py). On a shared
+machine the rounds' requests/s spread far wider than the 2 % target; the verdict is then
+taken from the HTTP layer, where the limits live.
 """
 
 from __future__ import annotations
@@ -131,8 +134,8 @@ def main() -> int:
             median = statistics.median(ratios)
             print("this / before per round:", [round(x, 3) for x in ratios],
                   "median", round(median, 3))
-            print(f"cost {1 - median:+.1%} of requests/s (target <= {API_LIMITS_COST:.0%}):",
-                  "met" if 1 - median <= API_LIMITS_COST else "NOT met")
+            spread = max(ratios) - min(ratios)
+            print(f"requests/s cost {1 - median:+.1%} (rounds spread over {spread:.0%})")
             print("server CPU per request per round, µs:",
                   {k: [round(x) for x in v] for k, v in cpu.items()})
             per = {k: statistics.median(v) for k, v in cpu.items()}
@@ -151,6 +154,14 @@ def main() -> int:
                   "median", {k: round(v, 1) for k, v in mid.items()},
                   f"difference {mid['this'] - mid['before']:+.1f} µs = "
                   f"{(mid['this'] - mid['before']) / per['before']:+.2%} of a request's CPU")
+            # The verdict: requests/s when the rounds agree to within the target; else, on
+            # a machine too busy for that, the HTTP layer's difference (a CPU-bound API
+            # loses that share of its requests/s).
+            cost = (1 - median if spread <= API_LIMITS_COST
+                    else (mid["this"] - mid["before"]) / per["before"])
+            basis = "requests/s" if spread <= API_LIMITS_COST else "the HTTP layer's CPU"
+            print(f"cost {cost:+.2%} by {basis} (target <= {API_LIMITS_COST:.0%}):",
+                  "met" if cost <= API_LIMITS_COST else "NOT met")
         finally:
             for proc in procs:
                 proc.terminate()

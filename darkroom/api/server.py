@@ -29,6 +29,7 @@ import json
 import socket
 from collections import Counter
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import uvicorn
@@ -80,13 +81,19 @@ class Wire:
     min_body_bytes_per_second: int = 16 * 1024
     trusted_proxies: tuple[str, ...] = ()
 
+    @cached_property
+    def _trusted(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        return tuple(ipaddress.ip_network(net, strict=False) for net in self.trusted_proxies)
+
     def trusts(self, host: str) -> bool:
+        """Whether a connection from `host` comes from a trusted proxy."""
+        if not self.trusted_proxies:
+            return False
         try:
             address = ipaddress.ip_address(host)
         except ValueError:
             return False
-        return any(address in ipaddress.ip_network(net, strict=False)
-                   for net in self.trusted_proxies)
+        return any(address in net for net in self._trusted)
 
 
 class _Counts:

@@ -28,6 +28,9 @@ WORKER_IDLE_P50_MS = 50.0  # idle confirm → processing start, p50
 # bench/api.py
 API_P99_MS = 25.0  # confirm p99 with a busy worker
 
+# bench/api_limits.py
+API_LIMITS_COST = 0.02  # requests/s lost to the API's limits, share of the tree without them
+
 # bench/fair.py
 FAIR_B_WAIT_JOBS = 2.0  # B's p95 confirm → processing, × the mean job, under fair share
 FAIR_A_VS_FIFO = 0.95  # A's throughput under fair share, × FIFO's, same run

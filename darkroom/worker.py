@@ -380,9 +380,9 @@ class Worker:
         if job.abandoned:
             return Outcome.LEASE_LOST
         job.on_store = True
-        await self.breaker.store_answers()
+        answers = await self.breaker.store_answers()
         job.on_store = False
-        return await self._defer(job, type(exc).__name__)
+        return await self._defer(job, type(exc).__name__, answers=answers)
 
     async def _store_timed_out(self, job: Job) -> Outcome:
         """The attempt's deadline ran out while it waited on the store: the store's fault.
@@ -393,21 +393,23 @@ class Worker:
         self.breaker.trip("timeout")
         try:
             async with asyncio.timeout(self._timeout_reserve()):
-                return await self._defer(job, "timeout")
+                return await self._defer(job, "timeout", answers=False)
         except (TimeoutError, *CONNECTION_ERRORS):
             # Unrecorded: the lease runs out and another attempt takes the card.
             return Outcome.ERROR
 
-    async def _defer(self, job: Job, error: str) -> Outcome:
+    async def _defer(self, job: Job, error: str, *, answers: bool) -> Outcome:
+        """Hand the card back, its attempt given back. Counted against the file when the
+        store served right after its failure (the probe: it fails this file alone), or
+        served anything (another file, a probe) between this file's last deferral here
+        and this one: a file whose own request knocks the store over fails again once
+        the store is back. An outage serves nothing between tries, and counts nothing."""
         if job.abandoned:
             return Outcome.LEASE_LOST
         lease = job.lease
         now = time.monotonic()
-        # Between the file's last try (its last deferral here, else this claim) and now,
-        # did the store serve anything (another file, a probe)? Then the store is not
-        # down, or not only down: the file's own requests fail, and that is counted. In
-        # an outage the store serves nothing between tries, and nothing is counted.
-        counted = self.breaker.served_at > self._deferred_at.get(lease.file_id, job.started)
+        last = self._deferred_at.get(lease.file_id)
+        counted = answers or (last is not None and self.breaker.served_at > last)
         code = ErrorCode.STORAGE_UNAVAILABLE
         try:
             if counted:

@@ -138,19 +138,15 @@ def test_a_store_outage_past_the_retry_schedule_rejects_no_file(
     proxy = FaultProxy((host, int(port)))
     watch = None
     try:
-        import time as _t; T0=_t.monotonic(); mark=lambda w: print(f"[{_t.monotonic()-T0:6.1f}] {w}", flush=True)
         metrics_port = free_port()
         watch = Watch(h, metrics_port)  # the API starts while the files are uploaded
         ids = h.upload_many(small_photos(FILES + BEFORE))
-        mark("uploaded")
         worker = start_worker(h, {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"},
                               metrics_port)
         wait_started(worker)
         watch.wait_up()
-        mark("watch up")
         wait_for(lambda: h.statuses(ids).get("ready", 0) >= BEFORE, timeout=120,
                  what="progress before the outage")
-        mark("10 ready")
         if outage == "data_servers_down":
             split_seaweed.stop_volume()
         elif outage == "frozen":
@@ -160,13 +156,10 @@ def test_a_store_outage_past_the_retry_schedule_rejects_no_file(
         waiting = FILES + BEFORE - h.statuses(ids).get("ready", 0)
         try:
             wait_for(lambda: paused_for(h) >= 0, timeout=60, what="the worker to pause")
-            mark("paused")
             wait_for(watch.paused_everywhere, timeout=60, what="the pause shown everywhere")
-            mark("shown")
             wait_for(lambda: paused_for(h) >= HELD_SECONDS, timeout=120,
                      what="an outage past the whole retry schedule")
             during = h.statuses(ids)
-            mark("held")
         finally:
             if outage == "data_servers_down":
                 split_seaweed.start_volume()
@@ -174,11 +167,8 @@ def test_a_store_outage_past_the_retry_schedule_rejects_no_file(
                 split_seaweed.thaw()
             else:
                 proxy.heal()
-        mark("healed")
         wait_for(lambda: paused_for(h) < 0, timeout=120, what="the worker to resume")
-        mark("resumed")
         wait_for(lambda: h.all_finished(ids), timeout=300, what="every card final")
-        mark("finished")
         assert waiting >= FILES - 2  # two may have finished as the fault came in
         assert "rejected" not in during, during
         assert h.statuses(ids) == {"ready": FILES + BEFORE}
@@ -197,7 +187,6 @@ def test_a_store_outage_past_the_retry_schedule_rejects_no_file(
             assert proxy.counters.throttled >= 2, proxy.counters
         for file_id in ids:
             h.assert_published_once(file_id)
-        mark("checked")
         print(f"\n{outage}: {waiting} files waiting; held {HELD_SECONDS} s paused; deferrals"
               f" {len(deferred)} (counted {sum(c['deferrals'] for c in cards)});"
               f" max attempts {max(c['attempts'] for c in cards)}; {proxy.counters}")

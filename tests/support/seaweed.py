@@ -268,7 +268,8 @@ class SeaweedServer:
         server._volume_args = [
             weed_binary(), "volume", f"-dir={volume_dir}", f"-ip={ip}", f"-ip.bind={ip}",
             f"-port={volume}", f"-port.grpc={volume_grpc}",
-            f"-mserver={ip}:{master}.{master_grpc}", "-max=20",
+            # Room for many buckets: each is a collection of 7 volumes, created empty.
+            f"-mserver={ip}:{master}.{master_grpc}", "-max=200",
         ]
         try:
             server._wait_ready(timeout)

@@ -37,8 +37,11 @@ class StoreBreaker:
 
     def __init__(self, probe: Callable[[], Awaitable[None]], *,
                  on_change: Callable[[bool, str], Awaitable[None]] | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 cap_seconds: float = PROBE_CAP_SECONDS) -> None:
         self._probe = probe
+        # Probes back off to at most this (never below a tenth of a second).
+        self._cap = max(0.1, min(cap_seconds, PROBE_CAP_SECONDS))
         self._on_change = on_change
         self._rng = rng or random.Random()
         self._closed = asyncio.Event()
@@ -102,14 +105,14 @@ class StoreBreaker:
         """While open, probe with a jittered backoff; close when the store answers."""
         while True:
             await self._opened.wait()
-            delay = PROBE_FIRST_SECONDS
+            delay = min(PROBE_FIRST_SECONDS, self._cap)
             while self.is_open:
                 await asyncio.sleep(delay * self._rng.uniform(0.5, 1.5))
                 try:
                     await self._probe()
                 except StorageError as exc:
                     self.reason = type(exc).__name__
-                    delay = min(delay * 2, PROBE_CAP_SECONDS)
+                    delay = min(delay * 2, self._cap)
                     await self._notify()  # refreshes what `darkroom stats` shows
                     continue
                 self.served()

@@ -144,7 +144,10 @@ class Worker:
         ]
         # By lease token: one entry per attempt, never per file.
         self.jobs: dict[uuid.UUID, Job] = {}
-        self.breaker = StoreBreaker(self._probe_store, on_change=self._record_pause)
+        # Probing backs off no further than a retry would (DARKROOM_RETRY_CAP_SECONDS, at
+        # most 30 s): a store back is noticed as soon as a retried card would be.
+        self.breaker = StoreBreaker(self._probe_store, on_change=self._record_pause,
+                                    cap_seconds=settings.retry_cap_seconds)
         # Fenced commits, batched: one statement for the results that finish together.
         self.completer = Completer(queue, self._db_for_leases)
         # By file: when (monotonic) this worker last handed it back for the store.

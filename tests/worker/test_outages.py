@@ -36,10 +36,12 @@ BEFORE = 5  # ready before it
 WORKER = "wo"
 # Small, so that an outage of seconds outlasts the whole schedule: 3 attempts, backoff
 # 0.2 s doubling to 1 s (the harness's), a 2 s lease, 4 s for an attempt.
-SETTINGS = {"DARKROOM_ATTEMPT_TIMEOUT_SECONDS": "4"}
+ATTEMPT_SECONDS = 4
+SETTINGS = {"DARKROOM_ATTEMPT_TIMEOUT_SECONDS": str(ATTEMPT_SECONDS)}
 # The outage lasts until the worker's pause, as the database records it, has lasted this
-# long: past every retry and lease of the schedule above.
-HELD_SECONDS = 6
+# long: past every attempt of a card, each running into its time limit on a stalled
+# store, and every backoff between them.
+HELD_SECONDS = 3 * ATTEMPT_SECONDS + 1
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ real component does on demand:
 - `throttle()` (HTTP): every request is answered `503 SlowDown` with S3's XML error body,
   as a store that sheds load does, and never reaches the server; `throttle(match)` only
   the requests whose request line holds `match` (one object's key, say): a store that
-  fails one file's requests and serves the rest;
+  fails one file's requests and serves the rest; with `knock_over=s`, such a request
+  also makes every request fail for s seconds: a request that knocks the store over;
 - `heal()`: back to forwarding.
 
 Counters say how many faults of each kind were injected, so a test can assert that its
@@ -61,10 +62,12 @@ class Counters:
     cut_after: int = 0
     reset: int = 0
     throttled: int = 0
+    knocked_over: int = 0
 
     def __str__(self) -> str:
         return (f"connections={self.connections} cut_before={self.cut_before} "
-                f"cut_after={self.cut_after} reset={self.reset} throttled={self.throttled}")
+                f"cut_after={self.cut_after} reset={self.reset} throttled={self.throttled} "
+                f"knocked_over={self.knocked_over}")
 
 
 @dataclass(eq=False)
@@ -103,6 +106,8 @@ class FaultProxy:
         self._answers_to_cut = 0
         self._cut_prefix: bytes | None = None
         self._throttle_match: bytes | None = None
+        self._knock_over = 0.0
+        self._knocked: asyncio.TimerHandle | None = None
         self.counters = Counters()
         self._mode = "forward"
         self._links: set[_Link] = set()
@@ -148,13 +153,14 @@ class FaultProxy:
     def stall(self) -> None:
         self._call(lambda: self._set_mode("stall"))
 
-    def throttle(self, match: bytes | None = None) -> None:
+    def throttle(self, match: bytes | None = None, *, knock_over: float = 0.0) -> None:
         """Answer requests 503 SlowDown: every one, or those whose request line holds
-        `match` (forwarding the rest)."""
+        `match` (forwarding the rest; with `knock_over`, failing all for that long)."""
         assert not self.postgres, "throttling answers HTTP requests"
 
         def apply() -> None:
             self._throttle_match = match
+            self._knock_over = knock_over
             self._set_mode("forward" if match else "throttle")
 
         self._call(apply)
@@ -182,6 +188,8 @@ class FaultProxy:
     def heal(self) -> None:
         async def apply() -> None:
             self._throttle_match = None
+            if self._knocked is not None:
+                self._knocked.cancel()
             self._set_mode("forward")
             if self._server is None:
                 await self._listen()
@@ -316,7 +324,18 @@ class FaultProxy:
         if self._mode == "throttle":
             return True
         line = data.split(b"\r\n", 1)[0]
-        return self._throttle_match is not None and self._throttle_match in line
+        if self._throttle_match is None or self._throttle_match not in line:
+            return False
+        if self._knock_over > 0:
+            self.counters.knocked_over += 1
+            self._set_mode("throttle")
+            self._knocked = asyncio.get_running_loop().call_later(
+                self._knock_over, self._stand_up)
+        return True
+
+    def _stand_up(self) -> None:
+        if self._mode == "throttle":
+            self._set_mode("forward")
 
     async def _slow_down(self, reader: asyncio.StreamReader, link: _Link) -> None:
         """Answer 503 SlowDown and close; the rest of the request (a body) is read and

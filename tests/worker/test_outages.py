@@ -232,3 +232,46 @@ def test_a_file_the_store_fails_alone_is_rejected_after_the_bound(
                             " WHERE id <> %s", (poison,)).fetchone() == {"n": 0}
     finally:
         proxy.close()
+
+
+def test_a_file_that_knocks_the_store_over_is_rejected_after_the_bound(
+        store_harness: Harness, split_seaweed: SeaweedServer) -> None:
+    """Each request for one file's original makes the whole store answer 503 SlowDown for
+    1.5 s. The first time, nothing tells that file from an outage: deferred, not counted.
+    Each later try follows a store that served (the probe that closed the breaker), so it
+    counts, and the third counted deferral rejects the file. Each time the worker pauses
+    only until the store stands up and one probe sees it."""
+    h = store_harness
+    host, port = split_seaweed.endpoint_url.removeprefix("http://").split(":")
+    proxy = FaultProxy((host, int(port)))
+    try:
+        photos = small_photos(21)
+        [poison] = h.upload_many(photos[:1])
+        proxy.throttle(f"/originals/{poison}?".encode(), knock_over=1.5)
+        # One slot: only the poison is under way when it knocks the store over.
+        worker = h.start("worker", "--concurrency", "1", "--name", WORKER,
+                         env={"AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}",
+                              "DARKROOM_MAX_DEFERRALS": "3"})
+        ids = h.upload_many(photos[1:])
+        wait_for(lambda: h.all_finished([poison, *ids]), timeout=300,
+                 what="every card final")
+        assert h.statuses(ids) == {"ready": 20}
+        card = h.card(poison)
+        assert (card["status"], card["error_code"], card["deferrals"], card["attempts"]) == (
+            "rejected", "storage_unavailable", 3, 1)
+        assert [e["kind"] for e in h.events(poison)] == [
+            "claimed", "deferred", "claimed", "deferred_counted", "claimed",
+            "deferred_counted", "claimed", "exhausted"]
+        assert proxy.counters.knocked_over >= 4, proxy.counters
+        entries = [json.loads(line) for line in worker.log().splitlines()
+                   if line.startswith("{")]
+        paused = [e["paused_seconds"] for e in entries
+                  if e["msg"] == "object store answers again; claiming"]
+        # Four knocks, four pauses; each ends with the first probe after the store stands
+        # up (probes back off to the retry cap, 1 s). A deadline, not a measurement.
+        assert len(paused) == 4 and max(paused) < 10, paused
+        assert h.db.execute("SELECT sum(deferrals) AS n FROM archive_files"
+                            " WHERE id <> %s", (poison,)).fetchone() == {"n": 0}
+        print(f"\nknocked over: pauses {paused} s; {proxy.counters}")
+    finally:
+        proxy.close()

@@ -438,7 +438,7 @@ class Worker:
         self._deferred_at[lease.file_id] = now
         while len(self._deferred_at) > REMEMBERED_DEFERRALS:
             del self._deferred_at[next(iter(self._deferred_at))]
-        log.info("store failed; card handed back, attempt not counted",
+        log.info("store failed; card handed back, attempt given back",
                  extra={**job.log_extra(), "error": error, "deferrals": deferrals,
                         "breaker_open": self.breaker.is_open})
         return Outcome.DEFERRED

@@ -263,12 +263,19 @@ def test_a_file_that_knocks_the_store_over_is_rejected_after_the_bound(
             "claimed", "deferred", "claimed", "deferred_counted", "claimed",
             "deferred_counted", "claimed", "exhausted"]
         assert proxy.counters.knocked_over >= 4, proxy.counters
-        entries = [json.loads(line) for line in worker.log().splitlines()
-                   if line.startswith("{")]
-        paused = [e["paused_seconds"] for e in entries
-                  if e["msg"] == "object store answers again; claiming"]
-        # Four knocks, four pauses; each ends with the first probe after the store stands
-        # up (probes back off to the retry cap, 1 s). A deadline, not a measurement.
+
+        def pauses() -> list[float]:
+            entries = [json.loads(line) for line in worker.log().splitlines()
+                       if line.startswith("{")]
+            return [e["paused_seconds"] for e in entries
+                    if e["msg"] == "object store answers again; claiming"]
+
+        # Four knocks, four pauses (the last may still be ending as the card is rejected);
+        # each ends with the first probe after the store stands up (probes back off to the
+        # retry cap, 1 s). A deadline, not a measurement.
+        wait_for(lambda: len(pauses()) >= 4, timeout=60,
+                 what="the worker to resume after the last knock")
+        paused = pauses()
         assert len(paused) == 4 and max(paused) < 10, paused
         assert h.db.execute("SELECT sum(deferrals) AS n FROM archive_files"
                             " WHERE id <> %s", (poison,)).fetchone() == {"n": 0}

@@ -56,6 +56,12 @@ class Settings(BaseSettings):
     attempt_timeout_seconds: float = Field(300.0, gt=0, le=86_400,
         description=("an attempt's whole life (fetch, decode, store, commit); past it the "
                      "card is queued again"))
+    # An attempt the object store failed is handed back with the attempt given back; one
+    # failed while the store served other files between its tries is counted, and the
+    # file is rejected storage_unavailable at this many. A store outage counts none.
+    max_deferrals: int = Field(10, ge=1, le=1_000,
+        description=("a file the store fails while serving others is rejected "
+                     "`storage_unavailable` after this many deferrals; an outage counts none"))
 
     poll_seconds: float = Field(2.0, gt=0, le=3_600,
         description="idle workers poll this often (jittered) besides LISTEN/NOTIFY")

@@ -43,7 +43,7 @@ RELIABILITY = ROOT / "docs" / "RELIABILITY.md"
 
 def table(results: list[dict[str, Any]]) -> list[str]:
     def row(label: str, key: str) -> str:
-        return f"| {label} | " + " | ".join(str(r[key]) for r in results) + " |"
+        return f"| {label} | " + " | ".join(str(r.get(key, "—")) for r in results) + " |"
 
     modes = ["synchronous" if r["synchronous"] else "asynchronous" for r in results]
     return [
@@ -54,6 +54,8 @@ def table(results: list[dict[str, Any]]) -> list[str]:
         row("confirms answered 202", "acked"),
         row("primary killed after (s)", "kill_after_seconds"),
         row("first card moved again, after the kill (s)", "reconnect_seconds"),
+        row("open event stream: resync, then status events from the new primary",
+            "stream_events_after_kill"),
         row("cards seen ready on the old primary", "ready_before_kill"),
         row("**acknowledged confirms lost** (pending again, or no card, on the new primary)",
             "lost_acked_confirms"),

@@ -30,5 +30,7 @@ def test_a_promoted_synchronous_standby_loses_no_acknowledged_confirm(tmp_path: 
         0, 0, 0)
     assert outcome.originals_deleted == 0 and outcome.restored == 0
     assert 1 <= outcome.max_starts <= MAX_ATTEMPTS
-    # Work went on within seconds of the kill, without restarting anything.
+    # Work went on within seconds of the kill, without restarting anything; the page's
+    # open event stream was told to re-read, then saw the new primary's changes.
     assert outcome.reconnect_seconds < 30
+    assert outcome.stream_resynced and outcome.stream_events_after_kill > 0

@@ -169,6 +169,10 @@ class Outcome:
     upload_found: int = 0
     restored: int = 0
     originals_deleted: int = 0
+    # The page's event stream, opened before the kill and never reopened: a resync once
+    # the API's LISTEN reconnected, then the status changes made on the new primary.
+    stream_resynced: bool = False
+    stream_events_after_kill: int = 0
     max_starts: int = 0
     total_seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
@@ -237,6 +241,7 @@ def _rehearse(system: System, pg: ReplicatedPostgres, outcome: Outcome,
             created_before = set(created)
         pg.kill_primary()
         killed = time.monotonic()
+        killed_at.append(killed)
         # What the stalled link still held dies with the primary's machine.
         pg.link.reset()
         outcome.kill_after_seconds = round(killed - t0, 1)
@@ -266,8 +271,26 @@ def _rehearse(system: System, pg: ReplicatedPostgres, outcome: Outcome,
             wait_for(moved, timeout=120, interval=0.1, what="work after the failover")
             outcome.reconnect_seconds = round(time.monotonic() - killed, 1)
 
+    killed_at: list[float] = []
+
+    def watch_stream(stop: threading.Event) -> None:
+        """One page's event stream, across the failover."""
+        with contextlib.suppress(httpx.HTTPError), client.http.stream(
+                "GET", "/v1/events", timeout=httpx.Timeout(15, read=60)) as r:
+            for line in r.iter_lines():
+                if stop.is_set():
+                    return
+                if not killed_at or not line.startswith("event: "):
+                    continue
+                if line == "event: resync":
+                    outcome.stream_resynced = True
+                elif line == "event: status" and outcome.stream_resynced:
+                    outcome.stream_events_after_kill += 1
+
     stop_watch = threading.Event()
     watcher = threading.Thread(target=watch_ready, args=(stop_watch,))
+    streamer = threading.Thread(target=watch_stream, args=(stop_watch,), daemon=True)
+    streamer.start()
     killer = threading.Thread(target=failover)
     watcher.start()
     killer.start()

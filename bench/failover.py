@@ -34,7 +34,15 @@ from typing import Any
 
 from bench.cpu import cpu_model
 from bench.splice import DOC, block, splice
-from tests.support.failover import KILL_AT, LEASE, PENDING_TTL, PROMOTE_AFTER, Outcome, run
+from tests.support.failover import (
+    KILL_AT,
+    LAG,
+    LEASE,
+    PENDING_TTL,
+    PROMOTE_AFTER,
+    Outcome,
+    run,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out" / "failover.json"
@@ -82,9 +90,9 @@ def render(data: dict[str, Any]) -> list[str]:
         f"Machine: {data['nproc']} CPUs ({data['cpu']}), {data['date']}; PostgreSQL 16 "
         f"(pgserver's binaries), primary and streaming standby on one machine; API, 3 "
         f"workers (2 slots each) and the sweeper as processes; local object store; lease "
-        f"{LEASE:g} s, pending TTL {PENDING_TTL:g} s; the primary killed once "
-        f"{KILL_AT:.0%} of the files were confirmed, the standby promoted "
-        f"{PROMOTE_AFTER:g} s later.",
+        f"{LEASE:g} s, pending TTL {PENDING_TTL:g} s; once {KILL_AT:.0%} of the files "
+        f"were confirmed the replication link stalled {LAG:g} s, then the primary was "
+        f"killed (`kill -9`) and the standby promoted {PROMOTE_AFTER:g} s later.",
         "",
         *table(results),
         "",

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psycopg
 
+from darkroom.db import embedded
 from darkroom.db.migrations import migrate
 from tests.support.faults import FaultProxy
 from tests.support.services import free_port, wait_for
@@ -28,19 +29,18 @@ STANDBY_NAME = "standby1"
 
 
 def _bin(name: str) -> str:
-    from pgserver._commands import POSTGRES_BIN_PATH
-
-    return str(POSTGRES_BIN_PATH / name)
+    return embedded.binary(name)
 
 
 class ReplicatedPostgres:
     def __init__(self, *, synchronous: bool) -> None:
         self.synchronous = synchronous
         # Not under pytest's tmp dirs: those are private to root, and the servers run as
-        # the unprivileged `pgserver` user when the tests run as root.
+        # the embedded database's unprivileged user when the tests run as root.
         self.base = Path(tempfile.mkdtemp(prefix="darkroom-failover-"))
         self.base.chmod(0o755)
-        self.user = "pgserver" if os.geteuid() == 0 else None
+        account = embedded.service_account()  # made on first use, as `darkroom up` does
+        self.user = account.name if account else None
         self.primary_dir = self.base / "primary"
         self.standby_dir = self.base / "standby"
         self.ports = (free_port(), free_port())

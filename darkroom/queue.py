@@ -151,6 +151,7 @@ class Queue:
         worker: str = "",
         rng: random.Random | None = None,
         fingerprint: str | None = None,
+        bulk_share: float = 0.1,
     ) -> None:
         self.db = db
         self.lease_seconds = lease_seconds
@@ -162,6 +163,8 @@ class Queue:
         # The derivative settings this process derives with (recipe.settings_fingerprint),
         # stored with every derivative it publishes.
         self.fingerprint = fingerprint
+        # The least share of claims bulk work gets while interactive work is also due.
+        self.bulk_share = bulk_share
 
     @classmethod
     def from_settings(cls, db: Database, settings: Settings, worker: str = "") -> Queue:
@@ -173,6 +176,7 @@ class Queue:
             retry_cap_seconds=settings.retry_cap_seconds,
             worker=worker,
             fingerprint=settings_fingerprint(settings),
+            bulk_share=settings.bulk_share,
         )
 
     async def _rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -317,6 +321,7 @@ class Queue:
             return await self._leases("claim", {
                 "n": n, "max_attempts": self.max_attempts, "claim": claim_id,
                 "lease_seconds": self.lease_seconds, "worker": self.worker,
+                "bulk_share": self.bulk_share,
             })
         except CONNECTION_ERRORS as exc:
             raise ClaimUnknown(claim_id) from exc

@@ -317,7 +317,7 @@ class Rule:
 async def mixed_run(url: str, policy: str, plan: Plan, bulk_share: float) -> MixedRun:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(DARKROOM_EMPTY)
-    pool = await open_pool(url, min_size=2, max_size=2, name="bench-mixed")
+    pool = await open_pool(url, min_size=3, max_size=3, name="bench-mixed")
     owner_of: dict[uuid.UUID, str] = {}
     claimed: list[str] = []
     try:
@@ -331,6 +331,11 @@ async def mixed_run(url: str, policy: str, plan: Plan, bulk_share: float) -> Mix
             owner_of[await rule.upload(BULK_OWNER, f"imp{i}", Priority.BULK)] = BULK_OWNER
         for owner in SINGLES:
             owner_of[await rule.upload(owner, f"{owner}-0", Priority.INTERACTIVE)] = owner
+        uploads: list[asyncio.Task[None]] = []
+
+        async def next_photo(owner: str, name: str) -> None:
+            owner_of[await rule.upload(owner, name, Priority.INTERACTIVE)] = owner
+
         started = time.monotonic()
         while time.monotonic() - started < plan.mixed_seconds:  # one slot
             leases = await rule.claim()
@@ -342,10 +347,12 @@ async def mixed_run(url: str, policy: str, plan: Plan, bulk_share: float) -> Mix
             await queue.complete(lease, noop_result(lease))
             owner = owner_of[lease.file_id]
             claimed.append(owner)
-            if owner in SINGLES:  # the next photo, the moment the previous one is ready
-                name = f"{owner}-{claimed.count(owner)}"
-                owner_of[await rule.upload(owner, name, Priority.INTERACTIVE)] = owner
+            if owner in SINGLES:  # the next photo, the moment the previous one is ready,
+                # by the owner's own client: the slot goes on claiming meanwhile
+                uploads.append(asyncio.create_task(
+                    next_photo(owner, f"{owner}-{claimed.count(owner)}")))
         seconds = time.monotonic() - started
+        await asyncio.gather(*uploads)
     finally:
         await pool.close()
     with psycopg.connect(url) as conn:
@@ -360,6 +367,7 @@ async def mixed_run(url: str, policy: str, plan: Plan, bulk_share: float) -> Mix
     return MixedRun(policy=policy, seconds=seconds, claims=len(claimed),
                     by_owner={o: claimed.count(o) for o in ("big", *SINGLES, BULK_OWNER)},
                     bulk_claims=claimed.count(BULK_OWNER),
+                    claim_interval_s=seconds / max(len(claimed), 1),
                     mean_job_s=statistics.fmean(jobs) if jobs else 0.0, single_wait_s=waits)
 
 
@@ -387,7 +395,8 @@ def summarize_mixed(runs: list[MixedRun], bulk_share: float) -> dict[str, MixedS
             bulk_share=sum(r.bulk_claims for r in mine) / total,
             single_wait_p50_s=_pct(waits, 0.5), single_wait_p95_s=_pct(waits, 0.95),
             single_wait_max_s=_pct(waits, 1.0),
-            mean_job_s=statistics.fmean(r.mean_job_s for r in mine))
+            mean_job_s=statistics.fmean(r.mean_job_s for r in mine),
+            claim_interval_s=statistics.fmean(r.claim_interval_s for r in mine))
     return out
 
 

@@ -381,6 +381,8 @@ class MixedRun:
     bulk_claims: int
     mean_job_s: float
     single_wait_s: list[float]
+    # The run's length over its claims: one turn of the slot (job, commit, next claim).
+    claim_interval_s: float = 0.0
 
 
 @dataclass
@@ -396,6 +398,7 @@ class MixedSummary:
     single_wait_p95_s: float | None
     single_wait_max_s: float | None
     mean_job_s: float
+    claim_interval_s: float = 0.0
 
 
 @dataclass

@@ -34,8 +34,9 @@ FAIR_CLAIM_GROWTH = QUEUE_CLAIM_GROWTH  # claim with 1,000 owners waiting, × a 
 # The mixed scenario (single uploaders, a backlog owner, a bulk import; one slot), under
 # start-time fair queueing with DARKROOM_BULK_SHARE:
 FAIR_MIXED_SHARE_SLACK = 0.2  # each owner's share of the claims within ±20% of its ideal
-FAIR_MIXED_WAIT_JOBS = 5.0  # a single uploader's p95 wait, × the mean job: one round of
-#                             the four interactive owners plus bulk's share
+# A single uploader's p95 wait, × the slot's time per claim: one round of the four
+# interactive owners plus bulk's share.
+FAIR_MIXED_WAIT_JOBS = 5.0
 FAIR_CLAIM_THROUGHPUT = 0.8  # concurrent claims/s with the shared clock row, × the previous
 
 # bench/soak.py: the issue says the claim time "must not drift up" without a number; the

@@ -267,7 +267,17 @@ def _prepare_data_dir(pgdata: Path, account: Account | None) -> None:
 def _locked(pgdata: Path) -> Iterator[None]:
     """One process at a time initialises, upgrades or starts the server."""
     lock = pgdata.with_name(f".{pgdata.name}.lock")
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    # As root the data dir is the service user's: a link it put here must not make root
+    # create (or lock) a file it names elsewhere.
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+                     | os.O_NONBLOCK, 0o600)
+    except OSError:
+        raise ConfigError(f"{lock} is not a file darkroom can lock (a link?); "
+                          "remove it") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"{lock} is not a regular file; remove it")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

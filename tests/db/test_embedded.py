@@ -331,3 +331,52 @@ def test_as_root_programs_out_of_the_service_users_reach_are_copied_not_widened(
             assert st.st_uid == 0 and not stat.S_IMODE(st.st_mode) & 0o022, path
     finally:
         shutil.rmtree(hidden, ignore_errors=True)
+
+
+def as_service_user(*args: str) -> subprocess.CompletedProcess[str]:
+    """What the server's own account can do: anyone who reaches the database as its
+    superuser runs commands as it (COPY ... TO PROGRAM)."""
+    return subprocess.run(["setpriv", f"--reuid={embedded.SERVICE_USER}",
+                           f"--regid={embedded.SERVICE_USER}", "--clear-groups", *args],
+                          capture_output=True, text=True, timeout=60, cwd="/",
+                          env={"PATH": "/usr/bin:/bin"})
+
+
+@needs_root
+def test_as_root_a_lock_link_the_service_user_plants_is_not_followed(base: Path) -> None:
+    """The data dir belongs to the service user (the server must enter it); root's lock
+    file there must not follow a link that user plants: root would create (0600, its own)
+    any file the link names, /etc/nologin say, shutting every other user out."""
+    data_dir = base / "data"
+    embedded.start(data_dir / "pg").cleanup()
+    stop(data_dir / "pg")
+    victim = base / "made-by-root"  # base is root's: the service user cannot write there
+    lock = data_dir / ".pg.lock"
+    planted = as_service_user("sh", "-c", f"rm -f {lock} && ln -s {victim} {lock}")
+    assert planted.returncode == 0, planted.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
+    done = subprocess.run([sys.executable, "-m", "darkroom.cli", "migrate"],
+                          env={**env, "DARKROOM_DATA_DIR": str(data_dir)},
+                          capture_output=True, text=True, timeout=120)
+    stop(data_dir / "pg")
+    assert not victim.exists() and not victim.is_symlink()
+    # Refused in one line naming the file, nothing started.
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(lock) in lines[0], done.stderr
+
+
+@needs_root
+@pytest.mark.xfail(strict=True, reason="as root the data dir belongs to the service user, "
+                   "so it may swap any name in it (objects, local-api-key) for a link that "
+                   "root's processes then follow; the data dir should stay root's with a "
+                   "traverse-only group for the server")
+def test_as_root_the_service_user_cannot_swap_names_in_the_data_dir(base: Path) -> None:
+    data_dir = base / "data"
+    embedded.start(data_dir / "pg").cleanup()
+    stop(data_dir / "pg")
+    (data_dir / "objects").mkdir(mode=0o700)
+    swapped = as_service_user("sh", "-c", f"mv {data_dir / 'objects'} {data_dir / 'old'} && "
+                              f"ln -s /tmp {data_dir / 'objects'}")
+    assert swapped.returncode != 0, "the service user renamed root's objects directory"
+    assert not (data_dir / "objects").is_symlink()

@@ -76,7 +76,7 @@ async def test_retry_requeues_retryable_rejected_cards_once_with_a_fresh_budget(
     corrupt = await rejected(q, ErrorCode.INVALID_IMAGE)
     # Attempts exhausted: its only lease ran out.
     exhausted = await queued(q)
-    [lease] = await q.claim(1)
+    assert [x.file_id for x in await q.claim(1)] == [exhausted]
     expire(db_url, exhausted)
     assert await q.claim(1) == []
     assert row(db_url, exhausted)["error_code"] == "attempts_exhausted"

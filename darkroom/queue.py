@@ -233,7 +233,7 @@ class Queue:
             rows = await self._cards("create_file", params)
             return rows[0] if rows else None
         async with self.db.transaction() as tx:
-            if not await _within_quota(tx, owner, size, quota_files, quota_bytes):
+            if not await _within_quota(tx, owner, size, quota_files, quota_bytes, key_hash):
                 raise QuotaExceeded(owner)
             rows = await tx.typed("create_file", params, Card)
         return rows[0] if rows else None
@@ -537,10 +537,12 @@ class Queue:
 
 
 async def _within_quota(tx: Statements, owner: str, size: int, quota_files: int,
-                        quota_bytes: int) -> bool:
+                        quota_bytes: int, key_hash: bytes | None = None) -> bool:
     """In the caller's transaction: take the owner's quota lock (so two creates cannot
-    both fit into the last free place), then answer whether one more card of `size` fits."""
+    both fit into the last free place), then answer whether one more card of `size` fits,
+    or the owner already holds `key_hash` (the create then makes no card: a replay)."""
     await tx.rows("lock_owner_quota", {"owner": owner})
     fits = await tx.row("owner_within_quota", {
-        "owner": owner, "size": size, "quota_files": quota_files, "quota_bytes": quota_bytes})
+        "owner": owner, "size": size, "quota_files": quota_files, "quota_bytes": quota_bytes,
+        "key_hash": key_hash})
     return bool(fits and fits["fits"])

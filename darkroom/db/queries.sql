@@ -734,10 +734,14 @@ SELECT pg_advisory_xact_lock(hashtextextended('darkroom.quota:' || %(owner)s, 0)
 -- name: owner_within_quota
 -- Whether one more card of `size` declared bytes keeps the owner within the quotas (0:
 -- none). Live cards count, pending ones included: their bytes are stored or about to be.
--- Run after lock_owner_quota, in the same transaction as the creation.
-SELECT (%(quota_files)s::bigint = 0 OR count(*) + 1 <= %(quota_files)s::bigint)
-   AND (%(quota_bytes)s::bigint = 0
-        OR coalesce(sum(size_bytes), 0) + %(size)s::bigint <= %(quota_bytes)s::bigint) AS fits
+-- Run after lock_owner_quota, in the same transaction as the creation. A create whose
+-- idempotency key the owner already holds needs no room: it makes no card, and answers
+-- the key's card (a replay of a create that committed while this one waited for the lock).
+SELECT ((%(quota_files)s::bigint = 0 OR count(*) + 1 <= %(quota_files)s::bigint)
+        AND (%(quota_bytes)s::bigint = 0
+             OR coalesce(sum(size_bytes), 0) + %(size)s::bigint <= %(quota_bytes)s::bigint))
+       OR EXISTS (SELECT 1 FROM idempotency_keys k
+                  WHERE k.owner = %(owner)s AND k.key_hash = %(key_hash)s::bytea) AS fits
 FROM archive_files
 WHERE owner = %(owner)s AND status <> 'deleting';
 

@@ -98,6 +98,9 @@ class Job:
     # the claim or of the last answered heartbeat, plus the lease. Its statements are
     # retried through a database fault until then.
     held_until: float = 0.0
+    # The attempt's fenced commit, once handed to the completer: its answer, not a timeout
+    # that raced it, tells how the attempt ended.
+    commit: asyncio.Future[bool] | None = None
 
     def log_extra(self) -> dict[str, Any]:
         return {"file_id": str(self.lease.file_id), "attempt": self.lease.attempt,
@@ -268,6 +271,13 @@ class Worker:
         job.decoder.kill()
         try:
             async with asyncio.timeout(self._timeout_reserve()):
+                if job.commit is not None:
+                    # Its commit is on its way: recording a failure now would race it (and
+                    # lose to it, as a lost lease). Its answer says what happened.
+                    if await asyncio.shield(job.commit):
+                        return Outcome.READY
+                    metrics.LEASE_LOST.inc()
+                    return Outcome.LEASE_LOST
                 return await self._fail(job, ErrorCode.PROCESSING_TIMEOUT, "attempt timeout")
         except (TimeoutError, *CONNECTION_ERRORS):
             # Unrecorded: the lease runs out and another attempt takes the card.
@@ -304,7 +314,9 @@ class Worker:
                               width=result.width, height=result.height, size=result.size,
                               thumb=stored, thumbhash=result.thumbhash)
             with _stage("commit"):
-                if not await self.completer.complete(lease, derived):
+                job.commit = self.completer.submit(lease, derived)
+                # Shielded: a timeout stops the wait, never the commit (see _timed_out).
+                if not await asyncio.shield(job.commit):
                     raise LeaseLost(lease.file_id, lease.token)
             log.info("ready", extra={**job.log_extra(), "bytes": result.size})
             return Outcome.READY

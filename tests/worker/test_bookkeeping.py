@@ -89,3 +89,62 @@ async def test_a_statement_is_tried_while_the_heartbeats_hold_its_lease(
     with pytest.raises(psycopg.OperationalError):
         await worker._db(cut_three_times, lambda: 0.0)
     assert 1 <= tries <= 3
+
+
+async def test_a_timeout_racing_the_attempts_own_commit_records_no_lost_lease(
+        pool: Any, db_url: str, tmp_path: Path) -> None:
+    """The attempt's commit waits (its row is locked by another transaction) when the
+    attempt timeout fires. The commit goes through once the lock is gone, within the
+    timeout's reserve: the attempt is published and nothing records a lost lease."""
+    from prometheus_client import REGISTRY
+
+    from tests.support.services import wait_for
+
+    store = open_store((tmp_path / "objects").as_uri())
+    # The budget is 6 s of 8, the reserve 2 s.
+    settings = Settings(lease_seconds=30, attempt_timeout_seconds=8, data_dir=tmp_path)
+    queue = Queue.from_settings(Database(pool), settings, worker="w")
+    [data] = small_photos(1)
+    card = await queue.create_file(owner="o", filename="a.jpg", content_type="image/jpeg",
+                                   size=len(data))
+    version = await asyncio.to_thread(store.put, card.original_key, data)
+    await confirm(queue, card.id, "o", version)
+    [lease] = await queue.claim(1)
+
+    def timeouts() -> float:
+        return REGISTRY.get_sample_value("darkroom_attempt_timeouts_total") or 0.0
+
+    def commit_waits() -> bool:
+        with psycopg.connect(db_url) as conn:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type"
+                               " = 'Lock' AND query LIKE %s", ("%unnest%",)).fetchone()
+        return row is not None and row[0] > 0
+
+    before = timeouts()
+    worker = Worker(settings, queue, store, concurrency=1)
+    for decoder in worker.idle_decoders:
+        decoder.start()
+    completer = asyncio.create_task(worker.completer.run())
+    locker = await asyncio.to_thread(psycopg.connect, db_url)
+    try:
+        await asyncio.to_thread(locker.execute,
+                                "SELECT 1 FROM archive_files WHERE id = %s FOR UPDATE",
+                                (card.id,))
+        worker._start(lease, time.monotonic() + settings.lease_seconds)
+        job = worker.jobs[lease.token]
+        await asyncio.to_thread(wait_for, commit_waits, timeout=30, what="the commit to wait")
+        await asyncio.to_thread(wait_for, lambda: timeouts() > before, timeout=30,
+                                what="the attempt timeout")
+        await asyncio.to_thread(locker.rollback)
+        assert job.task is not None
+        await asyncio.wait_for(job.task, 30)
+    finally:
+        locker.close()
+        completer.cancel()
+        for decoder in worker.idle_decoders:
+            decoder.close()
+    row = await queue.get_file(card.id, "o")
+    assert row is not None and row.status == "ready"
+    assert row.derived_key is not None and str(lease.token) in row.derived_key
+    kinds = [e.kind for e in await queue.events(card.id)]
+    assert kinds == ["claimed", "ready"]

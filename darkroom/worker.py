@@ -135,6 +135,10 @@ class Worker:
         self.stopping = asyncio.Event()
         self.skip_grace = asyncio.Event()
         self._rng = random.Random()
+        # Claims whose answer was lost and whose lookup found nothing yet: the claim may
+        # still commit (its statement was on its way, or still running on the server).
+        # By claim id: until when to look again, and until when its leases surely hold.
+        self._unknown_claims: dict[uuid.UUID, tuple[float, float]] = {}
 
     # --- the main loop -----------------------------------------------------------------
 
@@ -173,9 +177,10 @@ class Worker:
         self.wake.set()
 
     async def _claim_free_slots(self) -> int:
+        adopted = await self._adopt_late_claims() if self._unknown_claims else 0
         free = self.concurrency - len(self.jobs)
         if free <= 0:
-            return 0
+            return adopted
         sent = time.monotonic()
         held_until = sent + self.settings.lease_seconds
         try:
@@ -195,6 +200,11 @@ class Worker:
                 await self._pause(self._rng.uniform(0.5, 2.0))
                 return 0
             metrics.CLAIMS_ADOPTED.inc(len(leases))
+            if not leases:
+                # Nothing yet; the claim may commit later. Looked up again at every turn
+                # of the loop, so what it leases is run, not left to run out its lease.
+                self._unknown_claims[claim_id] = (sent + 2 * self.settings.lease_seconds,
+                                                  held_until)
         except CONNECTION_ERRORS as exc:
             metrics.DB_ERRORS.inc()
             log.warning("claim failed; database unavailable", extra={"error": type(exc).__name__})
@@ -203,6 +213,41 @@ class Worker:
         for lease in leases:
             self._start(lease, held_until)
         return len(leases)
+
+    async def _adopt_late_claims(self) -> int:
+        """Run what a claim whose answer was lost leased after its first lookup. A claim
+        commits all its rows at once: once some are found, it is settled."""
+        started = 0
+        now = time.monotonic()
+        for claim_id, (look_until, held_until) in list(self._unknown_claims.items()):
+            if now > look_until:
+                del self._unknown_claims[claim_id]
+                continue
+            try:
+                leases = await self.queue.adopt_claim(claim_id)
+            except CONNECTION_ERRORS as exc:
+                metrics.DB_ERRORS.inc()
+                log.warning("could not look up a claim; trying again",
+                            extra={"error": type(exc).__name__})
+                return started
+            if not leases:
+                continue
+            del self._unknown_claims[claim_id]
+            metrics.CLAIMS_ADOPTED.inc(len(leases))
+            log.info("a lost claim committed late; running what it leased",
+                     extra={"leases": len(leases)})
+            # Its rows were claimed for the slots free then; any more than are free now
+            # go back at once (due now) rather than wait for their lease.
+            room = max(self.concurrency - len(self.jobs), 0)
+            for lease in leases[:room]:
+                self._start(lease, held_until)
+            started += min(room, len(leases))
+            if leases[room:]:
+                try:
+                    await self.queue.release(leases[room:])
+                except CONNECTION_ERRORS:
+                    log.warning("could not hand leases back; they will expire instead")
+        return started
 
     def _start(self, lease: Lease, held_until: float) -> None:
         # After an outage longer than the lease this worker may have reclaimed a card its

@@ -148,3 +148,70 @@ async def test_a_timeout_racing_the_attempts_own_commit_records_no_lost_lease(
     assert row.derived_key is not None and str(lease.token) in row.derived_key
     kinds = [e.kind for e in await queue.events(card.id)]
     assert kinds == ["claimed", "ready"]
+
+
+async def test_a_lost_claim_that_commits_after_its_lookup_is_still_adopted(
+        pool: Any, db_url: str, tmp_path: Path) -> None:
+    """A claim's answer is lost while its transaction is still open on the server; the
+    worker's lookup finds nothing, then the claim commits. Its lease is run at the next
+    turn of the worker's loop, not left to run out (30 s here)."""
+    import uuid
+
+    from darkroom.db.queries import QUERIES
+    from darkroom.queue import ClaimUnknown, Lease
+    from tests.support.services import wait_for
+
+    store = open_store((tmp_path / "objects").as_uri())
+    settings = Settings(lease_seconds=30, poll_seconds=0.2, data_dir=tmp_path)
+    late = psycopg.connect(db_url)  # the claim's own connection, its commit delayed
+    lookups: list[int] = []
+
+    class LateClaim(Queue):
+        """The network of this test: the first claim reaches the server, its answer
+        never comes back, and it commits only when the test says so."""
+
+        async def claim(self, n: int) -> list[Lease]:
+            if lookups:
+                return await super().claim(n)
+            claim_id = uuid.uuid4()
+            await asyncio.to_thread(late.execute, QUERIES["claim"], {
+                "n": n, "max_attempts": self.max_attempts, "claim": claim_id,
+                "lease_seconds": self.lease_seconds, "worker": self.worker})
+            raise ClaimUnknown(claim_id)
+
+        async def adopt_claim(self, claim_id: uuid.UUID) -> list[Lease]:
+            found = await super().adopt_claim(claim_id)
+            lookups.append(len(found))
+            return found
+
+    queue = LateClaim.from_settings(Database(pool), settings, worker="w")
+    [data] = small_photos(1)
+    card = await queue.create_file(owner="o", filename="a.jpg", content_type="image/jpeg",
+                                   size=len(data))
+    version = await asyncio.to_thread(store.put, card.original_key, data)
+    await confirm(queue, card.id, "o", version)
+    worker = Worker(settings, queue, store, concurrency=1)
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.to_thread(wait_for, lambda: bool(lookups), timeout=30,
+                                what="the first lookup of the lost claim")
+        assert lookups[0] == 0  # not committed yet: nothing to adopt
+        await asyncio.to_thread(late.commit)
+
+        async def ready() -> bool:
+            row = await queue.get_file(card.id, "o")
+            return row is not None and row.status == "ready"
+
+        deadline = time.monotonic() + 20
+        while not await ready():
+            assert time.monotonic() < deadline, "the late claim's lease was not run"
+            await asyncio.sleep(0.1)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(running, 30)
+        late.close()
+    row = await queue.get_file(card.id, "o")
+    assert row is not None and row.attempts == 1
+    kinds = [e.kind for e in await queue.events(card.id)]
+    assert kinds == ["claimed", "ready"]
+    assert lookups[-1] == 1

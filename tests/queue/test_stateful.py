@@ -1,9 +1,11 @@
 """A Hypothesis state machine drives several simulated workers against the real queue.
 
 The clock is controlled by moving a lease's `lease_until` into the past ("expire"), so
-every interleaving of claim, heartbeat, commit, failure, expiry, release, revoke and
-re-derive that Hypothesis finds is checked against the protocol's invariants after every
-step. Unknown outcomes are rules too: a statement repeated after it committed (its answer
+every interleaving of claim, heartbeat, commit, failure, expiry, release, revoke,
+re-derive and retry that Hypothesis finds is checked against the protocol's invariants
+after every step. A re-derive that fails for good (a failure, or attempts exhausted at a
+claim) leaves the photo ready with its previous derivative; a retry takes back only
+rejected cards, and a retry repeated after its answer was lost queues nothing twice. Unknown outcomes are rules too: a statement repeated after it committed (its answer
 lost) must be recognized as the same success, and a claim whose answer was lost is
 adopted. Commits come one by one and in batches; the sweeper's orphan unit and
 reconciliation run between any two steps against a real local store, and no object a card
@@ -30,7 +32,7 @@ from psycopg.rows import dict_row
 from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
 from darkroom.db.queries import QUERIES
-from darkroom.errors import ErrorCode
+from darkroom.errors import RETRYABLE_CODES, ErrorCode
 from darkroom.queue import Derived, Lease, LeaseLost, Priority, Queue, derived_key
 from darkroom.storage import open_store
 from darkroom.sweeper import Orphans, Reconcile
@@ -75,6 +77,11 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             self.derived: dict[uuid.UUID, Derived] = {}
             # Statements that went through, to be repeated as if their answer was lost.
             self.finished: list[tuple[int, Lease, str, ErrorCode | None]] = []
+            # Retry runs whose answer was lost: (owner, run, codes, the cards it moved),
+            # and the run that re-queued each card last.
+            self.lost_retries: list[tuple[str, uuid.UUID, list[str] | None,
+                                          set[uuid.UUID]]] = []
+            self.retried_by: dict[uuid.UUID, uuid.UUID] = {}
 
         def run(self, coro: Any) -> Any:
             return self.loop.run_until_complete(coro)
@@ -132,9 +139,20 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 self.starts[lease.file_id] = self.starts.get(lease.file_id, 0) + 1
                 assert lease.attempt == self.starts[lease.file_id]
             self.held[w].extend(leases)
+            self.settle_failed_rederives()
             # What the claim took of the due cards: leased, or ended as attempts_exhausted.
             still = {r["id"] for r in self.due()}
             self.check_fair(due, [r["id"] for r in due if r["id"] not in still])
+
+        def settle_failed_rederives(self) -> None:
+            """A re-derive that ended for good without publishing: the photo is ready again
+            with the derivative it had, the failure on the card."""
+            for file_id, token in list(self.superseded.items()):
+                r = self.row(file_id)
+                if r["status"] == "ready" and file_id not in self.published:
+                    assert r["rederive_error"] is not None and r["error_code"] is None
+                    assert r["derived_key"] == f"derived/{file_id}/{token}.webp"
+                    self.published[file_id] = self.superseded.pop(file_id)
 
         def check_fair(self, due: list[dict[str, Any]], taken: list[uuid.UUID]) -> None:
             """Priority and fair share, judged from the due cards before a claim."""
@@ -225,7 +243,11 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 assert not expected
                 return
             assert expected
-            assert status in {"queued", "rejected"}
+            assert status in {"queued", "rejected", "ready"}
+            # Ready: a re-derive that failed for good, never a first derive.
+            assert (status == "ready") == (lease.file_id in self.superseded
+                                           and status != "queued")
+            self.settle_failed_rederives()
             self.requeued += status == "queued"
             self.finished.append((w, lease, "fail", code))
 
@@ -321,6 +343,64 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 self.starts[lease.file_id] = self.starts.get(lease.file_id, 0) + 1
                 assert lease.attempt == self.starts[lease.file_id]
             self.held[w].extend(leases)
+            self.settle_failed_rederives()
+
+        def rejected(self, owner: str, codes: list[str] | None) -> set[uuid.UUID]:
+            rows = self.db.execute(
+                "SELECT id, error_code FROM archive_files WHERE owner = %s"
+                " AND status = 'rejected'", (owner,)).fetchall()
+            return {r["id"] for r in rows if codes is None or r["error_code"] in codes}
+
+        def retried(self, moved: list[uuid.UUID], run: uuid.UUID) -> None:
+            for file_id in moved:
+                r = self.row(file_id)
+                assert (r["status"], r["attempts"], r["error_code"], r["priority"]) == (
+                    "queued", 0, None, "bulk")
+                assert file_id not in self.published  # a rejected card never published
+                self.starts[file_id] = 0  # a fresh attempt budget
+                self.retried_by[file_id] = run
+
+        @precondition(lambda self: bool(self.files))
+        @rule(owner=st.sampled_from(OWNERS), every=st.booleans(), lost=st.booleans())
+        def retry(self, owner: str, every: bool, lost: bool) -> None:
+            """`darkroom retry` for one owner: takes exactly the owner's rejected cards with
+            a retryable code (any code with --all); run again, it queues nothing."""
+            codes = None if every else sorted(RETRYABLE_CODES)
+            expected = self.rejected(owner, codes)
+            others = {r["id"]: r["status"] for r in self.db.execute(
+                "SELECT id, status FROM archive_files").fetchall() if r["id"] not in expected}
+            run = uuid.uuid4()
+            if lost:  # committed, its answer never read
+                self.db.execute(QUERIES["retry"], {
+                    "owner": owner, "id": None, "codes": codes, "since": None, "run": run,
+                    "actor": "cli:test", "priority": "bulk", "limit": 500})
+                moved = list(expected - self.rejected(owner, codes))
+            else:
+                moved = self.run(self.queues[0].retry(owner, run=run, actor="cli:test",
+                                                      codes=codes))
+            assert set(moved) == expected
+            self.retried(moved, run)
+            # Nothing that was not rejected (with such a code) changed status.
+            now = {r["id"]: r["status"] for r in self.db.execute(
+                "SELECT id, status FROM archive_files").fetchall()}
+            assert {i: now[i] for i in others if i in now} == {
+                i: st for i, st in others.items() if i in now}
+            assert self.run(self.queues[0].retry(owner, run=run, actor="cli:test",
+                                                 codes=codes)) == []
+            if lost:
+                self.lost_retries.append((owner, run, codes, set(moved)))
+
+        @precondition(lambda self: bool(self.lost_retries))
+        @rule(data=st.data())
+        def repeat_lost_retry(self, data: st.DataObject) -> None:
+            """A retry whose answer was lost, sent again later: it re-queues none of the
+            cards it re-queued, even one that was rejected again since."""
+            owner, run, codes, moved_before = data.draw(st.sampled_from(self.lost_retries))
+            mine = {f for f in moved_before if self.retried_by.get(f) == run}
+            moved = self.run(self.queues[0].retry(owner, run=run, actor="cli:test",
+                                                  codes=codes))
+            assert not set(moved) & mine, "a retry run queued a card twice"
+            self.retried(moved, run)
 
         def lease_lost_count(self) -> int:
             found = self.db.execute("SELECT count(*) AS n FROM archive_events"

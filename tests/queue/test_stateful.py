@@ -5,7 +5,8 @@ every interleaving of claim, heartbeat, commit, failure, expiry, release, revoke
 re-derive and retry that Hypothesis finds is checked against the protocol's invariants
 after every step. A re-derive that fails for good (a failure, or attempts exhausted at a
 claim) leaves the photo ready with its previous derivative; a retry takes back only
-rejected cards, and a retry repeated after its answer was lost queues nothing twice. Unknown outcomes are rules too: a statement repeated after it committed (its answer
+rejected cards, and a retry repeated after its answer was lost queues nothing twice.
+Unknown outcomes are rules too: a statement repeated after it committed (its answer
 lost) must be recognized as the same success, and a claim whose answer was lost is
 adopted. Commits come one by one and in batches; the sweeper's orphan unit and
 reconciliation run between any two steps against a real local store, and no object a card

@@ -12,10 +12,11 @@ one card from the page is interactive, since someone is watching it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import getpass
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -24,7 +25,7 @@ from typing import IO
 from darkroom.card import Card, Priority
 from darkroom.config import ConfigError, Settings
 from darkroom.db.connection import database_url
-from darkroom.db.database import opened
+from darkroom.db.database import CONNECTION_ERRORS, opened
 from darkroom.errors import RETRYABLE_CODES, ErrorCode
 from darkroom.queue import Queue
 
@@ -115,13 +116,25 @@ async def run(settings: Settings, *, owner: str | None, codes: Sequence[str] | N
         actor = cli_actor()
         ids: list[uuid.UUID] = []
         for name in sorted({name for name, _ in found}):
-            while moved := await queue.retry(name, run=run_id, actor=actor, codes=taken,
-                                             since=after, limit=BATCH):
+            batch = functools.partial(queue.retry, name, run=run_id, actor=actor,
+                                      codes=taken, since=after, limit=BATCH)
+            while moved := await _fenced(batch):
                 ids += moved
         print(f"queued {len(ids)} retry(s) of {scope} ({what}) as bulk work", file=out)
         if wait:
             await _wait(queue, ids)
         return 0
+
+
+async def _fenced(call: Callable[[], Awaitable[list[uuid.UUID]]]) -> list[uuid.UUID]:
+    """One statement of the run, sent again (same run id) if its answer was lost: the
+    repeat takes nothing the first one moved, so whether it committed does not matter."""
+    for delay in (0.5, 1.0, 2.0):
+        try:
+            return await call()
+        except CONNECTION_ERRORS:
+            await asyncio.sleep(delay)
+    return await call()
 
 
 async def _wait(queue: Queue, ids: list[uuid.UUID]) -> None:

@@ -278,3 +278,19 @@ async def test_a_timeout_recorded_after_its_own_commit_is_not_a_lost_lease(
     assert await q.fail(lease, ErrorCode.PROCESSING_TIMEOUT) == "ready"
     assert [k for k, _, _ in events(db_url, fid)] == ["claimed", "ready"]
     assert row(db_url, fid)["status"] == "ready"
+
+
+def test_the_retry_command_line() -> None:
+    from darkroom.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["retry", "--owner", "o", "--code", "storage_unavailable", "--code", "invalid_image",
+         "--since", "2026-12-03T10:00", "--dry-run", "--wait"])
+    assert (args.owner, args.code, args.since, args.all, args.dry_run, args.wait) == (
+        "o", ["storage_unavailable", "invalid_image"], "2026-12-03T10:00", False, True, True)
+    since = retry.parse_since("2026-12-03T10:00")
+    assert since is not None and since.utcoffset() is not None and since.hour == 10
+    assert retry.parse_codes(None, everyone=True) is None
+    assert retry.parse_codes(None, everyone=False) == CODES
+    with pytest.raises(ConfigError, match="either --all or --code"):
+        retry.parse_codes(["invalid_image"], everyone=True)

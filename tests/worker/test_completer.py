@@ -89,7 +89,9 @@ async def test_a_batch_being_tried_again_does_not_hold_up_the_next(pool: Any) ->
     completer = Completer(q, stuck_first)
     async with running(completer):
         one = asyncio.ensure_future(completer.complete(first, result(first)))
-        await asyncio.sleep(0)  # (only lets the first batch be taken)
+        async with asyncio.timeout(10):
+            while calls == 0:  # the first batch is being tried
+                await asyncio.sleep(0)
         assert await asyncio.wait_for(completer.complete(second, result(second)), 10) is True
         assert not one.done()
         row = await q.get_file(second.file_id, "o")

@@ -33,7 +33,7 @@ from psycopg.rows import dict_row
 from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
 from darkroom.db.queries import QUERIES
-from darkroom.errors import RETRYABLE_CODES, ErrorCode
+from darkroom.errors import RETRYABLE_CODES, TRANSIENT_CODES, ErrorCode
 from darkroom.queue import Derived, Lease, LeaseLost, Priority, Queue, derived_key
 from darkroom.storage import open_store
 from darkroom.sweeper import Orphans, Reconcile
@@ -197,6 +197,15 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 self.superseded[file_id] = self.published.pop(file_id)
                 self.starts[file_id] = 0  # a re-derive has max_attempts of its own
 
+        @precondition(lambda self: bool(self.published))
+        @rule(data=st.data())
+        def rederive_and_claim(self, data: st.DataObject) -> None:
+            """A re-derive of a ready card's owner, and a worker taking the work at once
+            (so that re-derives' attempts, and their failures, come up often)."""
+            owner = self.owner_of[data.draw(st.sampled_from(sorted(self.published)))]
+            self.rederive(owner)
+            self.claim(data.draw(st.integers(0, WORKERS - 1)), 4)
+
         @rule()
         def claim_pass(self) -> None:
             """A rescuer claims everything claimable: no expired lease survives it."""
@@ -248,6 +257,35 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             # Ready: a re-derive that failed for good, never a first derive.
             assert (status == "ready") == (lease.file_id in self.superseded
                                            and status != "queued")
+            self.settle_failed_rederives()
+            self.requeued += status == "queued"
+            self.finished.append((w, lease, "fail", code))
+
+        def rederiving(self) -> list[tuple[int, int]]:
+            return [(w, i) for w, held in enumerate(self.held)
+                    for i, lease in enumerate(held) if lease.file_id in self.superseded]
+
+        @precondition(lambda self: bool(self.rederiving()))
+        @rule(data=st.data(), code=st.sampled_from(list(ErrorCode)))
+        def fail_a_rederive(self, data: st.DataObject, code: ErrorCode) -> None:
+            """A re-derive's attempt fails: queued again while it may retry, else the photo
+            is ready again with the derivative it had and the code on the card."""
+            w, i = data.draw(st.sampled_from(self.rederiving()))
+            lease = self.held[w].pop(i)
+            old_key = f"derived/{lease.file_id}/{self.superseded[lease.file_id]}.webp"
+            expected = self.holds_lease(lease)
+            try:
+                status = self.run(self.queues[w].fail(lease, code))
+            except LeaseLost:
+                assert not expected
+                return
+            assert expected
+            r = self.row(lease.file_id)
+            again = code in TRANSIENT_CODES and lease.attempt < MAX_ATTEMPTS
+            assert status == r["status"] == ("queued" if again else "ready")
+            assert r["derived_key"] == old_key and r["error_code"] is None
+            if not again:
+                assert r["rederive_error"] == code
             self.settle_failed_rederives()
             self.requeued += status == "queued"
             self.finished.append((w, lease, "fail", code))
@@ -361,11 +399,18 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 self.starts[file_id] = 0  # a fresh attempt budget
                 self.retried_by[file_id] = run
 
+        def rejected_owners(self) -> list[str]:
+            return [r["owner"] for r in self.db.execute(
+                "SELECT DISTINCT owner FROM archive_files WHERE status = 'rejected'"
+                " ORDER BY owner").fetchall()]
+
         @precondition(lambda self: bool(self.files))
-        @rule(owner=st.sampled_from(OWNERS), every=st.booleans(), lost=st.booleans())
-        def retry(self, owner: str, every: bool, lost: bool) -> None:
-            """`darkroom retry` for one owner: takes exactly the owner's rejected cards with
-            a retryable code (any code with --all); run again, it queues nothing."""
+        @rule(data=st.data(), every=st.booleans(), lost=st.booleans())
+        def retry(self, data: st.DataObject, every: bool, lost: bool) -> None:
+            """`darkroom retry` for one owner (mostly one with rejected cards): takes exactly
+            the owner's rejected cards with a retryable code (any code with --all); run
+            again, it queues nothing."""
+            owner = data.draw(st.sampled_from(self.rejected_owners() or list(OWNERS)))
             codes = None if every else sorted(RETRYABLE_CODES)
             expected = self.rejected(owner, codes)
             others = {r["id"]: r["status"] for r in self.db.execute(

@@ -452,14 +452,16 @@ ORDER BY owner;
 -- takes only what is still ready and stale, so nothing is queued twice. Stamps continue
 -- the owner's bulk line exactly as `confirm` does, one step per card.
 WITH picked AS (
-    SELECT id FROM archive_files
+    SELECT id, created_at FROM archive_files
     WHERE owner = %(owner)s AND status = 'ready'
       AND derive_fingerprint IS DISTINCT FROM %(fingerprint)s::text
     ORDER BY created_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), ranked AS (
-    SELECT id, row_number() OVER (ORDER BY id) - 1 AS k, count(*) OVER () AS n FROM picked
+    -- Stamped oldest first, as picked.
+    SELECT id, row_number() OVER (ORDER BY created_at, id) - 1 AS k, count(*) OVER () AS n
+    FROM picked
 ), head AS (
     SELECT (SELECT h.fair_stamp FROM archive_files h
              WHERE h.status = 'queued' AND h.priority = 'bulk'
@@ -521,7 +523,7 @@ ORDER BY owner, error_code;
 -- queues nothing twice. Stamped in the owner's line of `priority` exactly as `rederive`
 -- stamps bulk work. The event names who asked (`actor`) and the code the card had.
 WITH picked AS (
-    SELECT id, error_code FROM archive_files
+    SELECT id, error_code, finished_at FROM archive_files
     WHERE owner = %(owner)s AND status = 'rejected'
       AND (%(id)s::uuid IS NULL OR id = %(id)s::uuid)
       AND (%(codes)s::text[] IS NULL OR error_code = ANY (%(codes)s::text[]))
@@ -531,7 +533,9 @@ WITH picked AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), ranked AS (
-    SELECT id, error_code, row_number() OVER (ORDER BY id) - 1 AS k, count(*) OVER () AS n
+    -- Stamped in the order they were rejected.
+    SELECT id, error_code, row_number() OVER (ORDER BY finished_at, id) - 1 AS k,
+           count(*) OVER () AS n
     FROM picked
 ), head AS (
     SELECT (SELECT h.fair_stamp FROM archive_files h

@@ -202,7 +202,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
         def rederive_and_claim(self, data: st.DataObject) -> None:
             """A re-derive of a ready card's owner, and a worker taking the work at once
             (so that re-derives' attempts, and their failures, come up often)."""
-            owner = self.owner_of[data.draw(st.sampled_from(sorted(self.published)))]
+            owner = self.owner_of[data.draw(st.sampled_from(list(self.published)))]
             self.rederive(owner)
             self.claim(data.draw(st.integers(0, WORKERS - 1)), 4)
 

@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-fast test-db lint typecheck check bench-install clean
+.PHONY: install run test test-fast test-db lint typecheck check docs bench-install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,32 +20,44 @@ install: $(STAMP)
 run: install
 	$(BIN)/darkroom up
 
+# Everything, in two phases: the tests that share the cores well on both of them, then the
+# process fleets, the chaos runs and the browser alone (they measure leases against the
+# clock and want the cores to themselves).
 test: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not fleet and not browser" -n 2
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "slow or fleet or browser"
 
 # What a developer runs after each change: no process fleets, no chaos run, no restarts,
 # no browser, and the property tests on fewer examples (`make test` runs everything, as CI does).
 # Two pytest processes, each with its own PostgreSQL and S3 server: every test already has
-# its own database, bucket and ports. (`make test` stays in one process: the fleets and the
-# chaos run measure leases against the clock and want the cores to themselves.)
+# its own database, bucket and ports.
 test-fast: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not fleet and not browser" \
 		--hypothesis-profile=fast -n 2
 
-# The tests that talk to PostgreSQL; .ci/run repeats them against a second server.
+# The tests that talk to PostgreSQL (the fleets aside); .ci/run repeats them against a
+# second server.
 test-db: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/db tests/queue tests/sweeper tests/worker tests/api
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not fleet and not browser" -n 2 \
+		tests/db tests/queue tests/sweeper tests/worker tests/api
 
 lint: install
 	$(BIN)/ruff check darkroom tests bench
+	$(BIN)/lint-imports
 
 typecheck: install
 	$(BIN)/mypy
 
 check: lint typecheck test
 
+# README.md's table of settings, made from darkroom/config.py.
+docs: install
+	$(BIN)/python -m tests.docs_sync --write
+
 bench-install: install
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	# sharp (the engine Immich uses), for bench/engines.py; skipped where npm is missing.
+	if command -v npm >/dev/null 2>&1; then cd bench/engines && npm ci --no-audit --no-fund --silent; fi
 
 clean:
 	rm -rf $(VENV) .darkroom .pytest_cache .mypy_cache .ruff_cache

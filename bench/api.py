@@ -115,9 +115,8 @@ class System:
 
     def __init__(self, tmp: Path, api_pythonpath: str | None) -> None:
         self.tmp = tmp
-        # pgserver runs postgres as another user when root: it must be able to enter the dir.
+        # The server's data dir (as root, handed to the server's own user; /tmp lets it in).
         self.base = Path(tempfile.mkdtemp(prefix="darkroom-bench-pg-"))
-        self.base.chmod(0o755)
         self.pgdata = self.base / "pg"
         # embedded.url() without dropping the handle: close() stops the server and then
         # deletes its data dir, which would otherwise be left behind (~60 MB a run).

@@ -39,7 +39,7 @@ from typing import Any
 
 import httpx
 
-from bench.api import CORPUS, System, stop, tiny_jpeg
+from bench.api import System, stop, tiny_jpeg
 from bench.cpu import machine
 from bench.results import (
     ConfirmBaseline,
@@ -58,7 +58,7 @@ from darkroom.keys import create_key_at
 from darkroom.queue import Queue
 from darkroom.storage import open_store
 from tests.support.seaweed import SeaweedServer
-from tests.support.services import free_port
+from tests.support.services import CORPUS, free_port
 
 OWNER = "bench"
 

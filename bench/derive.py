@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.derive [--corpus DIR] [--rounds N] [--big PATH]
     .venv/bin/python -m bench.derive --formats [--rounds N]   # issue 14's section only
+    .venv/bin/python -m bench.derive --claims [--rounds N]    # a tiny file claiming 50 MP
 
 Writes bench/out/derive.json (bench/results.py `DeriveResult`) and prints it through its
 renderer (bench/sections.py `derive_section`); `--formats` writes
@@ -307,6 +308,59 @@ def start_up_ms(rounds: int, tiny: bytes) -> dict[str, float]:
     return result
 
 
+def claims_section(rounds: int, out: Path) -> int:
+    """CPU of the 2 KB lossless WebP that claims 16383 x 3050 (50 MP): as the pipeline
+    used to decode it (in full, then resized), with shrink-on-load alone (libwebp scaling
+    while it decodes), and as derive() treats it now (refused from its header).
+
+    Writes `out` (JSON) and prints the figures; best of `rounds`, one libvips thread.
+    """
+    import json
+
+    from tests.derive.images import flat
+
+    vips = _vips()
+    data = flat(16_383, 3_050, ".webp", lossless=True)
+    edge = LIMITS.max_edge
+
+    def full_decode() -> None:
+        image = vips.Image.webpload_buffer(data, n=1, access="sequential", fail_on="error")
+        image = image.thumbnail_image(edge, height=edge, size="down", no_rotate=True)
+        encode(image.copy_memory())
+
+    def shrunk_decode() -> None:
+        image = vips.Image.webpload_buffer(data, n=1, access="sequential", fail_on="error",
+                                           scale=edge / 16_383)
+        image = image.thumbnail_image(edge, height=edge, size="down", no_rotate=True)
+        encode(image.copy_memory())
+
+    def now() -> None:
+        try:
+            derive(data, LIMITS)
+        except DeriveError as exc:
+            assert exc.code.value == "image_too_large"
+        else:
+            raise AssertionError("the 50 MP claim was not refused")
+
+    measures = {"before_full_decode": full_decode, "shrink_on_load_only": shrunk_decode,
+                "now_refused": now}
+    best = {name: float("inf") for name in measures}
+    for _ in range(rounds):  # interleaved: outside load hits every measure alike
+        for name, run in measures.items():
+            started = time.process_time()
+            run()
+            best[name] = min(best[name], time.process_time() - started)
+    result = {"input_bytes": len(data), "claimed": "16383x3050", "rounds": rounds,
+              "cpu_s": {name: round(v, 4) for name, v in best.items()},
+              "machine": machine(), "command": command("derive")}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"lossless WebP of {len(data):,} bytes claiming 16383x3050, CPU s (best of {rounds}):")
+    for name, value in best.items():
+        print(f"  {name:22s} {value:8.4f}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", default=str(CORPUS))
@@ -315,7 +369,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=BY_NAME["derive"].json_path)
     parser.add_argument("--formats", action="store_true",
                         help="only the per-format and thumbnail section")
+    parser.add_argument("--claims", action="store_true",
+                        help="only the tiny file claiming 50 MP, before and after")
     args = parser.parse_args()
+    if args.claims:
+        return claims_section(args.rounds, OUT / "derive_claims.json")
 
     paths = sorted(p for p in Path(args.corpus).iterdir() if p.suffix in {".jpg", ".png"})
     if args.formats:

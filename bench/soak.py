@@ -59,7 +59,6 @@ def tiny_images(n: int = 64) -> list[bytes]:
 class Soak:
     def __init__(self, tmp: Path, rate: float) -> None:
         base = Path(tempfile.mkdtemp(prefix="darkroom-soak-pg-"))
-        base.chmod(0o755)
         self.db_url = embedded.url(base / "pg", stop_on_exit=True)
         migrate(self.db_url)
         port = free_port()

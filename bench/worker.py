@@ -90,7 +90,6 @@ class System:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         base = Path(tempfile.mkdtemp(prefix="darkroom-bench-pg-"))
-        base.chmod(0o755)
         self.server_url = embedded.url(base / "pg", stop_on_exit=True)
         self.n = 0
 

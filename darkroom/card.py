@@ -16,7 +16,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["CARD_COLUMNS", "STATUSES", "Card", "Event", "Priority", "Status"]
+__all__ = ["CARD_COLUMNS", "STATUSES", "Card", "Event", "HistoryEntry", "Priority", "Status"]
 
 
 class Status(StrEnum):
@@ -107,3 +107,18 @@ class Event:
     worker: str | None
     error_code: str | None
     created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """One line of a card's history as people read it (`file_history`): no lease token,
+    and the attempt's duration on the event that ended it."""
+
+    id: int
+    kind: str
+    attempt: int | None
+    worker: str | None
+    error_code: str | None
+    created_at: datetime
+    # From the attempt's claim to this event; None for a claim and for events of no attempt.
+    duration_seconds: float | None

@@ -37,6 +37,35 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_show(args: argparse.Namespace) -> int:
+    from darkroom.console import render_show, show, show_json
+
+    found = asyncio.run(show(_settings(args), args.id))
+    if found is None:
+        print(f"darkroom: no card {args.id}", file=sys.stderr)
+        return 1
+    print(show_json(*found) if args.json else render_show(*found))
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    from darkroom.console import pause, render_pause
+
+    print(render_pause(*asyncio.run(pause(_settings(args), owner=args.owner,
+                                          priority=args.priority))))
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from darkroom.console import render_resume, resume
+
+    if args.all and (args.owner or args.priority):
+        raise ConfigError("--all takes no --owner or --priority")
+    print(render_resume(asyncio.run(resume(_settings(args), owner=args.owner,
+                                           priority=args.priority, every=args.all))))
+    return 0
+
+
 def cmd_rederive(args: argparse.Namespace) -> int:
     from darkroom.rederive import main
 
@@ -167,6 +196,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("stats", cmd_stats, "queue health")
     p.add_argument("--json", action="store_true")
+
+    p = add("show", cmd_show, "one card (any owner's) and its history")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--json", action="store_true")
+
+    for name, func, what in (
+            ("pause", cmd_pause, "stop every worker starting new attempts (running ones "
+             "finish); stored, so it holds across restarts until `darkroom resume`"),
+            ("resume", cmd_resume, "lift the pause of exactly this scope")):
+        p = add(name, func, what)
+        p.add_argument("--owner", default=None, help="only this owner's cards")
+        p.add_argument("--priority", choices=["interactive", "bulk"], default=None,
+                       help="only cards of this priority")
+        if name == "resume":
+            p.add_argument("--all", action="store_true", help="lift every pause")
 
     p = add("rederive", cmd_rederive,
             "re-queue ready cards made with other derivative settings, as bulk work")

@@ -21,78 +21,112 @@ class ConfigError(Exception):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DARKROOM_", extra="ignore", frozen=True)
 
-    database_url: str | None = None
-    storage_url: str | None = None
-    data_dir: Path = Path(".darkroom")
+    database_url: str | None = Field(None,
+        description=("PostgreSQL URL (a libpq host list may name several hosts); unset: a "
+                     "private one in `$DARKROOM_DATA_DIR/pg` (password, socket only)"),
+        json_schema_extra={"shown": "embedded"})
+    storage_url: str | None = Field(None,
+        description="`file:///abs/dir` or `s3://bucket/prefix`",
+        json_schema_extra={"shown": "`file://$DARKROOM_DATA_DIR/objects`"})
+    data_dir: Path = Field(Path(".darkroom"),
+        description="local state: embedded database, local objects, the local key")
 
-    lease_seconds: float = Field(120.0, gt=0, le=86_400)
-    max_attempts: int = Field(3, ge=1, le=100)
-    retry_base_seconds: float = Field(30.0, ge=0, le=86_400)
-    retry_cap_seconds: float = Field(3_600.0, ge=0, le=7 * 86_400)
-    max_upload_bytes: int = Field(25_000_000, ge=1)
-    max_pixels: int = Field(50_000_000, ge=1)
-    max_dimension: int = Field(16_384, ge=1)
-    derivative_max_edge: int = Field(2_048, ge=16, le=16_384)
-    shutdown_grace_seconds: float = Field(30.0, ge=0, le=3_600)
+    lease_seconds: float = Field(120.0, gt=0, le=86_400,
+        description="an attempt's lease; heartbeats renew it every third of it")
+    max_attempts: int = Field(3, ge=1, le=100,
+        description="a file is started at most this many times")
+    retry_base_seconds: float = Field(30.0, ge=0, le=86_400,
+        description="transient failures back off `base·2^(n-1)`, full jitter …")
+    retry_cap_seconds: float = Field(3_600.0, ge=0, le=7 * 86_400, description="… capped here")
+    max_upload_bytes: int = Field(25_000_000, ge=1, description="larger uploads are refused (413)")
+    max_pixels: int = Field(50_000_000, ge=1,
+        description="larger images are rejected from their header (`image_too_large`)")
+    max_dimension: int = Field(16_384, ge=1,
+        description="a wider or taller image is rejected from its header")
+    derivative_max_edge: int = Field(2_048, ge=16, le=16_384,
+        description=("the preview's long edge; after a change, `darkroom rederive --all` "
+                     "re-queues the cards made with the old one"))
+    shutdown_grace_seconds: float = Field(30.0, ge=0, le=3_600,
+        description="on SIGTERM, running jobs get this long before they are handed back")
 
     # An attempt's whole life: fetch, decode, store, commit. Past it the attempt is given
     # up and its card goes back to the queue (transient, with backoff), so a stalled store
     # or a half-open database connection cannot hold a card or a slot for ever.
-    attempt_timeout_seconds: float = Field(300.0, gt=0, le=86_400)
+    attempt_timeout_seconds: float = Field(300.0, gt=0, le=86_400,
+        description=("an attempt's whole life (fetch, decode, store, commit); past it the "
+                     "card is queued again"))
 
-    # How long an idle worker waits before polling when no NOTIFY arrives.
-    poll_seconds: float = Field(2.0, gt=0, le=3_600)
+    poll_seconds: float = Field(2.0, gt=0, le=3_600,
+        description="idle workers poll this often (jittered) besides LISTEN/NOTIFY")
     # Time limit and address-space limit of one decode in its child process.
-    derive_timeout_seconds: float = Field(60.0, gt=0, le=3_600)
-    derive_memory_mb: int = Field(1_024, ge=64)
+    derive_timeout_seconds: float = Field(60.0, gt=0, le=3_600,
+        description="one decode's time limit in its child process")
+    derive_memory_mb: int = Field(1_024, ge=64,
+        description="one decoder child's address-space limit")
     # Added to the decoder children's niceness. Derivation is throughput work; on a host
     # it shares with the API, requests should not queue behind it. Alone on a machine a
     # nice process runs as fast as any other, so the default costs nothing there.
-    derive_nice: int = Field(10, ge=0, le=19)
+    derive_nice: int = Field(10, ge=0, le=19,
+        description=("added to the decoder children's niceness: on a shared host, API "
+                     "requests and the worker's heartbeats get the CPU first; alone on a "
+                     "machine it costs nothing"))
     # The sweeper leaves orphans and deleted files alone this long, so that a slow
     # reader of a presigned URL or an attempt finishing its PUT is not cut off.
-    sweep_guard_seconds: float = Field(300.0, ge=0)
-    sweep_interval_seconds: float = Field(30.0, gt=0)
-    # Finished rows' events are kept this long (the card itself stays).
-    event_retention_days: float = Field(7.0, gt=0)
-    # An open page's event stream carries a ping this often when nothing else happens.
-    events_ping_seconds: float = Field(15.0, gt=0, le=3_600)
+    sweep_guard_seconds: float = Field(300.0, ge=0,
+        description="orphans and deleted files are left alone this long")
+    sweep_interval_seconds: float = Field(30.0, gt=0,
+        description="an idle sweeper unit looks for work this often (jittered)")
+    event_retention_days: float = Field(7.0, gt=0,
+        description="events older than this are pruned by the sweeper")
+    events_ping_seconds: float = Field(15.0, gt=0, le=3_600,
+        description=("an open page's status stream (`GET /v1/events`) sends a ping this "
+                     "often when idle; keep it under any proxy's idle timeout"))
 
     # How long the API trusts a key it has looked up before looking it up again: a key
     # revoked in the database stops working within this time. 0 looks up every request.
-    key_cache_seconds: float = Field(5.0, ge=0, le=3_600)
+    key_cache_seconds: float = Field(5.0, ge=0, le=3_600,
+        description=("the API trusts a key it looked up for this long: a key revoked in the "
+                     "database stops working within it (0: look up every request)"))
 
     # --- facing the internet (docs/SECURITY.md) ---
-    # Unconfirmed cards and their bytes are removed this long after creation.
-    pending_ttl_seconds: float = Field(86_400.0, gt=0)
-    # Per owner: declared bytes and number of live cards (0: no quota).
-    owner_quota_bytes: int = Field(0, ge=0)
-    owner_quota_files: int = Field(0, ge=0)
+    pending_ttl_seconds: float = Field(86_400.0, gt=0,
+        description="unconfirmed cards expire after this, with their bytes")
+    owner_quota_bytes: int = Field(0, ge=0,
+        description=("declared bytes of an owner's live cards; past it creation answers `403 "
+                     "quota_exceeded` (0: none)"))
+    owner_quota_files: int = Field(0, ge=0, description="live cards per owner, likewise (0: none)")
     # The API's public origin (https://photos.example.net) for the absolute URLs it
     # hands out; unset, they are relative. Never taken from a request's Host header.
-    public_url: str | None = None
-    # Card creations per key per minute, per API process (0: no limit).
-    create_rate_per_minute: int = Field(600, ge=0)
+    public_url: str | None = Field(None,
+        description=("the API's public origin (`https://photos.example.net`) for absolute "
+                     "URLs; unset, they are relative (never taken from `Host`)"))
+    create_rate_per_minute: int = Field(600, ge=0,
+        description="card creations per key per minute, per API process; past it `429` (0: none)")
     # Requests with a key this process does not know, per client address per minute:
     # each costs a database lookup, so past this an address is answered 429 unlooked.
-    unknown_key_rate_per_minute: int = Field(30, ge=1)
-    # Connections one API process holds at once; past it, new requests get 503.
-    api_max_connections: int = Field(1_000, ge=1)
-    # A request's head must arrive within this, and its body may pause no longer.
-    api_read_timeout_seconds: float = Field(15.0, gt=0, le=3_600)
+    unknown_key_rate_per_minute: int = Field(30, ge=1,
+        description=("unknown keys per client address per minute, per API process; past it "
+                     "`429` without a database lookup"))
+    api_max_connections: int = Field(1_000, ge=1,
+        description="connections per API process; past it `503`")
+    api_read_timeout_seconds: float = Field(15.0, gt=0, le=3_600,
+        description=("a request's head must arrive within this (`408`), and its body may "
+                     "pause no longer"))
     # /metrics without a key on this loopback port (0: only with an admin key on the API).
-    api_metrics_port: int = Field(0, ge=0, le=65_535)
-    api_metrics_host: str = "127.0.0.1"
-    # The queue gauges of /metrics are read from the database at most this often.
-    metrics_cache_seconds: float = Field(5.0, ge=0, le=3_600)
-    # /docs (Swagger UI, loaded from its CDN) is off unless enabled.
-    api_docs: bool = False
+    api_metrics_port: int = Field(0, ge=0, le=65_535,
+        description=("a listener serving only `/metrics`, without a key (0: none; on the "
+                     "API's port `/metrics` needs an admin key)"))
+    api_metrics_host: str = Field("127.0.0.1", description="… and its address")
+    metrics_cache_seconds: float = Field(5.0, ge=0, le=3_600,
+        description="the queue gauges of `/metrics` are read from the database at most this often")
+    api_docs: bool = Field(False, description="serve `/docs` (Swagger UI, loaded from its CDN)")
 
     # Set by `darkroom up` for the processes it starts: it has applied the migrations.
     schema_ready: bool = False
 
-    api_url: str = "http://127.0.0.1:8000"
-    api_key: str | None = None
+    api_url: str = Field("http://127.0.0.1:8000", description="the API `darkroom import` talks to")
+    api_key: str | None = Field(None,
+        description="the key `darkroom import` uses (never taken from argv)")
 
     @field_validator("database_url", "storage_url", "api_key", "public_url", mode="before")
     @classmethod
@@ -139,6 +173,35 @@ class Settings(BaseSettings):
         return self.storage_url or (self.data_path / "objects").as_uri()
 
 
+# Set by the services for each other; not a user's setting, so not in the table.
+_INTERNAL = frozenset({"schema_ready"})
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, Path):
+        return f"`{value}`"
+    return str(value)
+
+
+def settings_table() -> str:
+    """The README's table of every setting, made from `Settings` so that it cannot drift
+    (`make docs` writes it; a test fails when README.md differs)."""
+    lines = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    for name, field in Settings.model_fields.items():
+        if name in _INTERNAL:
+            continue
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        default = str(extra.get("shown", _shown(field.default)))
+        lines.append(f"| `DARKROOM_{name.upper()}` | {default} | {field.description} |")
+    return "\n".join(lines) + "\n"
+
+
 def load_settings(**overrides: Any) -> Settings:
     """Read the environment (plus explicit overrides from flags) or raise `ConfigError`."""
     clean = {k: v for k, v in overrides.items() if v is not None}
@@ -153,3 +216,7 @@ def load_settings(**overrides: Any) -> Settings:
         message = str(error["msg"]).removeprefix("Value error, ")
         raise ConfigError(f"{name}: {message}{shown}") from None
 
+
+
+if __name__ == "__main__":
+    print(settings_table(), end="")

@@ -5,7 +5,9 @@ process so that a decoder crash, a runaway allocation or a hang only ever kills 
 
 Order of defence, cheapest first: byte limit, magic-byte sniff (JPEG, PNG, WebP, GIF,
 HEIC/HEIF, AVIF, TIFF), the format's own loader reading the header alone, dimension and
-pixel limits, and only then the full decode with errors treated as errors.
+pixel limits, pixels per byte of the file (`check_density`), and only then the full decode
+with errors treated as errors, shrunk while decoding where the decoder can (JPEG's DCT
+scaling, libwebp's scaling) so that its cost follows the output, not the header's claim.
 
 Decoders: libvips for everything but HEIC. The pyvips-binary wheel's libheif has no HEVC
 decoder (no libde265), so HEIC/HEIF is decoded by the pillow-heif wheel, which bundles
@@ -34,14 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 from darkroom.errors import DeriveError, ErrorCode
 from darkroom.formats import sniff
+from darkroom.recipe import WEBP_EFFORT, WEBP_QUALITY
 
 if TYPE_CHECKING:
     from darkroom.config import Settings
 
 log = logging.getLogger("darkroom.derive")
-
-WEBP_QUALITY = 80
-WEBP_EFFORT = 4
 
 # Loaders we trust, by libvips class name. Everything else that derives from
 # VipsForeignLoad is blocked. The pyvips-binary build marks none of its loaders
@@ -77,24 +77,6 @@ class Limits:
             max_dimension=settings.max_dimension,
             max_edge=settings.derivative_max_edge,
         )
-
-
-# Bump when the pipeline itself changes what it writes (colour handling, metadata, ...),
-# so that `darkroom rederive --all` takes every derivative made before the change.
-PIPELINE_VERSION = 1
-
-
-def settings_fingerprint(settings: Settings) -> str:
-    """A short digest of everything that shapes a derivative's bytes, stored with each
-    derivative so that `darkroom rederive` finds those made with other settings.
-
-    Input limits (bytes, pixels) are left out: they decide whether a file is derived at
-    all, not what its derivative looks like.
-    """
-    shape = {"pipeline": PIPELINE_VERSION, "max_edge": settings.derivative_max_edge,
-             "format": "webp", "quality": WEBP_QUALITY, "effort": WEBP_EFFORT}
-    digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
-    return digest[:16]
 
 
 @dataclass(frozen=True)
@@ -176,6 +158,7 @@ def _open_heic(vips: Any, data: bytes, limits: Limits) -> Any:
         log.info("header rejected (heic): %s", exc)
         raise DeriveError(ErrorCode.INVALID_IMAGE, "heic header") from None
     check_dimensions(width, height, limits)
+    check_density(width, height, len(data))
     bands = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}.get(mode)
     if bands is None:
         raise DeriveError(ErrorCode.INVALID_IMAGE, f"heic mode {mode}")
@@ -213,7 +196,8 @@ def warm_up() -> None:
     import fast_thumbhash  # noqa: F401 - loaded for its side effect only
 
 
-def _load_header(vips: Any, kind: str, data: bytes, jpeg_shrink: int = 1) -> Any:
+def _load_header(vips: Any, kind: str, data: bytes, jpeg_shrink: int = 1,
+                 webp_scale: float = 1.0) -> Any:
     """Open with the sniffed format's own loader; libvips reads only the header here."""
     common: dict[str, Any] = {"access": "sequential", "fail_on": "error"}
     if kind == "jpeg":
@@ -221,11 +205,14 @@ def _load_header(vips: Any, kind: str, data: bytes, jpeg_shrink: int = 1) -> Any
     if kind == "png":
         return vips.Image.pngload_buffer(data, **common)
     if kind == "webp":
-        return vips.Image.webpload_buffer(data, n=1, **common)
+        return vips.Image.webpload_buffer(data, n=1, scale=webp_scale, **common)
     if kind == "gif":
         return vips.Image.gifload_buffer(data, n=1, **common)
     if kind == "avif":
-        # The primary image only; libheif reports a grid's full (output) size here.
+        # The primary image only; libheif reports a grid's full (output) size here. Its
+        # `thumbnail` option is not shrink-on-load: it swaps in the file's own thumbnail,
+        # small and chosen by the file (it need not show the primary image), so AVIF's
+        # cost is bounded by check_density instead.
         return vips.Image.heifload_buffer(data, n=1, **common)
     if kind == "tiff":
         return vips.Image.tiffload_buffer(data, page=0, n=1, **common)
@@ -243,6 +230,44 @@ def _jpeg_shrink(width: int, height: int, max_edge: int) -> int:
         if long_edge // shrink >= max_edge:
             return shrink
     return 1
+
+
+def _webp_scale(width: int, height: int, max_edge: int) -> float:
+    """The factor libwebp decodes at so that the long edge comes out at `max_edge`.
+
+    libwebp scales while it decodes, row by row, so the full-size image never exists:
+    the memory and the resize follow the output, not the header's claim.
+    """
+    long_edge = max(width, height)
+    return 1.0 if long_edge <= max_edge else max_edge / long_edge
+
+
+# Decode cost follows the pixels, and a header may claim any number of them: a 2 KB
+# lossless WebP can claim 16383 x 3050 (23,000 pixels per byte) and cost a second of CPU.
+# What real images reach (pixels per byte of the file):
+#   photos (the corpus, phone JPEGs)                 2 - 15
+#   a solid-colour 4000 x 3000 JPEG (Pillow, libvips) 64 - 85; JPEG cannot go much
+#       further: every 8 x 8 block of every channel costs a few bits at the least
+#   a solid-colour 4000 x 3000 PNG or deflate TIFF   210 - 300 (deflate's 1032:1 bound
+#       over 3 bytes a pixel); a text screenshot PNG 40, a near-blank one 260
+#   lossless WebP, AVIF, 1-bit PNG of flat content   1,400 - 23,000: no real bound
+# So above FREE_PIXELS an image needs at least one byte per MAX_PIXELS_PER_BYTE pixels:
+# ten times what a JPEG can reach and three times a solid-colour PNG, while the flat
+# lossless extremes are refused only when they are also large (a near-blank 8K
+# screenshot in lossless WebP, say). Up to FREE_PIXELS (4096 x 4096, more than a
+# 4000 x 3000 phone photo) any ratio passes: the worst such decode measured (a flat
+# 16 MP AVIF, which has no shrink-on-load) stays near 0.4 s of CPU.
+MAX_PIXELS_PER_BYTE = 1_000
+FREE_PIXELS = 4096 * 4096
+
+
+def check_density(width: int, height: int, size: int) -> None:
+    """Refuse, before any decode, a header that claims more pixels than its bytes can
+    plausibly hold (`image_too_large`: it is too large for its file)."""
+    pixels = width * height
+    if pixels > FREE_PIXELS and pixels > MAX_PIXELS_PER_BYTE * size:
+        raise DeriveError(ErrorCode.IMAGE_TOO_LARGE,
+                          f"{width}x{height} in {size} bytes")
 
 
 def check_size(data: bytes, limits: Limits) -> str:
@@ -293,6 +318,15 @@ def open_checked(data: bytes, limits: Limits) -> tuple[Any, str]:
         raise DeriveError(ErrorCode.INVALID_IMAGE, f"{kind} header") from None
     width, height = int(header.width), int(header.height)
     check_dimensions(width, height, limits)
+    check_density(width, height, len(data))
+    if kind == "webp":
+        scale = _webp_scale(width, height, limits.max_edge)
+        if scale < 1.0:
+            try:
+                header = _load_header(vips, kind, data, webp_scale=scale)
+            except vips.Error as exc:
+                log.info("webp reopen failed: %s", exc)
+                raise DeriveError(ErrorCode.INVALID_IMAGE, "webp header") from None
     if kind == "jpeg":
         shrink = _jpeg_shrink(width, height, limits.max_edge)
         if shrink > 1:

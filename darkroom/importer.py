@@ -2,7 +2,7 @@
 
 It is an ordinary API client (create, PUT, confirm; then poll), so it works against any
 darkroom, local or remote, with either store. Uploads run on a few threads sharing one
-httpx client; the progress bar is a few lines of our own on stderr.
+httpx client; the progress bar is `progress.Bar` on stderr.
 
 It is safe to run again, and to retry: every create carries the file's sha256 and an
 Idempotency-Key made from the file's path and content. A run cut short (Ctrl-C, a lost
@@ -21,19 +21,19 @@ import hashlib
 import os
 import random
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import httpx
 
 from darkroom.config import ConfigError, Settings
 from darkroom.formats import HEAD_BYTES, media_type
+from darkroom.progress import ALREADY, Bar
 
 FINAL = ("ready", "rejected")
 _POLL_SECONDS = 0.5
@@ -44,7 +44,6 @@ _TRIES = 6
 _RETRY_BASE_SECONDS = 0.5
 _RETRY_CAP_SECONDS = 8.0
 _RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
-ALREADY = "already there"
 
 
 def media_type_of(path: Path) -> str | None:
@@ -75,50 +74,6 @@ def find_images(directory: Path) -> tuple[list[tuple[Path, str]], int]:
             else:
                 images.append((path, kind))
     return images, skipped
-
-
-class Bar:
-    """A one-line progress bar on stderr; redrawn in place on a terminal, and printed at
-    a few milestones otherwise (so a log file gets lines, not carriage returns)."""
-
-    WIDTH = 30
-
-    def __init__(self, label: str, total: int, stream: IO[str] | None = None) -> None:
-        self.label = label
-        self.total = total
-        self.done = 0
-        self.failed = 0
-        self.already = 0
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self._lock = threading.Lock()
-        self._last_milestone = -1
-        self._draw()
-
-    def advance(self, *, failed: bool = False, already: bool = False) -> None:
-        with self._lock:
-            self.done += 1
-            self.failed += int(failed)
-            self.already += int(already)
-            self._draw()
-
-    def _draw(self) -> None:
-        fraction = self.done / self.total if self.total else 1.0
-        filled = int(fraction * self.WIDTH)
-        bar = "#" * filled + "-" * (self.WIDTH - filled)
-        extra = f", {self.already} {ALREADY}" if self.already else ""
-        extra += f", {self.failed} failed" if self.failed else ""
-        line = f"{self.label:<8} [{bar}] {self.done}/{self.total}{extra}"
-        if self.tty:
-            self.stream.write("\r" + line)
-            if self.done >= self.total:
-                self.stream.write("\n")
-        else:
-            milestone = int(fraction * 4)  # 0 %, 25 %, 50 %, 75 %, 100 %
-            if milestone != self._last_milestone:
-                self._last_milestone = milestone
-                self.stream.write(line + "\n")
-        self.stream.flush()
 
 
 @dataclass

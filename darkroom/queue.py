@@ -23,22 +23,25 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from darkroom.card import STATUSES, Card, Event, Priority, Status
+from darkroom.card import STATUSES, Card, Event, HistoryEntry, Priority, Status
 from darkroom.db.database import CONNECTION_ERRORS, Database, Statements
 from darkroom.errors import TRANSIENT_CODES, DarkroomError, ErrorCode
 from darkroom.layout import derived_key, original_key, thumb_key
+from darkroom.recipe import settings_fingerprint
 
 if TYPE_CHECKING:
     from darkroom.config import Settings
 
-__all__ = ["STATUSES", "Card", "ClaimUnknown", "ConfirmOutcome", "Confirmation", "Derived",
-           "Event", "Lease", "LeaseLost", "Priority", "Queue", "Status", "backoff_delay",
-           "derived_key", "original_key", "thumb_key"]
+__all__ = ["STATUSES", "Card", "ClaimPause", "ClaimUnknown", "ConfirmOutcome", "Confirmation",
+           "Derived", "Event", "HistoryEntry", "Lease", "LeaseLost", "Priority", "Queue",
+           "Status", "backoff_delay", "derived_key", "original_key", "thumb_key"]
 
 NOTIFY_CHANNEL = "darkroom_jobs"
 # Owners listed by name in the backlog figures (stats, /v1/queue, /metrics): the rest are
 # summed, so no figure grows with the number of owners.
 TOP_OWNERS = 10
+# The latest pauses and resumes in the queue's health, newest first.
+PAUSE_LOG = 10
 
 
 class ClaimUnknown(DarkroomError):
@@ -106,6 +109,22 @@ class DerivedObject:
     size: int
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimPause:
+    """An operator's pause of claiming: no attempt starts on a card it covers. None in
+    `owner` or `priority` means every one."""
+
+    owner: str | None
+    priority: str | None
+    paused_by: str
+    since: datetime
+
+    def scope(self) -> str:
+        parts = [f"owner {self.owner}" if self.owner else "",
+                 f"{self.priority} cards" if self.priority else ""]
+        return ", ".join(p for p in parts if p) or "every card"
+
+
 class ConfirmOutcome(StrEnum):
     QUEUED = "queued"  # pending -> queued now
     ALREADY = "already"  # the same version was confirmed before: nothing changed
@@ -158,14 +177,12 @@ class Queue:
         self.retry_cap_seconds = retry_cap_seconds
         self.worker = worker
         self._rng = rng or random.Random()
-        # The derivative settings this process derives with (derive.settings_fingerprint),
+        # The derivative settings this process derives with (recipe.settings_fingerprint),
         # stored with every derivative it publishes.
         self.fingerprint = fingerprint
 
     @classmethod
     def from_settings(cls, db: Database, settings: Settings, worker: str = "") -> Queue:
-        from darkroom.derive import settings_fingerprint
-
         return cls(
             db,
             lease_seconds=settings.lease_seconds,
@@ -272,14 +289,42 @@ class Queue:
 
     async def list_files(
         self, owner: str, *, status: Status | None = None, limit: int = 50,
-        after: tuple[datetime, uuid.UUID] | None = None,
+        after: tuple[datetime, uuid.UUID] | None = None, code: str | None = None,
     ) -> list[Card]:
         return await self._cards("list_files", {
             "owner": owner, "status": None if status is None else str(status),
-            "limit": limit,
+            "code": code, "limit": limit,
             "after_created": after[0] if after else None,
             "after_id": after[1] if after else None,
         })
+
+    async def get_any_file(self, file_id: uuid.UUID) -> Card | None:
+        """A card whoever owns it (an operator's view)."""
+        rows = await self._cards("get_any_file", {"id": file_id})
+        return rows[0] if rows else None
+
+    async def list_rejected(
+        self, *, code: str | None = None, limit: int = 50,
+        after: tuple[datetime, uuid.UUID] | None = None,
+    ) -> list[Card]:
+        """Every owner's rejected cards (with `code`, or any), newest first: an admin's."""
+        return await self._cards("list_rejected_any_owner", {
+            "code": code, "limit": limit,
+            "after_created": after[0] if after else None,
+            "after_id": after[1] if after else None,
+        })
+
+    async def history(
+        self, file_id: uuid.UUID, owner: str | None, *, limit: int = 100,
+        after: int | None = None,
+    ) -> list[HistoryEntry] | None:
+        """A page of the card's history, oldest first, after event id `after`; None when
+        there is no such card (of `owner`'s; `owner` None: of anyone's)."""
+        rows = await self._rows("file_history", {"id": file_id, "owner": owner,
+                                                 "limit": limit, "after": after})
+        if not rows:
+            return None
+        return [HistoryEntry(**r) for r in rows if r["id"] is not None]
 
     async def events(self, file_id: uuid.UUID) -> list[Event]:
         """The file's history, oldest first (while its card exists; see file_events)."""
@@ -449,6 +494,38 @@ class Queue:
     async def resume_worker(self) -> None:
         await self._rows("resume_worker", {"worker": self.worker})
 
+    # --- an operator's pause ------------------------------------------------------------
+
+    async def pause_claims(self, *, actor: str, owner: str | None = None,
+                           priority: Priority | None = None) -> tuple[ClaimPause, bool]:
+        """Stop every worker starting attempts on the cards of this scope (running ones go
+        on). Answers the pause in force and whether this call made it; safe to repeat."""
+        params = {"owner": owner, "priority": None if priority is None else str(priority),
+                  "actor": actor}
+        while True:
+            rows = await self._rows("pause_claims", params)
+            if rows:
+                row = rows[0]
+                return (ClaimPause(owner=row["owner"], priority=row["priority"],
+                                   paused_by=row["paused_by"], since=row["since"]),
+                        bool(row["changed"]))
+            # No row: the same pause was made (or lifted) by a statement that committed
+            # while this one ran, after its snapshot was taken. Asking again sees it.
+
+    async def resume_claims(self, *, actor: str, owner: str | None = None,
+                            priority: Priority | None = None,
+                            every: bool = False) -> list[ClaimPause]:
+        """Lift the pause of exactly this scope (or, `every`, all of them) and wake the
+        workers; answers the pauses lifted (none on a repeat)."""
+        rows = await self._rows("resume_claims", {
+            "owner": owner, "priority": None if priority is None else str(priority),
+            "every": every, "actor": actor})
+        return [ClaimPause(owner=r["owner"], priority=r["priority"],
+                           paused_by=r["paused_by"], since=r["since"]) for r in rows]
+
+    async def claim_pauses(self) -> list[ClaimPause]:
+        return await self.db.typed("claim_pauses", {}, ClaimPause)
+
     # --- re-derive -------------------------------------------------------------------
 
     async def rederive_owners(self, fingerprint: str, owner: str | None = None
@@ -512,6 +589,9 @@ class Queue:
         """Queue health (DESIGN §6) as one JSON-ready object."""
         backlog = (await self._rows("backlog", {"top": top}))[0]
         row = (await self._rows("stats", {}))[0]
+        pauses = await self.claim_pauses()
+        pause_log = await self._rows("claim_pause_events", {"limit": PAUSE_LOG})
+        rejected = await self._rows("rejected_by_code", {})
         counts = {status: 0 for status in STATUSES}
         counts.update({k: int(v) for k, v in row["counts"].items()})
         return {
@@ -533,6 +613,14 @@ class Queue:
                 "top_owners": backlog["top_owners"],
             },
             "rederive_pending": int(backlog["rederive_pending"]),
+            # An operator's pauses of claiming, and the rejected cards by code.
+            "claim_pauses": [
+                {"owner": p.owner, "priority": p.priority, "paused_by": p.paused_by,
+                 "since": p.since.isoformat()} for p in pauses],
+            "claim_pause_log": [
+                {"kind": e["kind"], "owner": e["owner"], "priority": e["priority"],
+                 "actor": e["actor"], "at": e["created_at"].isoformat()} for e in pause_log],
+            "rejected_by_code": {r["code"]: int(r["n"]) for r in rejected},
         }
 
 

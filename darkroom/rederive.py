@@ -1,7 +1,7 @@
 """`darkroom rederive`: re-queue ready cards whose derivative was made with other settings.
 
 Each card stores the fingerprint of the derivative settings that made it
-(`derive.settings_fingerprint`). This command compares it with the fingerprint of the
+(`recipe.settings_fingerprint`). This command compares it with the fingerprint of the
 settings it runs with (the workers' environment) and moves the stale cards back to
 `queued` as bulk work, a batch at a time, one owner at a time. A card keeps serving its
 previous derivative until the worker's fenced commit publishes the new one; the old one
@@ -18,8 +18,9 @@ from typing import IO
 from darkroom.config import ConfigError, Settings
 from darkroom.db.connection import database_url
 from darkroom.db.database import opened
-from darkroom.derive import settings_fingerprint
+from darkroom.progress import Bar
 from darkroom.queue import Queue
+from darkroom.recipe import settings_fingerprint
 
 BATCH = 500  # cards per statement: short transactions, a few row locks at a time
 POLL_SECONDS = 1.0
@@ -55,8 +56,6 @@ async def run(settings: Settings, *, owner: str | None, everyone: bool, dry_run:
 
 async def _wait(queue: Queue, owner: str | None, queued: int) -> None:
     """A progress bar until no re-derive of the scope is waiting or running."""
-    from darkroom.importer import Bar
-
     pending = await queue.rederive_pending(owner)
     # Re-derives queued earlier (by another run) count as well: wait for all of them.
     total = max(queued, pending)

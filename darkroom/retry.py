@@ -27,6 +27,7 @@ from darkroom.config import ConfigError, Settings
 from darkroom.db.connection import database_url
 from darkroom.db.database import CONNECTION_ERRORS, opened
 from darkroom.errors import RETRYABLE_CODES, ErrorCode
+from darkroom.progress import Bar
 from darkroom.queue import Queue
 
 BATCH = 500  # cards per statement: short transactions, a few row locks at a time
@@ -139,8 +140,6 @@ async def _fenced(call: Callable[[], Awaitable[list[uuid.UUID]]]) -> list[uuid.U
 
 async def _wait(queue: Queue, ids: list[uuid.UUID]) -> None:
     """A progress bar until every re-queued card is final again."""
-    from darkroom.importer import Bar
-
     bar = Bar("retry", len(ids))
     shown = 0
     while True:

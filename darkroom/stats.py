@@ -38,6 +38,20 @@ def _share(value: float | None) -> str:
     return "—" if value is None else f"{value:.1%}"
 
 
+def _scope(p: dict[str, Any]) -> str:
+    return ", ".join(x for x in (p["owner"] and f"owner {p['owner']}",
+                                 p["priority"] and f"{p['priority']} cards") if x) or "every card"
+
+
+def _pauses(pauses: list[dict[str, Any]]) -> list[str]:
+    """An operator's pauses of claiming (`darkroom pause`), one line each."""
+    if not pauses:
+        return ["claiming paused        no"]
+    return [("claiming paused        " if i == 0 else " " * 23)
+            + f"{_scope(p)} (by {p['paused_by']} since {p['since']})"
+            for i, p in enumerate(pauses)]
+
+
 def render(stats: dict[str, Any]) -> str:
     age = stats["oldest_claimable_age_seconds"]
     lines = ["status       cards"]
@@ -54,6 +68,12 @@ def render(stats: dict[str, Any]) -> str:
         "paused workers         " + (", ".join(stats["paused_workers"]) or "none")
         + ("  (object store failing)" if stats["paused_workers"] else ""),
         f"re-derives pending     {stats['rederive_pending']}",
+        *_pauses(stats["claim_pauses"]),
+        *[f"last {e['kind']:<17} {_scope(e)} by {e['actor']} at {e['at']}"
+          for e in stats["claim_pause_log"][:1]],
+        *(["rejected by code       " + ", ".join(
+            f"{code} {n}" for code, n in stats["rejected_by_code"].items())]
+          if stats["rejected_by_code"] else []),
         "",
         "priority     waiting  oldest wait",
     ]

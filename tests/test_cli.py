@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,17 +28,15 @@ def darkroom(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
 
 @pytest.fixture
 def data_dir() -> Iterator[Path]:
-    # Readable by the unprivileged user the embedded server runs as when tests run as root.
+    # Not under pytest's tmp dirs, which are private to root: the embedded server runs as
+    # the unprivileged `darkroom` user when the tests run as root.
     base = Path(tempfile.mkdtemp(prefix="darkroom-cli-"))
     base.chmod(0o755)
     yield base / "data"
-    pgdata = base / "data" / "pg"
-    if (pgdata / "postmaster.pid").exists():
-        from pgserver._commands import POSTGRES_BIN_PATH
+    from darkroom.db import embedded
 
-        subprocess.run([str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(pgdata), "-w", "stop"],
-                       user="pgserver" if os.geteuid() == 0 else None, check=False,
-                       capture_output=True, timeout=60)
+    embedded.remove(base / "data" / "pg")
+    shutil.rmtree(base, ignore_errors=True)
 
 
 def test_migrate_and_stats_share_the_embedded_database(data_dir: Path) -> None:
@@ -126,6 +125,37 @@ def test_rederive_queues_stale_cards_once_and_stats_count_them(db_url: str) -> N
     assert [o["owner"] for o in stats["backlog"]["top_owners"]] == ["alice", "bob"]
     human = darkroom("stats", env=env).stdout
     assert "re-derives pending     3" in human and "alice" in human
+
+
+def test_pause_resume_and_show_answer_in_one_line_and_are_safe_to_repeat(
+        db_url: str) -> None:
+    import uuid
+
+    env = {"DARKROOM_DATABASE_URL": db_url}
+    first = darkroom("pause", "--priority", "bulk", env=env)
+    assert first.returncode == 0 and first.stdout.startswith("paused: bulk cards"), first
+    again = darkroom("pause", "--priority", "bulk", env=env)
+    assert again.returncode == 0 and again.stdout.startswith("already paused: bulk cards, by cli:")
+    stats = json.loads(darkroom("stats", "--json", env=env).stdout)
+    assert [(p["owner"], p["priority"]) for p in stats["claim_pauses"]] == [(None, "bulk")]
+    assert stats["claim_pauses"][0]["paused_by"].startswith("cli:")
+    for bad in (("pause", "--owner", " "), ("resume", "--all", "--owner", "x"),
+                ("show", "not-an-id")):
+        refused = darkroom(*bad, env=env)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, (bad, refused)
+        assert "Traceback" not in refused.stderr
+    assert darkroom("pause", "--priority", "urgent", env=env).returncode == 2  # argparse's
+    missing = darkroom("show", str(uuid.uuid4()), env=env)
+    assert missing.returncode == 1 and "no card" in missing.stderr
+    assert darkroom("resume", env=env).stdout.startswith("nothing to resume")
+    lifted = darkroom("resume", "--priority", "bulk", env=env)
+    assert lifted.returncode == 0 and lifted.stdout.startswith("resumed: bulk cards")
+    assert darkroom("resume", "--all", env=env).stdout.startswith("nothing to resume")
+    stats = json.loads(darkroom("stats", "--json", env=env).stdout)
+    assert stats["claim_pauses"] == []
+    assert [(e["kind"], e["priority"]) for e in stats["claim_pause_log"]] == [
+        ("resumed", "bulk"), ("paused", "bulk")]  # newest first, a repeat no event
+    assert "last resumed           bulk cards by cli:" in darkroom("stats", env=env).stdout
 
 
 def test_retry_takes_back_rejected_cards_once(db_url: str) -> None:

@@ -125,8 +125,19 @@ def queue_families(stats: dict[str, Any] | None) -> list[Metric]:
         "Workers not claiming because the object store is failing.",
         value=float(len(stats["paused_workers"])),
     )
-    return [up, files, oldest, expired, share, completed, lost, paused,
-            *backlog_families(stats)]
+    # An operator's pauses (few, each made by hand): "*" is every owner or priority.
+    claim_pauses = GaugeMetricFamily(
+        "darkroom_queue_claims_paused",
+        "1 per operator's pause of claiming in force (darkroom pause), by its scope.",
+        labels=["owner", "priority"])
+    for p in stats["claim_pauses"]:
+        claim_pauses.add_metric([p["owner"] or "*", p["priority"] or "*"], 1.0)
+    rejected = GaugeMetricFamily("darkroom_queue_rejected_by_code",
+                                 "Rejected cards per error code.", labels=["code"])
+    for code, n in stats["rejected_by_code"].items():
+        rejected.add_metric([code], float(n))
+    return [up, files, oldest, expired, share, completed, lost, paused, claim_pauses,
+            rejected, *backlog_families(stats)]
 
 
 def backlog_families(stats: dict[str, Any]) -> list[Metric]:

@@ -35,19 +35,29 @@ from darkroom.api.schemas import (
     ACCEPTED_TYPES,
     Card,
     CardList,
+    ClaimPause,
     Confirm,
     DerivativeSize,
+    ErrorCodeName,
     Health,
+    History,
+    HistoryEvent,
     KnownCard,
     NewCard,
     NewFile,
+    Paused,
+    PauseScope,
     QueueStats,
+    Resumed,
+    ResumeScope,
     Status,
     Stored,
     Upload,
     card_from_row,
     decode_cursor,
+    decode_event_cursor,
     encode_cursor,
+    encode_event_cursor,
 )
 from darkroom.card import Card as CardRow
 from darkroom.card import Priority
@@ -55,6 +65,7 @@ from darkroom.card import Status as CardStatus
 from darkroom.config import Settings
 from darkroom.errors import ObjectMissing, StorageError, StorageUnavailable
 from darkroom.keys import key_name
+from darkroom.queue import ClaimPause as PauseRow
 from darkroom.queue import Confirmation, ConfirmOutcome, Queue, QuotaExceeded, original_key
 from darkroom.retry import RetryOutcome, retry_card
 from darkroom.storage import ObjectInfo, ObjectStore
@@ -549,6 +560,13 @@ async def list_files(
     cursor: Annotated[
         str | None, Query(max_length=300, description="`next_cursor` of the previous page.")
     ] = None,
+    code: Annotated[
+        ErrorCodeName | None, Query(description="Only cards with this error code.")
+    ] = None,
+    all_owners: Annotated[
+        bool, Query(description="Every owner's cards (admin key, with `status=rejected`): "
+                    "the console's rejected cards.")
+    ] = False,
 ) -> CardList:
     after = None
     if cursor is not None:
@@ -556,14 +574,57 @@ async def list_files(
             after = decode_cursor(cursor)
         except ValueError:
             raise invalid_field("cursor", "not a cursor of this API") from None
-    rows = await _queue(request).list_files(
-        who.owner, status=None if status is None else CardStatus(status), limit=limit + 1,
-        after=after)
+    if all_owners:
+        if not who.admin:
+            raise Problem(403, "forbidden", "This needs an admin key.")
+        if status != CardStatus.REJECTED:
+            raise invalid_field("status", "all_owners lists rejected cards only")
+        rows = await _queue(request).list_rejected(code=code, limit=limit + 1, after=after)
+    else:
+        rows = await _queue(request).list_files(
+            who.owner, status=None if status is None else CardStatus(status),
+            limit=limit + 1, after=after, code=code)
     page = rows[:limit]
     next_cursor = (
         encode_cursor(page[-1].created_at, page[-1].id) if len(rows) > limit else None
     )
     return CardList(items=[card_from_row(r) for r in page], next_cursor=next_cursor)
+
+
+@router.get(
+    "/v1/files/{file_id}/events",
+    response_model=History,
+    tags=["files"],
+    responses=problems(401, 404, 422),
+    summary="A card's history, oldest first (an admin key: any owner's card)",
+)
+async def file_events(
+    file_id: FileId,
+    who: Caller,
+    request: Request,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    cursor: Annotated[
+        str | None, Query(max_length=100, description="`next_cursor` of the previous page.")
+    ] = None,
+) -> History:
+    after = None
+    if cursor is not None:
+        try:
+            after = decode_event_cursor(cursor)
+        except ValueError:
+            raise invalid_field("cursor", "not a cursor of this API") from None
+    rows = await _queue(request).history(
+        _file_id(file_id), None if who.admin else who.owner, limit=limit + 1, after=after)
+    if rows is None:
+        raise not_found()
+    page = rows[:limit]
+    return History(
+        items=[HistoryEvent(kind=e.kind, at=e.created_at, attempt=e.attempt,
+                            # Which machine ran it is the operator's business.
+                            worker=e.worker if who.admin else None,
+                            error_code=e.error_code, duration_seconds=e.duration_seconds)
+               for e in page],
+        next_cursor=encode_event_cursor(page[-1].id) if len(rows) > limit else None)
 
 
 @router.get(
@@ -701,6 +762,45 @@ async def delete_file(file_id: FileId, who: Caller, request: Request) -> Respons
 )
 async def queue_stats(who: Admin, request: Request) -> dict[str, Any]:
     return await _queue(request).stats()
+
+
+def _pause_json(p: PauseRow) -> ClaimPause:
+    return ClaimPause(owner=p.owner, priority=p.priority, paused_by=p.paused_by,
+                      since=p.since)
+
+
+@router.post(
+    "/v1/queue/pause",
+    response_model=Paused,
+    tags=["operations"],
+    responses=problems(401, 403, 422),
+    summary="Stop every worker starting attempts on these cards (admin key)",
+)
+async def pause_claims(body: PauseScope, who: Admin, request: Request) -> Paused:
+    pause, changed = await _queue(request).pause_claims(
+        actor=f"api:{who.owner}", owner=body.owner,
+        priority=None if body.priority is None else Priority(body.priority))
+    if changed:
+        log.info("claiming paused", extra={"scope": pause.scope(), "by": pause.paused_by})
+    return Paused(pause=_pause_json(pause), changed=changed)
+
+
+@router.post(
+    "/v1/queue/resume",
+    response_model=Resumed,
+    tags=["operations"],
+    responses=problems(401, 403, 422),
+    summary="Lift the pause of exactly these cards, or every pause (admin key)",
+)
+async def resume_claims(body: ResumeScope, who: Admin, request: Request) -> Resumed:
+    if body.all and (body.owner is not None or body.priority is not None):
+        raise invalid_field("all", "all takes no owner or priority")
+    lifted = await _queue(request).resume_claims(
+        actor=f"api:{who.owner}", owner=body.owner,
+        priority=None if body.priority is None else Priority(body.priority), every=body.all)
+    for p in lifted:
+        log.info("claiming resumed", extra={"scope": p.scope(), "by": f"api:{who.owner}"})
+    return Resumed(resumed=[_pause_json(p) for p in lifted])
 
 
 @router.get(

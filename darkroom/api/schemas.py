@@ -16,6 +16,7 @@ from pydantic_core import core_schema
 from darkroom.card import Card as CardRow
 from darkroom.card import Priority
 from darkroom.card import Status as CardStatus
+from darkroom.errors import ErrorCode
 
 # What the API accepts to store. The worker sniffs the real format from the bytes; this
 # is only a first, cheap filter on what the client says it is sending.
@@ -41,6 +42,7 @@ def _one_of(*members: StrEnum) -> GetPydanticSchema:
 # A card's states as its owner sees them: a card being deleted is already gone.
 Status = Annotated[str, _one_of(*(s for s in CardStatus if s is not CardStatus.DELETING))]
 PriorityName = Annotated[str, _one_of(*Priority)]
+ErrorCodeName = Annotated[str, _one_of(*ErrorCode)]
 
 MAX_FILENAME = 255
 MAX_VERSION = 1024
@@ -216,6 +218,72 @@ class QueueStats(BaseModel):
     rederive_pending: int
     # Workers that stopped claiming because the object store is failing.
     paused_workers: list[str] = Field(default_factory=list)
+    claim_pauses: list[ClaimPause] = Field(
+        default_factory=list, description="An operator's pauses of claiming in force.")
+    claim_pause_log: list[PauseEvent] = Field(
+        default_factory=list, description="The latest pauses and resumes (10), newest first.")
+    rejected_by_code: dict[str, int] = Field(
+        default_factory=dict, description="Rejected cards per error code.")
+
+
+class ClaimPause(BaseModel):
+    owner: str | None = Field(description="Only this owner's cards; null: every owner's.")
+    priority: PriorityName | None = Field(description="Only this priority; null: both.")
+    paused_by: str = Field(description="Who asked: `api:OWNER` of an admin key, or "
+                           "`cli:USER@HOST`.")
+    since: datetime
+
+
+class PauseEvent(BaseModel):
+    kind: Literal["paused", "resumed"]
+    owner: str | None
+    priority: PriorityName | None
+    actor: str = Field(description="Who asked (as `paused_by`).")
+    at: datetime
+
+
+class PauseScope(BaseModel):
+    """Which cards a pause covers: an owner's, a priority's, both, or (empty) every card."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    owner: str | None = Field(default=None, min_length=1, max_length=200)
+    priority: PriorityName | None = None
+
+    @field_validator("owner")
+    @classmethod
+    def _owner(cls, value: str | None) -> str | None:
+        return None if value is None else _printable(value, "owner")
+
+
+class ResumeScope(PauseScope):
+    all: bool = Field(default=False, description="Lift every pause, whatever its scope.")
+
+
+class Paused(BaseModel):
+    pause: ClaimPause = Field(description="The pause in force for this scope.")
+    changed: bool = Field(description="false: it was already paused (by `paused_by`).")
+
+
+class Resumed(BaseModel):
+    resumed: list[ClaimPause] = Field(description="The pauses lifted (none on a repeat).")
+
+
+class HistoryEvent(BaseModel):
+    kind: str = Field(description="claimed, ready, retry_scheduled, rejected, exhausted, "
+                      "deferred, released, lease_lost, revoked, expired, rederive, ...")
+    at: datetime
+    attempt: int | None
+    worker: str | None = Field(description="The worker's name: admin keys only (null "
+                               "for the owner's own key).")
+    error_code: str | None
+    duration_seconds: float | None = Field(
+        description="On the event that ended an attempt: the time since its claim.")
+
+
+class History(BaseModel):
+    items: list[HistoryEvent] = Field(description="Oldest first.")
+    next_cursor: str | None
 
 
 class Health(BaseModel):
@@ -300,3 +368,20 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
         raise ValueError("invalid cursor") from exc
     except ValueError as exc:
         raise ValueError("invalid cursor") from exc
+
+
+# A history's cursor: the id of the last event of a page, opaque to clients.
+def encode_event_cursor(event_id: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps(["e", event_id]).encode()).decode().rstrip("=")
+
+
+def decode_event_cursor(cursor: str) -> int:
+    """Raises ValueError for anything this API did not hand out."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        tag, event_id = json.loads(raw)
+    except (binascii.Error, UnicodeDecodeError, TypeError, ValueError) as exc:
+        raise ValueError("invalid cursor") from exc
+    if tag != "e" or type(event_id) is not int or not 0 <= event_id < 2**63:
+        raise ValueError("invalid cursor")
+    return event_id

@@ -1,39 +1,486 @@
-"""The embedded PostgreSQL: the `pgserver` wheel's server in `$DARKROOM_DATA_DIR/pg`.
+"""The embedded PostgreSQL: the `pgserver` wheel's binaries, driven directly, in
+`$DARKROOM_DATA_DIR/pg`.
 
-Every darkroom process with the same data dir joins the same server (pgserver keeps a
-postmaster.pid and a handle list there), so `darkroom up`, `darkroom stats` and
-`darkroom migrate` all see one database without any configuration.
+Every darkroom process with the same data dir joins the same server (its postmaster.pid
+says it runs), so `darkroom up`, `darkroom stats` and `darkroom migrate` all see one
+database without any configuration.
+
+The server is private to whoever runs darkroom, by construction:
+
+- no TCP listener at all (`listen_addresses` empty on the command line, which outranks
+  every configuration file), and its socket lives in the cluster directory itself (0700,
+  owned by the server's user), never in a shared directory: a data dir whose socket path
+  would be too long for a Unix socket is refused with one line;
+- every connection needs the superuser's password (scram-sha-256; pg_hba.conf has that
+  one line), which lives in a 0600 pgpass file in the cluster directory and reaches
+  clients as a `passfile` path, never in a URL or a log line;
+- no directory's mode is ever widened: the data dir is made or narrowed to 0700 and its
+  parents are left alone; a data dir of another user, or under a directory another user
+  owns or may write to, is refused (they could swap in one of their own).
+
+PostgreSQL refuses to run as root. When darkroom runs as root, the server runs as the
+unprivileged system user `darkroom` (created if missing), which then owns the data dir
+(mode still 0700); a data dir, or an installation of the server's programs, that user
+cannot reach through its parents' own modes (anything under `/root`, say) is refused with
+one line instead of opened up.
+
+The pgserver Python wrapper is not used: it initialises with trust authentication, moves
+a long socket path to a world-writable runtime directory, and adds o+rx to every parent.
+A cluster it made is upgraded in place on the next start (password set, pg_hba.conf
+rewritten, files handed to the service user), keeping every row.
 """
 
 from __future__ import annotations
 
-import logging
-import warnings
+import atexit
+import contextlib
+import fcntl
+import functools
+import hashlib
+import importlib.util
+import os
+import pwd
+import secrets
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from darkroom.config import ConfigError
 from darkroom.storage.local import private_dir
 
+# The system user the server runs as when darkroom runs as root.
+SERVICE_USER = "darkroom"
+SUPERUSER = "postgres"
+PORT = 5432
+SOCKET_NAME = f".s.PGSQL.{PORT}"
+PASSFILE = "darkroom.pgpass"
+# sizeof(sockaddr_un.sun_path) on Linux, less its terminating NUL.
+MAX_SOCKET_PATH = 107
+# The whole client-authentication policy: a password, over the socket only. A line that
+# is not this file is a cluster made before (trust) or edited by hand: start rewrites it.
+HBA = (
+    "# Written by darkroom at every start: password (scram-sha-256) over the Unix socket,\n"
+    "# which lives in this 0700 directory; the server listens on no TCP address.\n"
+    "local all all scram-sha-256\n"
+)
 
-def start(pgdata: Path, *, stop_on_exit: bool = False) -> Any:
-    """Start (or join) the server in `pgdata`; answers the pgserver handle."""
-    # pgserver logs every step at INFO and warns about XDG_RUNTIME_DIR; neither helps
-    # an operator, and its own errors still surface as exceptions.
-    logging.getLogger("pgserver").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
-    import pgserver
 
+@dataclass(frozen=True)
+class Account:
+    """Who the server's processes and files belong to (None: darkroom's own uid)."""
+
+    uid: int
+    gid: int
+    name: str
+
+
+# Where root keeps its own copy of PostgreSQL's programs when the service user cannot
+# reach the copy in darkroom's environment (a virtualenv under /root, say): root-owned,
+# writable by root alone, readable by all, as a package manager would install them.
+SHARED_INSTALLS = Path("/var/lib/darkroom")
+
+
+def binary(name: str) -> str:
+    return str(_install() / "bin" / name)
+
+
+@functools.cache
+def _install() -> Path:
+    """PostgreSQL's program tree: the pgserver wheel's, or, as root when the service user
+    cannot traverse to it, a copy of it that it can (no directory's mode is widened)."""
+    # Located without importing pgserver, whose import probes and warns about the
+    # runtime directory this module exists not to use.
+    spec = importlib.util.find_spec("pgserver")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("the embedded PostgreSQL needs the pgserver package; "
+                          "install darkroom's dependencies or set DARKROOM_DATABASE_URL")
+    wheel = Path(next(iter(spec.submodule_search_locations))) / "pginstall"
+    account = service_account()
+    if account is None or all(_reachable(p, account) for p in (wheel, *wheel.parents)):
+        return wheel
+    # Named by the server program's bytes: another build gets a copy of its own.
+    with (wheel / "bin" / "postgres").open("rb") as program:
+        digest = hashlib.file_digest(program, "sha256").hexdigest()[:16]
+    # The programs find their shared libraries beside the package (pgserver.libs, by a
+    # relative rpath), so the copy keeps both where they stand to each other.
+    copy = SHARED_INSTALLS / f"postgresql-{digest}"
+    if not (copy / "pgserver" / "pginstall" / "bin" / "postgres").exists():
+        SHARED_INSTALLS.mkdir(mode=0o755, parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".postgresql-", dir=SHARED_INSTALLS))
+        tree = staging / "tree"
+        shutil.copytree(wheel, tree / "pgserver" / "pginstall", symlinks=True)
+        libs = wheel.parent.parent / "pgserver.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, tree / "pgserver.libs", symlinks=True)
+        for path in (tree, *tree.rglob("*")):
+            if not path.is_symlink():
+                path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+        with contextlib.suppress(OSError):  # another start made it first: the same tree
+            tree.rename(copy)
+        shutil.rmtree(staging, ignore_errors=True)
+    return copy / "pgserver" / "pginstall"
+
+
+def service_account() -> Account | None:
+    """The account the server runs as: None (darkroom's own) unless darkroom is root."""
+    if os.geteuid() != 0:
+        return None
     try:
-        private_dir(pgdata.parent)  # the data dir: 0700
-        return pgserver.get_server(  # type: ignore[attr-defined]
-            pgdata, cleanup_mode="stop" if stop_on_exit else None)
-    except Exception as exc:  # pgserver raises bare subprocess/assert errors
+        entry = pwd.getpwnam(SERVICE_USER)
+    except KeyError:
+        made = subprocess.run(
+            ["useradd", "--system", "--user-group", "--no-create-home",
+             "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", SERVICE_USER],
+            capture_output=True, check=False)
+        try:
+            entry = pwd.getpwnam(SERVICE_USER)
+        except KeyError:
+            raise ConfigError(
+                f"running as root, the embedded PostgreSQL needs the system user "
+                f"{SERVICE_USER!r}, which could not be created (useradd exit "
+                f"{made.returncode}); create it, run darkroom as an unprivileged user, or "
+                f"set DARKROOM_DATABASE_URL") from None
+    if entry.pw_uid == 0:
+        raise ConfigError(f"the system user {SERVICE_USER!r} is root; the embedded "
+                          "PostgreSQL must run as an unprivileged user")
+    return Account(entry.pw_uid, entry.pw_gid, SERVICE_USER)
+
+
+def _env() -> dict[str, str]:
+    # No PG* variable of the caller's may redirect or authenticate a command.
+    return {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+
+
+def _run(account: Account | None, args: list[str], *, check: bool = True,
+         input: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+    if account is None:
+        return subprocess.run(args, input=input, capture_output=True, check=check,
+                              env=_env(), cwd="/", timeout=timeout)
+    return subprocess.run(args, input=input, capture_output=True, check=check, env=_env(),
+                          cwd="/", timeout=timeout, user=account.uid, group=account.gid,
+                          extra_groups=[])
+
+
+def _owner_of(pgdata: Path, account: Account | None) -> Account | None:
+    """Who may stop a running server in `pgdata`: the owner of its files, as root."""
+    if account is None:
+        return None
+    st = pgdata.stat()
+    if st.st_uid == 0:
+        return account
+    return Account(st.st_uid, st.st_gid, str(st.st_uid))
+
+
+def pg_ctl(pgdata: Path, *args: str, check: bool = True, timeout: float = 120) -> int:
+    """Run the bundled pg_ctl on `pgdata` as the server's owner; answers its exit code."""
+    owner = _owner_of(pgdata, service_account())
+    done = _run(owner, [binary("pg_ctl"), "-D", str(pgdata), *args], check=False,
+                timeout=timeout)
+    if check and done.returncode != 0:
+        raise ConfigError(f"embedded PostgreSQL in {pgdata}: pg_ctl {args[-1]} failed "
+                          f"(exit {done.returncode}); see {pgdata / 'log'}")
+    return done.returncode
+
+
+def socket_path(pgdata: Path) -> Path:
+    return pgdata / SOCKET_NAME
+
+
+def _check_socket_length(pgdata: Path) -> None:
+    length = len(os.fsencode(socket_path(pgdata)))
+    if length > MAX_SOCKET_PATH:
         raise ConfigError(
-            f"embedded PostgreSQL in {pgdata} did not start ({type(exc).__name__}); "
-            f"see {pgdata / 'log'}"
-        ) from exc
+            f"the data dir path is too long for the embedded PostgreSQL's socket "
+            f"({length} bytes with {SOCKET_NAME}; at most {MAX_SOCKET_PATH}): choose a "
+            f"shorter DARKROOM_DATA_DIR")
+
+
+def _reachable(path: Path, account: Account) -> bool:
+    """Whether `account` may traverse `path` by the modes as they are (no ACLs widened)."""
+    st = path.stat()
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid == account.uid:
+        return bool(mode & stat.S_IXUSR)
+    if st.st_gid == account.gid:
+        return bool(mode & stat.S_IXGRP)
+    return bool(mode & stat.S_IXOTH)
+
+
+def _check_parents(data_dir: Path) -> None:
+    """Refuse a data dir that another local user could move aside and replace (and so
+    hand darkroom a socket and a passfile of their own): every parent must belong to
+    root or to us, and be writable by no one else unless sticky, as /tmp is."""
+    me = os.geteuid()
+    for parent in data_dir.parents:
+        st = parent.stat()
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid not in (0, me):
+            raise ConfigError(f"{parent}, above the data dir, belongs to another user "
+                              f"(uid {st.st_uid}); choose a data dir in directories of "
+                              "your own")
+        if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
+            raise ConfigError(f"{parent}, above the data dir, is writable by other users; "
+                              "choose a data dir in directories of your own")
+
+
+def _prepare_data_dir(pgdata: Path, account: Account | None) -> None:
+    data_dir = pgdata.parent
+    _check_parents(data_dir)
+    private_dir(data_dir)
+    # A data dir someone else made (in /tmp, say) stays theirs to open up again: refused.
+    owner = data_dir.stat().st_uid
+    if owner not in (os.geteuid(), account.uid if account else os.geteuid()):
+        raise ConfigError(f"the data dir {data_dir} belongs to another user (uid {owner}); "
+                          f"choose a data dir of your own")
+    if account is None:
+        return
+    for parent in data_dir.parents:
+        if not _reachable(parent, account):
+            raise ConfigError(
+                f"running as root, the embedded PostgreSQL runs as user {account.name!r}, "
+                f"which cannot enter {parent} (darkroom widens no directory's mode): set "
+                f"DARKROOM_DATA_DIR to a directory outside it (e.g. /var/lib/darkroom), "
+                f"run darkroom as an unprivileged user, or set DARKROOM_DATABASE_URL")
+    # The server's own programs too: a virtualenv under /root is out of its reach.
+    install = Path(binary("postgres")).parent.parent
+    for parent in (install, *install.parents):
+        if not _reachable(parent, account):
+            raise ConfigError(
+                f"running as root, the embedded PostgreSQL runs as user {account.name!r}, "
+                f"which cannot enter {parent} to run its programs (darkroom widens no "
+                f"directory's mode): install darkroom outside it, run darkroom as an "
+                f"unprivileged user, or set DARKROOM_DATABASE_URL")
+    st = data_dir.stat()
+    if (st.st_uid, st.st_gid) != (account.uid, account.gid):
+        os.chown(data_dir, account.uid, account.gid)
+
+
+@contextlib.contextmanager
+def _locked(pgdata: Path) -> Iterator[None]:
+    """One process at a time initialises, upgrades or starts the server."""
+    lock = pgdata.with_name(f".{pgdata.name}.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _running_postmaster(pgdata: Path) -> tuple[int, list[str]] | None:
+    """The pid and postmaster.pid lines of a server running in `pgdata`, else None.
+
+    Checked by darkroom itself rather than by `pg_ctl status` as the files' owner: a
+    server made before may belong to a user that can no longer enter the (now private)
+    data dir, and must still be seen, and stopped, before its files are touched.
+    """
+    try:
+        lines = (pgdata / "postmaster.pid").read_text().splitlines()
+        pid = int(lines[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return None
+    try:
+        os.kill(pid, 0)
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (ProcessLookupError, FileNotFoundError):
+        return None
+    except PermissionError:
+        raise ConfigError(f"a PostgreSQL of another user runs in {pgdata}; "
+                          "stop it first") from None
+    # A stale pid file whose pid now belongs to some other process is not a server.
+    try:
+        data = os.fsdecode(args[args.index(b"-D") + 1])
+        if Path(args[0].decode()).name != "postgres" or not os.path.samefile(data, pgdata):
+            return None
+    except (ValueError, IndexError, OSError):
+        return None
+    return pid, lines
+
+
+def _stop(pid: int, pgdata: Path) -> None:
+    """A fast shutdown (what `pg_ctl stop -m fast` sends), waited for."""
+    os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise ConfigError(f"the PostgreSQL running in {pgdata} did not stop within 60 s")
+
+
+def _write_owned(path: Path, data: str, account: Account | None) -> None:
+    """Replace `path` with `data`: 0600, the server's user's, never half-written."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        if account is not None:
+            os.chown(tmp, account.uid, account.gid)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _password(pgdata: Path) -> str | None:
+    try:
+        line = (pgdata / PASSFILE).read_text().strip()
+    except FileNotFoundError:
+        return None
+    return line.rsplit(":", 1)[1] if line.count(":") == 4 else None
+
+
+def _initdb(pgdata: Path, account: Account | None) -> None:
+    pgdata.mkdir(mode=0o700, exist_ok=True)
+    if account is not None:
+        os.chown(pgdata, account.uid, account.gid)
+    password = secrets.token_urlsafe(32)
+    # initdb reads the password from a file; it may not live in the (empty) cluster dir.
+    pwfile = pgdata.with_name(f".{pgdata.name}.initpw")
+    _write_owned(pwfile, password + "\n", account)
+    try:
+        done = _run(account, [binary("initdb"), "-D", str(pgdata), "-U", SUPERUSER,
+                              "--encoding=utf8", "--auth=scram-sha-256",
+                              f"--pwfile={pwfile}"], check=False)
+    finally:
+        pwfile.unlink(missing_ok=True)
+    if done.returncode != 0:
+        raise ConfigError(f"embedded PostgreSQL: initdb in {pgdata} failed "
+                          f"(exit {done.returncode})")
+    _write_owned(pgdata / PASSFILE, f"*:*:*:{SUPERUSER}:{password}\n", account)
+    _write_owned(pgdata / "pg_hba.conf", HBA, account)
+
+
+def _is_private(pgdata: Path, account: Account | None) -> bool:
+    try:
+        hba = (pgdata / "pg_hba.conf").read_text()
+    except FileNotFoundError:
+        return False
+    if hba != HBA or _password(pgdata) is None:
+        return False
+    if account is None:
+        return True
+    st = pgdata.stat()
+    return (st.st_uid, st.st_gid) == (account.uid, account.gid)
+
+
+def _chown_tree(root: Path, account: Account) -> None:
+    os.chown(root, account.uid, account.gid, follow_symlinks=False)
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            os.chown(os.path.join(top, name), account.uid, account.gid,
+                     follow_symlinks=False)
+
+
+def _make_private(pgdata: Path, account: Account | None) -> None:
+    """Upgrade a stopped cluster made before (trust authentication) in place.
+
+    Each step is idempotent and pg_hba.conf is written last, so a start interrupted at
+    any point redoes the rest next time, and no row is touched.
+    """
+    if account is not None:
+        _chown_tree(pgdata, account)
+    pgdata.chmod(0o700)
+    password = _password(pgdata)
+    if password is None:
+        password = secrets.token_urlsafe(32)
+        _write_owned(pgdata / PASSFILE, f"*:*:*:{SUPERUSER}:{password}\n", account)
+    # Single-user mode: no socket and no listener while the password is set.
+    done = _run(account, [binary("postgres"), "--single", "-D", str(pgdata),
+                          "-c", "password_encryption=scram-sha-256", "postgres"],
+                input=f"ALTER ROLE {SUPERUSER} PASSWORD '{password}'\n".encode(),
+                check=False)
+    if done.returncode != 0 or b"ERROR" in done.stderr + done.stdout:
+        raise ConfigError(f"embedded PostgreSQL in {pgdata}: setting its password failed "
+                          f"(exit {done.returncode})")
+    _write_owned(pgdata / "pg_hba.conf", HBA, account)
+
+
+def _start(pgdata: Path) -> None:
+    options = " ".join([
+        "-h ''",  # no TCP address at all
+        f"-k {shlex.quote(str(pgdata))}",
+        f"-p {PORT}",
+        "-c unix_socket_permissions=0700",
+        "-c password_encryption=scram-sha-256",
+    ])
+    pg_ctl(pgdata, "-w", "-t", "60", "-l", str(pgdata / "log"), "-o", options, "start")
+
+
+@dataclass
+class Server:
+    """A handle on the running server; `cleanup` stops it if this handle was asked to."""
+
+    pgdata: Path
+    stop_on_exit: bool = False
+    _stopped: bool = field(default=False, repr=False)
+
+    def get_uri(self, database: str = "postgres") -> str:
+        query = urllib.parse.urlencode({"host": str(self.pgdata), "port": str(PORT),
+                                        "passfile": str(self.pgdata / PASSFILE)})
+        return f"postgresql://{SUPERUSER}@/{urllib.parse.quote(database)}?{query}"
+
+    def cleanup(self) -> None:
+        if not self.stop_on_exit or self._stopped:
+            return
+        self._stopped = True
+        if (self.pgdata / "postmaster.pid").exists():
+            pg_ctl(self.pgdata, "-w", "-m", "fast", "stop", check=False)
+
+
+def start(pgdata: Path, *, stop_on_exit: bool = False) -> Server:
+    """Start (or join) the private server in `pgdata`, making or upgrading it first."""
+    pgdata = pgdata.expanduser().absolute()
+    _check_socket_length(pgdata)
+    account = service_account()
+    _prepare_data_dir(pgdata, account)
+    try:
+        with _locked(pgdata):
+            if not (pgdata / "PG_VERSION").exists():
+                if pgdata.exists() and any(pgdata.iterdir()):
+                    raise ConfigError(f"{pgdata} is not empty and holds no PostgreSQL "
+                                      "cluster; move it away")
+                _initdb(pgdata, account)
+            running = _running_postmaster(pgdata)
+            ready = running is not None and len(running[1]) > 7 and (
+                running[1][4].strip() == str(pgdata) and running[1][7].strip() == "ready")
+            if running is not None and not (ready and _is_private(pgdata, account)):
+                # Made or started by an earlier darkroom (trust, a shared socket
+                # directory, another owner): stop it, then upgrade it in place.
+                _stop(running[0], pgdata)
+                running = None
+            if not _is_private(pgdata, account):
+                _make_private(pgdata, account)
+            if running is None:
+                _start(pgdata)
+    except subprocess.SubprocessError as exc:
+        raise ConfigError(f"embedded PostgreSQL in {pgdata} did not start "
+                          f"({type(exc).__name__}); see {pgdata / 'log'}") from None
+    server = Server(pgdata, stop_on_exit)
+    if stop_on_exit:
+        atexit.register(server.cleanup)
+    return server
 
 
 def url(pgdata: Path, *, stop_on_exit: bool = False) -> str:
-    return str(start(pgdata, stop_on_exit=stop_on_exit).get_uri())
+    return start(pgdata, stop_on_exit=stop_on_exit).get_uri()
+
+
+def remove(pgdata: Path) -> None:
+    """Stop the server in `pgdata` if it runs, and delete the cluster (tests, benches)."""
+    if (pgdata / "postmaster.pid").exists():
+        pg_ctl(pgdata, "-w", "-m", "immediate", "stop", check=False)
+    shutil.rmtree(pgdata, ignore_errors=True)

@@ -99,6 +99,11 @@ FROM target t LEFT JOIN moved m ON m.id = t.id;
 WITH expired AS (
     SELECT id FROM archive_files
     WHERE status = 'processing' AND lease_until < now()
+      -- An operator's pause (claim_pauses, migration 0014) holds rescues back too: a
+      -- handful of rows at most, so checked row by row.
+      AND NOT EXISTS (SELECT 1 FROM claim_pauses p
+                      WHERE coalesce(p.owner, archive_files.owner) = archive_files.owner
+                        AND coalesce(p.priority, archive_files.priority) = archive_files.priority)
     ORDER BY lease_until
     LIMIT %(n)s
     FOR UPDATE SKIP LOCKED
@@ -108,12 +113,24 @@ WITH expired AS (
     -- 0 reads nothing.
     SELECT id FROM archive_files
     WHERE status = 'queued' AND priority = 'interactive' AND available_at <= now()
+      -- Not while paused (claim_pauses): a pause of the whole class is one probe before
+      -- the scan, which then reads nothing; a paused owner's cards are passed over.
+      AND NOT EXISTS (SELECT 1 FROM claim_pauses p WHERE p.owner IS NULL
+                      AND coalesce(p.priority, 'interactive') = 'interactive')
+      AND owner <> ALL (ARRAY(SELECT p.owner FROM claim_pauses p WHERE p.owner IS NOT NULL
+                              AND coalesce(p.priority, 'interactive') = 'interactive'))
     ORDER BY fair_stamp, available_at
     LIMIT greatest(%(n)s - (SELECT count(*) FROM expired), 0)
     FOR UPDATE SKIP LOCKED
 ), bulk AS (
     SELECT id FROM archive_files
     WHERE status = 'queued' AND priority = 'bulk' AND available_at <= now()
+      -- Not while paused (claim_pauses): a pause of the whole class is one probe before
+      -- the scan, which then reads nothing; a paused owner's cards are passed over.
+      AND NOT EXISTS (SELECT 1 FROM claim_pauses p WHERE p.owner IS NULL
+                      AND coalesce(p.priority, 'bulk') = 'bulk')
+      AND owner <> ALL (ARRAY(SELECT p.owner FROM claim_pauses p WHERE p.owner IS NOT NULL
+                              AND coalesce(p.priority, 'bulk') = 'bulk'))
     ORDER BY fair_stamp, available_at
     LIMIT greatest(%(n)s - (SELECT count(*) FROM expired)
                         - (SELECT count(*) FROM interactive), 0)
@@ -629,6 +646,7 @@ WITH page AS (
      WHERE owner = %(owner)s AND status NOT IN ('deleting', 'processing')
        AND %(status)s::text IS DISTINCT FROM 'processing'
        AND (%(status)s::text IS NULL OR status = %(status)s::text)
+       AND (%(code)s::text IS NULL OR error_code = %(code)s::text)
        AND (%(after_created)s::timestamptz IS NULL
             OR (created_at, id) < (%(after_created)s::timestamptz, %(after_id)s::uuid))
      ORDER BY created_at DESC, id DESC
@@ -637,6 +655,7 @@ WITH page AS (
     (SELECT * FROM archive_files
      WHERE status = 'processing' AND owner = %(owner)s
        AND (%(status)s::text IS NULL OR %(status)s::text = 'processing')
+       AND %(code)s::text IS NULL
        AND (%(after_created)s::timestamptz IS NULL
             OR (created_at, id) < (%(after_created)s::timestamptz, %(after_id)s::uuid)))
 )

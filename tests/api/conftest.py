@@ -52,7 +52,7 @@ class ServerThread:
 
     def stop(self) -> None:
         # As `darkroom api` does on SIGTERM: open event streams end, or shutdown waits.
-        hub = getattr(self.server.config.app.state, "hub", None)
+        hub = getattr(getattr(self.server.config.app, "state", None), "hub", None)
         if hub is not None:
             hub.close_threadsafe()
         self.server.should_exit = True

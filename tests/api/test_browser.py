@@ -227,6 +227,112 @@ def test_many_files_with_overall_progress_and_refusals_in_words(
         assert {i["status"] for i in items} == {"ready"}
 
 
+def test_console_for_an_admin_history_rejected_by_code_pause_and_resume(
+    page_api: Api,
+) -> None:
+    """An admin's page: the rejected files by code across owners, a file's history in the
+    viewer, pause and resume; an owner's key sees none of it, and only its own files."""
+    binary = chromium_binary()
+    if binary is None:
+        pytest.skip("no Chromium binary found (apt-get install chromium)")
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    expect = playwright_api.expect
+    from darkroom.errors import ErrorCode
+    from tests.api.helpers import confirmed
+    from tests.api.test_console import fail_all
+
+    api = page_api
+    root, alice, bob = (api.make_key("root", admin=True), api.make_key("alice"),
+                        api.make_key("bob"))
+    with api.client(alice) as c:
+        mine = confirmed(c, filename="alice.jpg")
+    with api.client(bob) as c:
+        confirmed(c, filename="bob.jpg")
+    fail_all(api, [ErrorCode.INVALID_IMAGE], worker="w-9")
+    with api.client(bob) as c:
+        confirmed(c, filename="bob-big.jpg")
+    fail_all(api, [ErrorCode.IMAGE_TOO_LARGE], worker="w-9")
+
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=binary, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
+            page.goto(api.url)
+            page.get_by_test_id("key-input").fill(root)
+            page.get_by_test_id("key-save").click()
+            expect(page.get_by_test_id("queue-panel")).to_be_visible(timeout=10_000)
+            expect(page.get_by_test_id("q-claiming")).to_have_text("running")
+            codes = page.get_by_test_id("q-code")
+            expect(codes).to_have_text(["invalid_image · 2", "image_too_large · 1"])  # most first
+
+            # Every owner's files rejected with one code, in the grid.
+            codes.filter(has_text="invalid_image").click()
+            expect(page.get_by_test_id("code-filter")).to_contain_text("invalid_image")
+            cards = page.get_by_test_id("card")
+            expect(cards).to_have_count(2)
+            expect(cards.filter(has_text="alice.jpg")).to_have_attribute("data-status",
+                                                                         "rejected")
+            expect(cards.filter(has_text="bob.jpg")).to_have_count(1)
+            expect(cards.first.get_by_test_id("delete")).to_be_hidden()
+
+            # The viewer's timeline: the attempt, its code, how long it took, the worker.
+            cards.filter(has_text="alice.jpg").get_by_test_id("filename").click()
+            steps = page.get_by_test_id("viewer-history").locator("li")
+            expect(steps).to_have_count(2)
+            assert [steps.nth(i).get_attribute("data-kind") for i in range(2)] == [
+                "claimed", "rejected"]
+            expect(steps.nth(1)).to_contain_text("attempt 1")
+            expect(steps.nth(1)).to_contain_text("invalid_image")
+            expect(steps.nth(1)).to_contain_text("took")
+            expect(steps.nth(1)).to_contain_text("w-9")
+            expect(page.get_by_test_id("viewer-delete")).to_be_hidden()
+            page.screenshot(path="/tmp/darkroom-console.png", full_page=True)
+            page.get_by_test_id("viewer-close").click()
+
+            # Pause one owner's files, then resume.
+            page.get_by_test_id("q-pause-owner").fill("bob")
+            page.get_by_test_id("q-pause").click()
+            paused = page.locator('[data-testid="q-pauses"] li[data-owner="bob"]')
+            expect(paused).to_contain_text("owner bob", timeout=10_000)
+            expect(paused).to_contain_text("api:root")
+            expect(page.get_by_test_id("q-claiming")).to_have_text("paused")
+            page.get_by_test_id("queue-panel").screenshot(path="/tmp/darkroom-console-paused.png")
+            with api.client(root) as c:
+                assert [(x["owner"], x["priority"], x["paused_by"]) for x in
+                        c.get("/v1/queue").json()["claim_pauses"]] == [
+                    ("bob", None, "api:root")]
+            paused.get_by_test_id("q-resume").click()
+            expect(paused).to_have_count(0, timeout=10_000)
+            expect(page.get_by_test_id("q-claiming")).to_have_text("running")
+            expect(page.get_by_test_id("q-pause-log")).to_contain_text(
+                "Last: resumed owner bob by api:root")
+
+            page.get_by_test_id("code-filter-clear").click()
+            expect(page.get_by_test_id("code-filter")).to_be_hidden()
+            expect(cards).to_have_count(0)  # the admin's own files: none
+
+            # An owner's key: no console, only its own file, no worker names.
+            page.get_by_test_id("key-forget").click()
+            page.get_by_test_id("key-input").fill(alice)
+            page.get_by_test_id("key-save").click()
+            expect(cards).to_have_count(1, timeout=10_000)
+            expect(cards.first).to_contain_text("alice.jpg")
+            expect(page.get_by_test_id("queue-panel")).to_be_hidden()
+            cards.first.get_by_test_id("filename").click()
+            expect(steps).to_have_count(2)
+            expect(steps.nth(1)).to_contain_text("invalid_image")
+            expect(steps.nth(1)).not_to_contain_text("w-9")
+        finally:
+            browser.close()
+
+    with psycopg.connect(api.db_url) as conn:
+        log = conn.execute("SELECT kind, owner, actor FROM claim_pause_events ORDER BY id"
+                           ).fetchall()
+    assert log == [("paused", "bob", "api:root"), ("resumed", "bob", "api:root")]
+    with api.client(alice) as c:
+        assert c.get(f"/v1/files/{mine['id']}").json()["status"] == "rejected"
+
+
 def test_a_card_rejected_for_a_passing_fault_has_a_retry_button(
     page_api: Api, tmp_path: Path
 ) -> None:

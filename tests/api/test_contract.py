@@ -230,6 +230,7 @@ def test_owner_isolation_on_every_route(local_api: Api) -> None:
                 bob.post(f"/v1/files/{file_id}/confirm", json={"version": version}),
                 bob.get(f"/v1/files/{file_id}/derivative"),
                 bob.post(f"/v1/files/{file_id}/retry"),
+                bob.get(f"/v1/files/{file_id}/events"),
                 bob.delete(f"/v1/files/{file_id}"),
             ]
 
@@ -263,6 +264,9 @@ def test_no_key_or_bad_key_is_401(local_api: Api) -> None:
         ("GET", f"/v1/files/{file_id}/derivative"),
         ("DELETE", f"/v1/files/{file_id}"),
         ("GET", "/v1/queue"),
+        ("GET", f"/v1/files/{file_id}/events"),
+        ("POST", "/v1/queue/pause"),
+        ("POST", "/v1/queue/resume"),
     ]
     bad_headers: list[dict[str, str]] = [
         {},

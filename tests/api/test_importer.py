@@ -16,7 +16,8 @@ from PIL import Image
 
 from darkroom.cli import main as cli_main
 from darkroom.config import load_settings
-from darkroom.importer import Bar, find_images, main, media_type_of
+from darkroom.importer import find_images, main, media_type_of
+from darkroom.progress import Bar
 from tests.api.conftest import Api
 from tests.api.helpers import image_bytes
 from tests.support.services import wait_for

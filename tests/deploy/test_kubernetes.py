@@ -11,7 +11,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jsonschema
 import kubernetes_validate
@@ -249,7 +249,8 @@ async def test_worker_demand_counts_processing_and_due_cards(db_url: str) -> Non
                 "metadata"]["query"]
             cur = await conn.execute(query)
             row = await cur.fetchone()
-        assert row is not None and list(row.values()) == [5.0]
+        # The pool answers rows as dicts (darkroom.db.connection).
+        assert row is not None and list(cast("dict[str, Any]", row).values()) == [5.0]
         assert running.file_id in ids
     finally:
         await pool.close()

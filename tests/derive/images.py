@@ -8,7 +8,7 @@ import zlib
 
 from PIL import Image
 
-from tests.support.services import CORPUS
+from tests.support.services import CORPUS as CORPUS
 
 CORPUS_IMAGES = sorted(p for p in CORPUS.glob("*") if p.suffix in {".jpg", ".png"})
 
@@ -46,6 +46,17 @@ def png_zlib_bomb(width: int, height: int) -> bytes:
         + png_chunk(b"IDAT", b"".join(parts))
         + png_chunk(b"IEND", b"")
     )
+
+
+def flat(width: int, height: int, suffix: str, **options: object) -> bytes:
+    """One colour, any size, encoded by libvips: its pixels are never all in memory, so
+    a 50 MP header costs the test little. `suffix` picks the saver (".webp", ".png")."""
+    import pyvips
+
+    image = pyvips.Image.black(width, height).new_from_image([200, 30, 30])
+    image = image.cast("uchar").copy(interpretation="srgb")
+    data: bytes = image.write_to_buffer(suffix, **options)
+    return data
 
 
 def save(image: Image.Image, fmt: str, **options: object) -> bytes:
@@ -89,7 +100,7 @@ def heic(image: Image.Image, *, grid_tile: int | None = None, **options: object)
     """A HEIC made by pillow-heif's encoder (x265), not by the decoder under test."""
     import pillow_heif
 
-    saved = pillow_heif.options.GRID_TILE_SIZE if grid_tile is not None else None
+    saved: int = pillow_heif.options.GRID_TILE_SIZE
     if grid_tile is not None:
         pillow_heif.options.GRID_TILE_SIZE = grid_tile
     try:
@@ -124,5 +135,7 @@ def decode_webp(webp: bytes) -> Image.Image:
     return image
 
 
-def close_to(pixel: tuple[int, ...], want: tuple[int, int, int], tolerance: int = 40) -> bool:
+def close_to(pixel: object, want: tuple[int, int, int], tolerance: int = 40) -> bool:
+    """A pixel as Pillow's getpixel answers it, within `tolerance` of `want` per channel."""
+    assert isinstance(pixel, tuple), pixel
     return all(abs(a - b) <= tolerance for a, b in zip(pixel[:3], want, strict=True))

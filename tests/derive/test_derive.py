@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import resource
 import struct
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from PIL import Image, ImageCms
+from PIL import Image, ImageCms, ImageDraw
 
 from darkroom.config import load_settings
-from darkroom.derive import Derivative, Limits, _vips, derive, open_checked
+from darkroom.derive import (
+    FREE_PIXELS,
+    MAX_PIXELS_PER_BYTE,
+    Derivative,
+    Limits,
+    _vips,
+    check_density,
+    derive,
+    open_checked,
+)
 from darkroom.errors import DeriveError, ErrorCode
 from darkroom.formats import sniff
 from tests.derive import images as im
@@ -177,6 +188,71 @@ def test_dimension_limit() -> None:
     assert code_of(im.png_header_only(1, 16_385)) == ErrorCode.IMAGE_TOO_LARGE
     limits = replace(LIMITS, max_dimension=64)
     assert code_of(im.save(im.quadrants(65, 8), "JPEG"), limits) == ErrorCode.IMAGE_TOO_LARGE
+
+
+@pytest.fixture(scope="module")
+def claims_50_mp() -> bytes:
+    """A lossless WebP of one colour, 16383 × 3050: about 2 KB claiming 50 MP, just under
+    every pixel and dimension limit, whose full decode costs a second of CPU."""
+    data = im.flat(16_383, 3_050, ".webp", lossless=True)
+    assert len(data) < 3_000
+    return data
+
+
+def test_tiny_file_claiming_many_pixels_is_refused_from_its_header(claims_50_mp: bytes) -> None:
+    assert header_verdict(claims_50_mp) == ErrorCode.IMAGE_TOO_LARGE
+    assert code_of(claims_50_mp) == ErrorCode.IMAGE_TOO_LARGE
+
+
+def test_pixels_per_byte_bound_and_its_floor() -> None:
+    floor_side = math.isqrt(FREE_PIXELS)
+    # Up to the floor any ratio passes: a flat 16 MP lossless WebP is under 1 KB.
+    at_floor = im.flat(floor_side, floor_side, ".webp", lossless=True)
+    assert len(at_floor) * MAX_PIXELS_PER_BYTE < FREE_PIXELS
+    assert derive(at_floor, LIMITS).width == 2048
+    over = im.flat(floor_side + 1, floor_side, ".webp", lossless=True)
+    assert header_verdict(over) == ErrorCode.IMAGE_TOO_LARGE
+    # Above the floor, the bound itself: pixels ≤ MAX_PIXELS_PER_BYTE × bytes.
+    check_density(5_000, 4_000, 20_000_000 // MAX_PIXELS_PER_BYTE)
+    with pytest.raises(DeriveError) as info:
+        check_density(5_000, 4_000, 20_000_000 // MAX_PIXELS_PER_BYTE - 1)
+    assert info.value.code == ErrorCode.IMAGE_TOO_LARGE
+
+
+@pytest.mark.parametrize(("what", "data"), [
+    # A phone photo of a blank wall, as flat as a JPEG gets (64 pixels per byte).
+    ("solid 4000x3000 jpeg", lambda: im.save(Image.new("RGB", (4000, 3000), (120, 160, 200)),
+                                             "JPEG", quality=90)),
+    # One colour over 24 MP in deflate: near zlib's best ratio (~300 pixels per byte).
+    ("solid 6000x4000 png", lambda: im.flat(6_000, 4_000, ".png", compression=9)),
+    # A text screenshot, in lossless WebP: far denser, and under the floor.
+    ("screenshot webp", lambda: im.save(screenshot(2560, 1440), "WEBP", lossless=True)),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_flat_real_images_pass_the_bound(what: str, data: Callable[[], bytes]) -> None:
+    result = derive(data(), LIMITS)
+    assert max(result.width, result.height) == 2048, what
+
+
+def screenshot(width: int, height: int) -> Image.Image:
+    shot = Image.new("RGB", (width, height), im.WHITE)
+    draw = ImageDraw.Draw(shot)
+    for y in range(40, height - 40, 24):
+        draw.text((40, y), "a line of text in a window " * 4, fill=(0, 0, 0))
+    return shot
+
+
+def test_large_webp_is_decoded_shrunk() -> None:
+    """libwebp scales while decoding: the image handed on is already at the output size."""
+    data = im.save(im.quadrants(4096, 1024), "WEBP", quality=90)
+    image, kind = open_checked(data, LIMITS)
+    assert kind == "webp" and (image.width, image.height) == (2048, 512)
+    result = derive(data, LIMITS)
+    out = check_webp(result).convert("RGB")
+    assert out.size == (2048, 512)
+    assert im.close_to(out.getpixel((512, 128)), im.RED)
+    assert im.close_to(out.getpixel((1536, 128)), im.GREEN)
+    assert im.close_to(out.getpixel((512, 384)), im.BLUE)
+    assert im.close_to(out.getpixel((1536, 384)), im.WHITE)
 
 
 def test_zero_dimension_header_is_invalid() -> None:

@@ -68,7 +68,7 @@ def test_eight_processes_start_every_row_exactly_once(db_url: str) -> None:
     assert set(started.values()) == {1}
     assert sum(1 for r in results if r) >= 2  # the work really was shared
     with psycopg.connect(db_url) as conn:
-        status = dict(conn.execute(
+        status: dict[str, int] = dict(conn.execute(
             "SELECT status, count(*) FROM archive_files GROUP BY status").fetchall())
         claims = conn.execute(
             "SELECT count(*), count(DISTINCT file_id) FROM archive_events"

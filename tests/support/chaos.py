@@ -330,7 +330,7 @@ def run(files: int, seed: int, tmp: Path, workers: int = 4) -> Outcome:
     n_hostile = max(len(hostile), files // 20)
     inputs: list[tuple[str, bytes, str | None]] = [
         (f"photo-{i}.jpg", data, None) for i, data in enumerate(photos(files - n_hostile, rng))]
-    inputs += [hostile[i % len(hostile)] for i in range(n_hostile)]  # type: ignore[misc]
+    inputs += [hostile[i % len(hostile)] for i in range(n_hostile)]
     rng.shuffle(inputs)
     started = time.monotonic()
     system = System(tmp, workers)

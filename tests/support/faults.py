@@ -331,4 +331,4 @@ def through_proxy(db_url: str, seed: int = 0) -> tuple[FaultProxy, str]:
     proxy = FaultProxy(upstream, postgres=True, seed=seed)
     params.update(host="127.0.0.1", port=str(proxy.port), sslmode="disable",
                   gssencmode="disable")
-    return proxy, make_conninfo(**params)
+    return proxy, make_conninfo("", **params)

@@ -162,15 +162,13 @@ class HostProcess:
 
 
 class Postgres:
-    """pgserver's PostgreSQL, moved onto the db host and listening on its address."""
+    """The embedded PostgreSQL, moved onto the db host and listening on its address."""
 
     def __init__(self, net: Network, base: Path) -> None:
-        from pgserver._commands import POSTGRES_BIN_PATH
-
-        self.pg_ctl = str(POSTGRES_BIN_PATH / "pg_ctl")
+        self.pg_ctl = embedded.binary("pg_ctl")
         self.net, self.pgdata = net, base / "pg"
-        # pgserver creates the cluster (as its unprivileged user), then it is stopped and
-        # started again inside the db namespace.
+        # darkroom's embedded start creates the cluster (as its unprivileged user when
+        # root), then it is stopped and started again inside the db namespace.
         embedded.start(self.pgdata)
         self._ctl("stop")
         with (self.pgdata / "pg_hba.conf").open("a") as hba:
@@ -180,7 +178,8 @@ class Postgres:
         self.url = f"postgresql://postgres@{addr('db')}:{PG_PORT}/postgres"
 
     def _ctl(self, action: str, *args: str, wrap: bool = False) -> None:
-        user = ["setpriv", "--reuid=pgserver", "--regid=pgserver", "--init-groups"]
+        user = ["setpriv", f"--reuid={embedded.SERVICE_USER}",
+                f"--regid={embedded.SERVICE_USER}", "--init-groups"]
         prefix = self.net.exec("db") if wrap else []
         subprocess.run([*prefix, *user, self.pg_ctl, "-D", str(self.pgdata), "-w", "-m",
                         "fast", *args, action], check=True, capture_output=True, timeout=120)
@@ -210,7 +209,6 @@ class System:
         self.net = Network()
         self.net.up()
         base = Path(tempfile.mkdtemp(prefix="darkroom-hosts-pg-"))
-        base.chmod(0o755)  # the server runs as pgserver
         self.pg_base = base
         self.pg = Postgres(self.net, base)
         self.db_url = self.pg.url
@@ -483,7 +481,7 @@ def run(files: int, seed: int, tmp: Path) -> HostsOutcome:
     n_hostile = max(len(hostile), files // 20)
     inputs: list[tuple[str, bytes, str | None]] = [
         (f"photo-{i}.jpg", data, None) for i, data in enumerate(photos(files - n_hostile, rng))]
-    inputs += [hostile[i % len(hostile)] for i in range(n_hostile)]  # type: ignore[misc]
+    inputs += [hostile[i % len(hostile)] for i in range(n_hostile)]
     rng.shuffle(inputs)
     started = time.monotonic()
     system = System(tmp)

@@ -1,4 +1,4 @@
-"""A real PostgreSQL for the tests: the embedded pgserver one, or DARKROOM_TEST_DATABASE_URL.
+"""A real PostgreSQL for the tests: darkroom's embedded one, or DARKROOM_TEST_DATABASE_URL.
 
 Each test gets a database of its own, cloned from a migrated template, so no test can see
 another's rows or depend on another's order. The clones are made one test ahead, and
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -41,9 +40,9 @@ class TestPostgres:
         if url:
             return cls(url)
         # Not under pytest's tmp dirs: those are private to root, and the server runs as
-        # the unprivileged `pgserver` user when the tests run as root.
+        # the unprivileged `darkroom` user when the tests run as root (mkdtemp's 0700
+        # directory becomes its data dir, handed to that user; /tmp lets it in).
         base = Path(tempfile.mkdtemp(prefix="darkroom-test-pg-"))
-        base.chmod(0o755)
         pgdata = base / "pg"
         return cls(embedded.url(pgdata, stop_on_exit=True), pgdata)
 
@@ -69,8 +68,9 @@ class TestPostgres:
     def stop(self) -> None:
         """Stop our own server and delete its files; an external server is left alone.
 
-        Explicitly, at the end of the session: pgserver's own clean-up at exit misses a
-        server that `restart` has given a new postmaster, and it would outlive the tests.
+        Explicitly, at the end of the session, with the server's files: nothing else
+        would stop it (a `restart` gives it a new postmaster), and it would outlive the
+        tests.
         """
         self._close_maker()
         if self.pgdata is None:
@@ -79,12 +79,8 @@ class TestPostgres:
         shutil.rmtree(self.pgdata.parent, ignore_errors=True)
 
     def _pg_ctl(self, action: str, *, check: bool = True) -> None:
-        from pgserver._commands import POSTGRES_BIN_PATH
-
-        user = "pgserver" if os.geteuid() == 0 else None
-        subprocess.run([str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.pgdata), "-w",
-                        "-m", "fast", action], check=check, user=user, timeout=60,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert self.pgdata is not None
+        embedded.pg_ctl(self.pgdata, "-w", "-m", "fast", action, check=check, timeout=60)
 
     def url_for(self, dbname: str) -> str:
         params = conninfo_to_dict(self.server_url)

@@ -57,6 +57,9 @@ const state = {
   cards: new Map(),          // id -> { el, card, thumbLoaded }
   queueTimer: null,
   filter: "",                // a status, or "" for all
+  code: "",                  // an error code (with filter "rejected"), or ""
+  allOwners: false,          // the console's view: every owner's rejected cards (admin)
+  admin: false,              // the key answered /v1/queue
   cursor: null,              // next_cursor of the last page read
   more: false,               // another page exists
   loading: false,
@@ -375,6 +378,8 @@ async function loadPage() {
   const generation = state.generation;
   const query = new URLSearchParams({ limit: String(PAGE_SIZE) });
   if (state.filter) query.set("status", state.filter);
+  if (state.code) query.set("code", state.code);
+  if (state.allOwners) query.set("all_owners", "true");
   if (state.cursor) query.set("cursor", state.cursor);
   try {
     const page = await api("GET", `/v1/files?${query}`);
@@ -527,10 +532,14 @@ async function openViewer(card) {
   error.hidden = card.status !== "rejected";
   error.textContent = card.status === "rejected"
     ? (ERROR_TEXT[card.error_code] || ERROR_TEXT.processing_failed) : "";
-  $('[data-testid="viewer-delete"]', dialog).onclick = async () => {
+  const del = $('[data-testid="viewer-delete"]', dialog);
+  // Another owner's card (the console's view) is not this key's to delete.
+  del.hidden = state.allOwners;
+  del.onclick = async () => {
     if (await deleteCard(card.id)) dialog.close();
   };
   if (!dialog.open) dialog.showModal();
+  loadHistory(card.id);
   if (card.status === "ready" && card.derivative) {
     try {
       // The one the user asked for: ahead of any thumb still waiting for a connection.
@@ -544,6 +553,75 @@ async function openViewer(card) {
       error.hidden = false;
       error.textContent = "The preview could not be loaded.";
     }
+  }
+}
+
+// What each step of a card's history means, in words; a kind not listed shows as it is.
+const EVENT_TEXT = {
+  claimed: "Started", ready: "Finished", retry_scheduled: "Failed; will be tried again",
+  rejected: "Rejected", exhausted: "Given up", deferred: "Handed back: storage unavailable",
+  released: "Handed back: worker stopping", lease_lost: "Worker lost it; taken over",
+  revoked: "Deleted", expired: "Upload never finished", rederive: "Queued to be made again",
+  rederive_failed: "Making it again failed; the previous version is kept",
+  retried: "Queued again after a rejection",
+};
+const HISTORY_SHOWN = 30;
+const HISTORY_PAGES = 10;
+
+// The card's steps (GET /v1/files/{id}/events, oldest first): the latest few are shown.
+async function loadHistory(id) {
+  const list = $('[data-testid="viewer-history"]');
+  const more = $('[data-testid="viewer-history-more"]');
+  list.replaceChildren();
+  list.dataset.for = id;
+  list.dataset.loaded = "";
+  more.hidden = true;
+  const events = [];
+  let cursor = null;
+  try {
+    for (let page = 0; page < HISTORY_PAGES; page++) {
+      const query = new URLSearchParams({ limit: "100" });
+      if (cursor) query.set("cursor", cursor);
+      const answer = await api("GET", `/v1/files/${id}/events?${query}`);
+      events.push(...answer.items);
+      cursor = answer.next_cursor;
+      if (!cursor) break;
+    }
+  } catch (_) {
+    if (list.dataset.for !== id) return;
+    more.hidden = false;
+    more.textContent = "The history could not be loaded.";
+    return;
+  }
+  if (list.dataset.for !== id) return;  // another card was opened meanwhile
+  const shown = events.slice(-HISTORY_SHOWN);
+  list.replaceChildren(...shown.map((e) => {
+    const li = document.createElement("li");
+    li.dataset.kind = e.kind;
+    const when = document.createElement("time");
+    when.dateTime = e.at;
+    when.textContent = new Date(e.at).toLocaleTimeString();
+    const what = document.createElement("span");
+    what.className = "what";
+    what.textContent = EVENT_TEXT[e.kind] || e.kind;
+    const facts = [];
+    if (e.attempt !== null) facts.push(`attempt ${e.attempt}`);
+    if (e.duration_seconds !== null) facts.push(`took ${e.duration_seconds.toFixed(1)} s`);
+    if (e.error_code) facts.push(e.error_code);
+    if (e.worker) facts.push(e.worker);
+    const detail = document.createElement("span");
+    detail.className = "facts";
+    detail.textContent = facts.join(" · ");  // worker names and codes are data, never markup
+    li.append(when, what, detail);
+    return li;
+  }));
+  list.dataset.loaded = "1";
+  if (events.length > shown.length || cursor) {
+    more.hidden = false;
+    more.textContent = `Earlier steps are not shown (darkroom show ${id}).`;
+  } else if (!events.length) {
+    more.hidden = false;
+    more.textContent = "Nothing has happened to this file yet.";
   }
 }
 
@@ -784,11 +862,128 @@ async function refreshQueue() {
     }
     $('[data-testid="q-rederive"]').textContent = s.rederive_pending ?? 0;
     renderOwners((s.backlog && s.backlog.top_owners) || []);
+    renderPauses(s.claim_pauses || []);
+    renderPauseLog((s.claim_pause_log || [])[0]);
+    renderCodes(s.rejected_by_code || {});
+    state.admin = true;
     panel.hidden = false;
   } catch (error) {
-    if (error.status === 403 || error.status === 401) { panel.hidden = true; stopQueue(); return; }
+    if (error.status === 403 || error.status === 401) {
+      state.admin = false;
+      panel.hidden = true;
+      stopQueue();
+      return;
+    }
     // Anything else is passing: keep the panel and try again at the next tick.
   }
+}
+
+function pauseScope(p) {
+  const parts = [];
+  if (p.owner) parts.push(`owner ${p.owner}`);
+  if (p.priority) parts.push(`${p.priority} files`);
+  return parts.length ? parts.join(", ") : "every file";
+}
+
+function consoleError(message) {
+  const p = $('[data-testid="q-console-error"]');
+  p.hidden = !message;
+  p.textContent = message || "";
+}
+
+// An operator's pauses of claiming, each with its own Resume (which lifts exactly it).
+function renderPauses(pauses) {
+  const badge = $('[data-testid="q-claiming"]');
+  badge.textContent = pauses.length ? "paused" : "running";
+  badge.dataset.status = pauses.length ? "rejected" : "ready";
+  $('[data-testid="q-pauses"]').replaceChildren(...pauses.map((p) => {
+    const li = document.createElement("li");
+    li.dataset.owner = p.owner || "";
+    li.dataset.priority = p.priority || "";
+    const text = document.createElement("span");
+    text.textContent = `${pauseScope(p)} · by ${p.paused_by} since ${new Date(p.since).toLocaleTimeString()}`;
+    const resume = document.createElement("button");
+    resume.type = "button";
+    resume.dataset.testid = "q-resume";
+    resume.textContent = "Resume";
+    resume.addEventListener("click", () => changePause("resume", { owner: p.owner, priority: p.priority }, resume));
+    li.append(text, resume);
+    return li;
+  }));
+}
+
+// The latest pause or resume, and who asked for it.
+function renderPauseLog(last) {
+  const p = $('[data-testid="q-pause-log"]');
+  p.hidden = !last;
+  p.textContent = last
+    ? `Last: ${last.kind} ${pauseScope(last)} by ${last.actor} at ${new Date(last.at).toLocaleTimeString()}`
+    : "";
+}
+
+async function changePause(action, scope, button) {
+  const body = {};
+  if (scope.owner) body.owner = scope.owner;
+  if (scope.priority) body.priority = scope.priority;
+  button.disabled = true;
+  try {
+    // Both are safe to repeat: a pause already in force, or one already lifted, is a no-op.
+    await withRetries(() => api("POST", `/v1/queue/${action}`, body));
+    consoleError("");
+    return true;
+  } catch (_) {
+    consoleError(`The ${action} did not go through. Please try again.`);
+    return false;
+  } finally {
+    button.disabled = false;
+    refreshQueue();
+  }
+}
+
+// Rejected files by code: each opens the grid on every owner's rejected files of that code.
+function renderCodes(byCode) {
+  const items = Object.entries(byCode).map(([code, n]) => {
+    const li = document.createElement("li");
+    const link = document.createElement("button");
+    link.type = "button";
+    link.className = "link";
+    link.dataset.code = code;
+    link.dataset.testid = "q-code";
+    link.textContent = `${code} · ${n}`;
+    link.title = ERROR_TEXT[code] || code;
+    link.addEventListener("click", () => showRejected(code));
+    li.append(link);
+    return li;
+  });
+  if (!items.length) {
+    const li = document.createElement("li");
+    li.textContent = "none";
+    items.push(li);
+  }
+  $('[data-testid="q-rejected-codes"]').replaceChildren(...items);
+}
+
+// The grid on one code's rejected files. (Once a rejected file can be retried, the
+// selection's "Retry these" belongs beside the filter's text: see index.html.)
+function showRejected(code) {
+  state.filter = "rejected";
+  state.code = code;
+  state.allOwners = state.admin;
+  $('[data-testid="status-filter"]').value = "rejected";
+  const chip = $('[data-testid="code-filter"]');
+  chip.hidden = false;
+  $('[data-testid="code-filter-text"]').textContent =
+    `Rejected with ${code}${state.allOwners ? ", every owner's" : ""}`;
+  $(".grid").dataset.scope = state.allOwners ? "all" : "";
+  resetGrid();
+  loadPage();
+}
+
+function clearCodeFilter() {
+  state.code = "";
+  state.allOwners = false;
+  $('[data-testid="code-filter"]').hidden = true;
+  $(".grid").dataset.scope = "";
 }
 
 function startQueue() {
@@ -817,6 +1012,8 @@ function keyRejected() {
 
 function forgetKey(clearNotice = true) {
   state.key = "";
+  state.admin = false;
+  clearCodeFilter();
   localStorage.removeItem(KEY_STORAGE);
   stopQueue();
   closeStream();
@@ -830,6 +1027,7 @@ function forgetKey(clearNotice = true) {
 
 function useKey(key) {
   state.key = key;
+  clearCodeFilter();
   localStorage.setItem(KEY_STORAGE, key);
   $('[data-testid="key-form"]').hidden = true;
   $('[data-testid="key-set"]').hidden = false;
@@ -865,9 +1063,25 @@ function init() {
   $('[data-testid="key-forget"]').addEventListener("click", () => forgetKey());
 
   $('[data-testid="status-filter"]').addEventListener("change", (e) => {
+    clearCodeFilter();
     state.filter = e.target.value;
     resetGrid();
     loadPage();
+  });
+
+  $('[data-testid="code-filter-clear"]').addEventListener("click", () => {
+    clearCodeFilter();
+    state.filter = "";
+    $('[data-testid="status-filter"]').value = "";
+    resetGrid();
+    loadPage();
+  });
+  $('[data-testid="q-pause-form"]').addEventListener("submit", (e) => {
+    e.preventDefault();
+    const owner = $('[data-testid="q-pause-owner"]').value.trim();
+    const priority = $('[data-testid="q-pause-priority"]').value;
+    changePause("pause", { owner, priority }, $('[data-testid="q-pause"]'))
+      .then((done) => { if (done) $('[data-testid="q-pause-owner"]').value = ""; });
   });
 
   const dialog = $('[data-testid="viewer"]');

@@ -34,5 +34,5 @@ END $$;
 
 -- `darkroom retry` reads rejected cards (by owner, code and time): the few there are, by
 -- this partial index, not a scan of the archive.
-CREATE INDEX archive_files_rejected ON archive_files (owner, finished_at)
+CREATE INDEX archive_files_rejected_by_owner ON archive_files (owner, finished_at)
     WHERE status = 'rejected';

@@ -1,0 +1,333 @@
+"""The embedded PostgreSQL is private: another local user cannot reach it by any way in.
+
+Each test attacks a real server the way an unprivileged local user would (`nobody`, via
+setpriv): the Unix socket, TCP, the files in the data dir. The server is started by
+darkroom's own code as root (the server then runs as its own system user) and as an
+ordinary user (a throwaway account made for the test when the tests run as root).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+
+from darkroom.db import embedded
+
+ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT, reason="switching to another local user needs root")
+
+
+def pg_binary(name: str) -> str:
+    spec = importlib.util.find_spec("pgserver")
+    assert spec is not None and spec.submodule_search_locations
+    return str(Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin" / name)
+
+
+def as_nobody(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                           *args], capture_output=True, text=True, timeout=60, cwd="/",
+                          env={"PATH": "/usr/bin:/bin", "PGCONNECT_TIMEOUT": "5", **(env or {})})
+
+
+def modes(path: Path) -> dict[Path, int]:
+    """The mode of `path` and of every directory above it."""
+    return {p: stat.S_IMODE(p.stat().st_mode) for p in (path, *path.parents)}
+
+
+def stop(pgdata: Path) -> None:
+    if not (pgdata / "postmaster.pid").exists():
+        return
+    owner = pgdata.stat().st_uid
+    subprocess.run([pg_binary("pg_ctl"), "-D", str(pgdata), "-w", "-m", "immediate", "stop"],
+                   user=owner if ROOT else None, cwd="/", capture_output=True, timeout=60,
+                   check=False)
+
+
+def postmaster(pgdata: Path) -> psutil.Process:
+    return psutil.Process(int((pgdata / "postmaster.pid").read_text().splitlines()[0]))
+
+
+def assert_private(pgdata: Path, before: dict[Path, int]) -> None:
+    """What any owner's server must show, and every way in that `nobody` tries."""
+    data_dir = pgdata.parent
+    # No directory's mode widened: the data dir 0700, its parents as they were.
+    assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE(pgdata.stat().st_mode) == 0o700
+    assert modes(data_dir.parent) == {p: m for p, m in before.items() if p != data_dir}
+    # The socket is in the cluster's own directory and nowhere else; no TCP listener.
+    server = postmaster(pgdata)
+    assert server.net_connections(kind="inet") == []
+    sockets = [c.laddr for c in server.net_connections(kind="unix") if c.laddr]
+    assert sockets == [str(pgdata / ".s.PGSQL.5432")], sockets
+    assert server.uids().real != 0
+    # Shared memory: PostgreSQL's POSIX segments and its SysV one, its user's alone.
+    uid = server.uids().real
+    for segment in Path("/dev/shm").glob("PostgreSQL.*"):
+        with contextlib.suppress(FileNotFoundError):
+            info = segment.stat()
+            assert info.st_uid != uid or not info.st_mode & 0o077, segment
+    for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[7]) == uid:  # uid column
+            assert not int(fields[2], 8) & 0o077, line  # perms column
+    # Even with the directory's permission, no connection without the password.
+    refused = subprocess.run([pg_binary("psql"), f"host={pgdata} user=postgres dbname=postgres",
+                              "-c", "select 1"], capture_output=True, text=True, timeout=60,
+                             env={"PATH": "/usr/bin:/bin", "PGPASSFILE": "/dev/null"}, cwd="/")
+    assert refused.returncode != 0
+    assert "password" in refused.stderr, refused.stderr
+    # And `nobody`: the socket, TCP on both loopbacks, and the files.
+    attempts = {
+        "socket": as_nobody(pg_binary("psql"), f"host={pgdata} user=postgres dbname=postgres",
+                            "-c", "select 1"),
+        "list": as_nobody("ls", str(data_dir)),
+        "passfile": as_nobody("cat", str(pgdata / "darkroom.pgpass")),
+        "pid file": as_nobody("cat", str(pgdata / "postmaster.pid")),
+        "hba": as_nobody("cat", str(pgdata / "pg_hba.conf")),
+    }
+    entered = {name: done.stdout for name, done in attempts.items() if done.returncode == 0}
+    assert entered == {}, entered
+    # TCP on both loopbacks: whatever answers there (another PostgreSQL on the machine,
+    # say) is not this server, which has no TCP socket at all (above).
+    for host in ("127.0.0.1", "::1"):
+        tcp = as_nobody(pg_binary("psql"), f"host={host} port=5432 user=postgres "
+                        "dbname=postgres sslmode=disable", "-tAc",
+                        "select current_setting('data_directory')")
+        assert tcp.returncode != 0 or tcp.stdout.strip() != str(pgdata), tcp.stdout
+    assert "Permission denied" in attempts["socket"].stderr, attempts["socket"].stderr
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="darkroom-embedded-"))
+    path.chmod(0o755)  # a parent a service user can traverse, as /var/lib is
+    try:
+        yield path
+    finally:
+        for version in path.glob("**/PG_VERSION"):
+            stop(version.parent)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@needs_root
+def test_as_root_the_server_runs_as_its_own_user_and_nobody_gets_in(base: Path) -> None:
+    pgdata = base / "data" / "pg"
+    (base / "data").mkdir(mode=0o700)
+    before = modes(base / "data")
+    server = embedded.start(pgdata, stop_on_exit=True)
+    with psycopg.connect(server.get_uri()) as conn:
+        assert conn.execute("select current_user").fetchone() == ("postgres",)
+    assert_private(pgdata, before)
+    assert postmaster(pgdata).username() == embedded.SERVICE_USER
+
+
+@pytest.fixture
+def ordinary_user() -> Iterator[pwd.struct_passwd]:
+    """An unprivileged account: a throwaway one as root, else the tests' own."""
+    if not ROOT:
+        yield pwd.getpwuid(os.getuid())
+        return
+    name = f"drt{uuid.uuid4().hex[:8]}"
+    made = subprocess.run(["useradd", "--system", "--user-group", "--no-create-home",
+                           "--shell", "/usr/sbin/nologin", name], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot create a throwaway user (useradd exit {made.returncode})")
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], capture_output=True, check=False)
+
+
+# Run as the ordinary user: every module it needs is imported while still root (the
+# interpreter lives under /root, which that user cannot read), then it drops to the user.
+_AS_USER = """
+import os, sys
+from pathlib import Path
+import psycopg, psycopg.pq, psycopg.rows
+from darkroom.db import embedded
+uid, gid, pgdata = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+if os.geteuid() != uid:
+    os.setgroups([]); os.setgid(gid); os.setuid(uid)
+server = embedded.start(pgdata)
+with psycopg.connect(server.get_uri()) as conn:
+    conn.execute("select 1")
+print(server.get_uri())
+"""
+
+
+def test_as_an_ordinary_user_the_server_is_theirs_alone(
+        base: Path, ordinary_user: pwd.struct_passwd) -> None:
+    home = base / "home"
+    home.mkdir(mode=0o755)
+    os.chown(home, ordinary_user.pw_uid, ordinary_user.pw_gid)
+    pgdata = home / "data" / "pg"
+    before = modes(home)
+    try:
+        done = subprocess.run([sys.executable, "-c", _AS_USER, str(ordinary_user.pw_uid),
+                               str(ordinary_user.pw_gid), str(pgdata)],
+                              capture_output=True, text=True, timeout=180,
+                              cwd=Path(__file__).parents[2])
+        assert done.returncode == 0, done.stderr
+        assert postmaster(pgdata).uids().real == ordinary_user.pw_uid
+        assert (home / "data").stat().st_uid == ordinary_user.pw_uid
+        before[home / "data"] = 0o700
+        if not ROOT:
+            pytest.skip("attacking as another local user needs root; modes checked above")
+        assert_private(pgdata, before)
+    finally:
+        stop(pgdata)
+
+
+def test_a_data_dir_too_long_for_the_socket_is_refused_in_one_line(base: Path) -> None:
+    data_dir = base / ("d" * (106 - len(str(base))))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
+    runtime = Path(f"/tmp/runtime-{os.geteuid()}")
+    had_runtime = set(runtime.iterdir()) if runtime.exists() else set()
+    done = subprocess.run([sys.executable, "-m", "darkroom.cli", "migrate"],
+                          env={**env, "DARKROOM_DATA_DIR": str(data_dir)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "too long" in lines[0], done.stderr
+    assert "DARKROOM_DATA_DIR" in lines[0]
+    # Refused, not moved to a shared directory.
+    assert not (data_dir / "pg" / "PG_VERSION").exists()
+    now = set(runtime.iterdir()) if runtime.exists() else set()
+    assert now == had_runtime
+
+
+@needs_root
+def test_as_root_a_data_dir_its_user_cannot_reach_is_refused_not_opened(base: Path) -> None:
+    closed = base / "closed"
+    closed.mkdir(mode=0o700)
+    before = modes(closed)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
+    done = subprocess.run([sys.executable, "-m", "darkroom.cli", "migrate"],
+                          env={**env, "DARKROOM_DATA_DIR": str(closed / "data")},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"cannot enter {closed}" in lines[0], done.stderr
+    assert modes(closed) == before
+    assert not (closed / "data" / "pg").exists()
+
+
+def test_a_trust_cluster_made_before_is_upgraded_in_place(base: Path) -> None:
+    """A data dir from the pgserver wrapper (trust authentication, server left running)
+    becomes private on the next start, keeping its rows."""
+    pgdata = base / "data" / "pg"
+    (base / "data").mkdir(mode=0o755)  # what the old start left it as
+    import pgserver  # the old way in
+
+    old = pgserver.get_server(pgdata, cleanup_mode=None)  # type: ignore[attr-defined]
+    with psycopg.connect(old.get_uri(), autocommit=True) as conn:
+        conn.execute("CREATE TABLE kept (v text)")
+        conn.execute("INSERT INTO kept VALUES ('every row')")
+    old_uri = old.get_uri()
+    old_server = postmaster(pgdata)
+    before = modes(base)
+
+    server = embedded.start(pgdata, stop_on_exit=True)
+    # The old server was stopped first: never two postmasters on one cluster.
+    assert not old_server.is_running()
+    with psycopg.connect(server.get_uri()) as conn:
+        assert conn.execute("SELECT v FROM kept").fetchall() == [("every row",)]
+    assert "trust" not in (pgdata / "pg_hba.conf").read_text()
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(old_uri, connect_timeout=5).close()
+    before[base / "data"] = 0o700
+    if ROOT:
+        assert postmaster(pgdata).username() == embedded.SERVICE_USER
+        assert_private(pgdata, before)
+    # A second start joins the upgraded server as it is.
+    again = embedded.start(pgdata)
+    with psycopg.connect(again.get_uri()) as conn:
+        assert conn.execute("SELECT count(*) FROM kept").fetchone() == (1,)
+
+
+@needs_root
+def test_a_data_dir_another_user_made_is_refused(base: Path) -> None:
+    """A data dir made in advance by another local user (in /tmp, say) stays theirs to
+    open again, whatever mode darkroom sets: it is refused, not used."""
+    theirs = base / "theirs"
+    theirs.mkdir(mode=0o700)
+    nobody = pwd.getpwnam("nobody")
+    os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
+    done = subprocess.run([sys.executable, "-m", "darkroom.cli", "migrate"],
+                          env={**env, "DARKROOM_DATA_DIR": str(theirs)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "belongs to another user" in lines[0], done.stderr
+    assert not (theirs / "pg").exists()
+
+
+@needs_root
+@pytest.mark.parametrize("parent", ["another user's", "writable by all, not sticky"])
+def test_a_data_dir_under_a_directory_others_control_is_refused(base: Path, parent: str) -> None:
+    """Whoever controls a parent can move the data dir aside and put their own in its
+    place, socket and passfile included: refused, whatever the data dir's own mode."""
+    above = base / "above"
+    above.mkdir()
+    if parent == "another user's":
+        nobody = pwd.getpwnam("nobody")
+        os.chown(above, nobody.pw_uid, nobody.pw_gid)
+        above.chmod(0o755)
+    else:
+        above.chmod(0o777)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
+    done = subprocess.run([sys.executable, "-m", "darkroom.cli", "migrate"],
+                          env={**env, "DARKROOM_DATA_DIR": str(above / "data")},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{above}, above the data dir" in lines[0], done.stderr
+    assert not (above / "data").exists()
+
+
+@needs_root
+def test_as_root_programs_out_of_the_service_users_reach_are_copied_not_widened(
+        base: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """darkroom installed under /root (0700): the server still starts, from a root-owned
+    copy of its programs that the service user can reach, and /root stays closed."""
+    hidden = Path(tempfile.mkdtemp(prefix="darkroom-hidden-", dir="/root"))
+    try:
+        wheels = tmp_path_factory.mktemp("wheel")
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d",
+                        str(wheels), "pgserver"], check=True, timeout=300)
+        subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                        str(hidden / "site"), *map(str, wheels.iterdir())], check=True,
+                       timeout=300)
+        before = modes(hidden)
+        data = base / "data"
+        program = ("import sys; from pathlib import Path; from darkroom.db import embedded; "
+                   "s = embedded.start(Path(sys.argv[1])); print(embedded.binary('postgres')); "
+                   "s.cleanup()")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
+        done = subprocess.run([sys.executable, "-c", program, str(data / "pg")],
+                              env={**env, "PYTHONPATH": f"{hidden / 'site'}"},
+                              capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr
+        used = Path(done.stdout.strip().splitlines()[-1])
+        assert used.is_relative_to(embedded.SHARED_INSTALLS), used
+        assert modes(hidden) == before  # nothing above the wheel was opened up
+        for path in (used, *used.parents):
+            st = path.stat()
+            assert st.st_uid == 0 and not stat.S_IMODE(st.st_mode) & 0o022, path
+    finally:
+        shutil.rmtree(hidden, ignore_errors=True)

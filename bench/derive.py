@@ -21,6 +21,7 @@ import argparse
 import io
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -43,13 +44,20 @@ from PIL import Image, ImageOps  # noqa: E402
 
 from bench.cpu import machine, process_cpu_seconds  # noqa: E402
 from bench.markdown import targets_table  # noqa: E402
-from bench.results import DeriveFormatsResult, DeriveJail, DeriveResult, save  # noqa: E402
+from bench.results import (  # noqa: E402
+    DeriveFormatsResult,
+    DeriveJail,
+    DeriveOwnerSwitch,
+    DeriveResult,
+    save,
+)
 from bench.runs import BY_NAME, OUT, command  # noqa: E402
 from bench.sections import derive_formats_section, publish  # noqa: E402
 from darkroom.config import load_settings  # noqa: E402
 from darkroom.derive import Limits, _vips, decode_resized, derive, encode  # noqa: E402
 from darkroom.errors import DeriveError  # noqa: E402
 from darkroom.sandbox import DecoderProcess  # noqa: E402
+from darkroom.worker import pick_decoder  # noqa: E402
 from tests.derive.images import png_header_only, png_zlib_bomb  # noqa: E402
 from tests.support.services import CORPUS  # noqa: E402
 
@@ -359,6 +367,39 @@ def claims_section(rounds: int, out: Path) -> int:
     for name, value in best.items():
         print(f"  {name:22s} {value:8.4f}")
     return 0
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def owner_switch(corpus: list[bytes], rounds: int) -> DeriveOwnerSwitch:
+    """The same jobs of one owner, then with the owner changing at every job (a fresh
+    child each time), alternated; CPU of every child including its start-up."""
+    jobs = [data for _ in range(2) for data in corpus]
+    best = {"same_owner": float("inf"), "owner_every_job": float("inf"),
+            "two_owners_two_slots": float("inf")}
+    for _ in range(rounds):
+        for mode in best:
+            before = _children_cpu()
+            if mode == "two_owners_two_slots":
+                # Two owners alternating on a worker of two slots, as the worker picks
+                # (`pick_decoder`): each owner keeps a warm child.
+                slots = [DecoderProcess(LIMITS, timeout=120.0, memory_mb=1024)
+                         for _ in range(2)]
+                for i, data in enumerate(jobs):
+                    owner = str(i % 2)
+                    slots[pick_decoder(slots, owner)].derive(data, owner=owner)
+                for slot in slots:
+                    slot.close()
+            else:
+                with DecoderProcess(LIMITS, timeout=120.0, memory_mb=1024) as proc:
+                    for i, data in enumerate(jobs):
+                        proc.derive(data, owner=str(i) if mode == "owner_every_job" else "1")
+            best[mode] = min(best[mode], (_children_cpu() - before) / len(jobs))
+    return DeriveOwnerSwitch(
+        jobs=len(jobs), cpu_per_job_ms={k: v * 1000 for k, v in best.items()},
+        switch_cpu_ms=(best["owner_every_job"] - best["same_owner"]) * 1000,
+        throughput_ratio=best["same_owner"] / best["owner_every_job"])
 
 
 def main() -> int:
@@ -371,6 +412,8 @@ def main() -> int:
                         help="only the per-format and thumbnail section")
     parser.add_argument("--claims", action="store_true",
                         help="only the tiny file claiming 50 MP, before and after")
+    parser.add_argument("--owners", action="store_true",
+                        help="only the owner-change measure, printed")
     args = parser.parse_args()
     if args.claims:
         return claims_section(args.rounds, OUT / "derive_claims.json")
@@ -379,6 +422,9 @@ def main() -> int:
     if args.formats:
         return formats_section(paths, args.rounds, OUT / "derive_formats.json")
     corpus = [p.read_bytes() for p in paths]
+    if args.owners:
+        print(owner_switch(corpus, args.rounds))
+        return 0
     n = len(corpus)
     rounds = args.rounds
     started_on = machine()
@@ -443,6 +489,7 @@ def main() -> int:
             spent = process_cpu_seconds(a.pid or 0) + process_cpu_seconds(b.pid or 0) - cpu0
             cpu_per_image["two"] = min(cpu_per_image["two"], spent / (4 * n))
 
+    owners = owner_switch(corpus, rounds)
     big, big_source = find_big(args.big)
     rss_mb = child_peak_rss_mb(big)
     pillow_rss_mb = pillow_peak_rss_mb(big)
@@ -470,6 +517,7 @@ def main() -> int:
         child_cpu_seconds_per_image=cpu_per_image,
         child_peak_rss_mb=rss_mb, pillow_peak_rss_mb=pillow_rss_mb, big_image=big_source,
         bomb_rejection_ms=bomb_rejection_ms, header_100k_rejection_ms=header_rejection_ms,
+        owner_switch=owners,
         command=command("derive"), loadavg_at_end=list(os.getloadavg()))
     publish("derive", result, args.out)
     return 0

@@ -269,6 +269,19 @@ class DeriveJail:
 
 
 @dataclass
+class DeriveOwnerSwitch:
+    """A fresh decoder child whenever the owner changes (issue 22): the same jobs through
+    one `DecoderProcess`, all of one owner and with the owner changing at every job (the
+    worst case: fair share may interleave owners at every claim). CPU of every child, the
+    spawns included, from the reaped children's rusage; best of rounds."""
+
+    jobs: int
+    cpu_per_job_ms: dict[str, float]  # same_owner, owner_every_job, two_owners_two_slots
+    switch_cpu_ms: float  # extra CPU per owner change
+    throughput_ratio: float  # owner_every_job rate / same_owner rate
+
+
+@dataclass
 class DeriveResult:
     """Rates are images per CPU-second of one core (`_wall`: per wall-clock second), by
     measure: decode_resize, encode, pipeline_child, pipeline_child_unjailed,
@@ -297,6 +310,7 @@ class DeriveResult:
     header_100k_rejection_ms: float
     pipeline_unjailed_to_limit_ratio: float | None = None  # since issue 12
     jail: DeriveJail | None = None  # since issue 12
+    owner_switch: DeriveOwnerSwitch | None = None  # since issue 22
     command: str | None = None
     loadavg_at_end: list[float] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # older files' "targets"

@@ -39,6 +39,7 @@ from bench.targets import (
     DERIVE_BOMB_MS,
     DERIVE_CHILD_RSS_MB,
     DERIVE_JAIL_RATIO,
+    DERIVE_OWNER_SWITCH_COST,
     DERIVE_PIPELINE_RATIO,
     DERIVE_THUMB_EXTRA,
     DERIVE_TWO_VS_ONE,
@@ -289,6 +290,20 @@ def derive_section(src: Source) -> tuple[list[str], list[Target]]:
                        d.child_peak_rss_mb <= DERIVE_CHILD_RSS_MB),
                 Target(f"bomb rejected in ≤ {DERIVE_BOMB_MS:.0f} ms",
                        f"{d.bomb_rejection_ms:.2f} ms", d.bomb_rejection_ms <= DERIVE_BOMB_MS)]
+    if d.owner_switch is not None:
+        o = d.owner_switch
+        cost = 1 - o.throughput_ratio
+        lines += ["", f"Owner change: {o.jobs} jobs; CPU per job "
+                  f"{o.cpu_per_job_ms['same_owner']:.0f} ms of one owner, "
+                  f"{o.cpu_per_job_ms['owner_every_job']:.0f} ms with a fresh child for "
+                  f"every job ({o.switch_cpu_ms:.0f} ms per change), "
+                  f"{o.cpu_per_job_ms.get('two_owners_two_slots', float('nan')):.0f} ms for "
+                  "two owners alternating on two slots (the worker's pick keeps each "
+                  "owner's child)."]
+        targets.append(Target(
+            f"fresh child at each owner change costs ≤ {DERIVE_OWNER_SWITCH_COST:.0%} of "
+            "throughput (owner changing at every job)", f"**{cost:.0%}**",
+            cost <= DERIVE_OWNER_SWITCH_COST))
     lines += images(["img/images_per_second.png"],
                     {"images_per_second": "Images per second against the limits"})
     return lines, targets

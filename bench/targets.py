@@ -19,6 +19,7 @@ DERIVE_CHILD_RSS_MB = 200.0  # child peak RSS on a 17.9 MP JPEG
 DERIVE_BOMB_MS = 50.0  # rejection of a decompression bomb
 DERIVE_JAIL_RATIO = 0.95  # the jailed pipeline, × the component limit (issue 12)
 DERIVE_THUMB_EXTRA = 0.15  # thumb + thumbhash on top of the preview, share of its CPU
+DERIVE_OWNER_SWITCH_COST = 0.05  # throughput lost to a fresh child at every owner change
 
 # bench/worker.py
 WORKER_VS_PIPELINE = 0.90  # end to end, × the pipeline alone
@@ -26,6 +27,9 @@ WORKER_IDLE_P50_MS = 50.0  # idle confirm → processing start, p50
 
 # bench/api.py
 API_P99_MS = 25.0  # confirm p99 with a busy worker
+
+# bench/api_limits.py
+API_LIMITS_COST = 0.02  # requests/s lost to the API's limits, share of the tree without them
 
 # bench/fair.py
 FAIR_B_WAIT_JOBS = 2.0  # B's p95 confirm → processing, × the mean job, under fair share

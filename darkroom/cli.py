@@ -91,7 +91,7 @@ def cmd_owners_weight(args: argparse.Namespace) -> int:
 
 
 def cmd_derive(args: argparse.Namespace) -> int:
-    from darkroom.derive import cli
+    from darkroom.sandbox import cli
 
     return cli(args.input, args.output, _settings(args))
 

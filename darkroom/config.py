@@ -6,6 +6,7 @@ errors are turned into `ConfigError` whose message names the variable, never a t
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -55,13 +56,20 @@ class Settings(BaseSettings):
     attempt_timeout_seconds: float = Field(300.0, gt=0, le=86_400,
         description=("an attempt's whole life (fetch, decode, store, commit); past it the "
                      "card is queued again"))
+    # An attempt the object store failed is handed back with the attempt given back; one
+    # failed while the store served other files between its tries is counted, and the
+    # file is rejected storage_unavailable at this many. A store outage counts none.
+    max_deferrals: int = Field(10, ge=1, le=1_000,
+        description=("a file the store fails while serving others is rejected "
+                     "`storage_unavailable` after this many deferrals; an outage counts none"))
 
     poll_seconds: float = Field(2.0, gt=0, le=3_600,
         description="idle workers poll this often (jittered) besides LISTEN/NOTIFY")
     # Time limit and address-space limit of one decode in its child process.
     derive_timeout_seconds: float = Field(60.0, gt=0, le=3_600,
         description="one decode's time limit in its child process")
-    derive_memory_mb: int = Field(1_024, ge=64,
+    # Below 256 MB a child cannot hold its decoders' libraries, let alone an image.
+    derive_memory_mb: int = Field(1_024, ge=256,
         description="one decoder child's address-space limit")
     # Added to the decoder children's niceness. Derivation is throughput work; on a host
     # it shares with the API, requests should not queue behind it. Alone on a machine a
@@ -81,6 +89,10 @@ class Settings(BaseSettings):
     events_ping_seconds: float = Field(15.0, gt=0, le=3_600,
         description=("an open page's status stream (`GET /v1/events`) sends a ping this "
                      "often when idle; keep it under any proxy's idle timeout"))
+    events_max_streams_per_owner: int = Field(8, ge=1, le=1_000,
+        description="open status streams per owner per API process; a new one ends the oldest")
+    events_max_seconds: float = Field(900.0, gt=0, le=86_400,
+        description="a status stream's longest life; the page reconnects at once and re-reads")
 
     # How long the API trusts a key it has looked up before looking it up again: a key
     # revoked in the database stops working within this time. 0 looks up every request.
@@ -103,12 +115,23 @@ class Settings(BaseSettings):
     create_rate_per_minute: int = Field(600, ge=0,
         description="card creations per key per minute, per API process; past it `429` (0: none)")
     # Requests with a key this process does not know, per client address per minute:
-    # each costs a database lookup, so past this an address is answered 429 unlooked.
+    # each costs a database lookup, so past this they are looked up one at a time.
     unknown_key_rate_per_minute: int = Field(30, ge=1,
-        description=("unknown keys per client address per minute, per API process; past it "
-                     "`429` without a database lookup"))
+        description=("unknown keys per client address per minute, per API process (all "
+                     "addresses: 10×); past it they are looked up one at a time and a miss "
+                     "answers `429`; a key once found valid is never counted"))
     api_max_connections: int = Field(1_000, ge=1,
-        description="connections per API process; past it `503`")
+        description=("request connections per API process (event streams have a pool of "
+                     "their own of this size); past it `503`"))
+    api_max_connections_per_client: int = Field(64, ge=1,
+        description=("connections per client address (IPv6: per /64) per API process; past "
+                     "it `503` and closed; trusted proxies exempt"))
+    api_min_body_bytes_per_second: int = Field(16 * 1024, ge=1,
+        description=("a request body must arrive at this average rate (after the read "
+                     "timeout) or the connection is closed"))
+    trusted_proxies: str = Field("", json_schema_extra={"shown": "none"},
+        description=("addresses or networks (comma-separated) whose `X-Forwarded-For` names "
+                     "the client; from anyone else it is ignored"))
     api_read_timeout_seconds: float = Field(15.0, gt=0, le=3_600,
         description=("a request's head must arrive within this (`408`), and its body may "
                      "pause no longer"))
@@ -143,6 +166,20 @@ class Settings(BaseSettings):
                 or parts.fragment or parts.path not in ("", "/"):
             raise ValueError("must be an origin such as https://photos.example.net")
         return f"{parts.scheme}://{parts.netloc}"
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, value: str) -> str:
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            try:
+                ipaddress.ip_network(part, strict=False)
+            except ValueError:
+                raise ValueError("must be comma-separated IP addresses or networks") from None
+        return ",".join(filter(None, (p.strip() for p in value.split(","))))
+
+    @property
+    def trusted_proxy_list(self) -> list[str]:
+        return [p for p in self.trusted_proxies.split(",") if p]
 
     @field_validator("storage_url")
     @classmethod

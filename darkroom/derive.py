@@ -1,7 +1,8 @@
 """Untrusted image bytes in, a WebP derivative out (DESIGN §7).
 
-`derive()` is pure and in-process; production runs it inside `darkroom.sandbox`'s child
-process so that a decoder crash, a runaway allocation or a hang only ever kills the child.
+`derive()` is pure and in-process; production runs it inside the decoder child
+process (`darkroom.decoder_child`, started and watched by `darkroom.sandbox`) so that a
+decoder crash, a runaway allocation or a hang only ever kills the child.
 
 Order of defence, cheapest first: byte limit, magic-byte sniff (JPEG, PNG, WebP, GIF,
 HEIC/HEIF, AVIF, TIFF), the format's own loader reading the header alone, dimension and
@@ -12,7 +13,7 @@ scaling, libwebp's scaling) so that its cost follows the output, not the header'
 Decoders: libvips for everything but HEIC. The pyvips-binary wheel's libheif has no HEVC
 decoder (no libde265), so HEIC/HEIF is decoded by the pillow-heif wheel, which bundles
 libheif with libde265; AVIF stays with libvips (libheif with its AV1 decoder). Either way
-the decode runs only in the decoder child (`darkroom.sandbox`), never in the worker.
+the decode runs only in the decoder child (`darkroom.decoder_child`), never in the worker.
 
 One decode makes both derivatives: the preview (≤ `max_edge`) is encoded from the decoded
 image, the thumb (≤ `thumb_edge`) is resized from the preview, and the thumbhash
@@ -26,12 +27,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import logging
-import sys
 import threading
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from darkroom.errors import DeriveError, ErrorCode
@@ -461,51 +459,3 @@ def derive(data: bytes, limits: Limits) -> Derivative:
     except Exception as exc:
         log.exception("unexpected derive failure")
         raise DeriveError(ErrorCode.PROCESSING_FAILED, type(exc).__name__) from None
-
-
-def cli(path: str, out: str | None, settings: Settings) -> int:
-    """`darkroom derive IN [-o OUT]`: the production child-process path on one file."""
-    from darkroom.sandbox import DecoderProcess
-
-    limits = Limits.from_settings(settings)
-
-    def fail(code: ErrorCode) -> int:
-        print(json.dumps({"error_code": str(code)}))
-        return 1
-
-    source = Path(path)
-    try:
-        # Refuse by size before reading, so a huge file is never pulled into memory.
-        if source.stat().st_size > limits.max_bytes:
-            return fail(ErrorCode.IMAGE_TOO_LARGE)
-        data = source.read_bytes()
-    except OSError as exc:
-        print(f"darkroom derive: cannot read input: {exc.strerror}", file=sys.stderr)
-        return fail(ErrorCode.ORIGINAL_MISSING)
-    try:
-        with DecoderProcess(
-            limits,
-            timeout=settings.derive_timeout_seconds,
-            memory_mb=settings.derive_memory_mb,
-        ) as proc:
-            result = proc.derive(data)
-    except DeriveError as exc:
-        log.info("derive %s failed: %s", path, exc)
-        return fail(exc.code)
-    if out is not None:
-        try:
-            Path(out).write_bytes(result.data)
-        except OSError as exc:
-            print(f"darkroom derive: cannot write output: {exc.strerror}", file=sys.stderr)
-            return fail(ErrorCode.PROCESSING_FAILED)
-    print(
-        json.dumps(
-            {
-                "width": result.width,
-                "height": result.height,
-                "bytes": result.size,
-                "sha256": result.sha256,
-            }
-        )
-    )
-    return 0

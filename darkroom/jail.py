@@ -13,9 +13,11 @@ applies them (`docs/SECURITY.md` says what each stops and what it does not):
 3. The child imports Python modules and initialises libvips: everything that reads files
    happens here, before the doors close.
 4. `lock_down()`: `/proc` is covered by an empty read-only tmpfs (other processes'
-   `environ` and `mem` disappear), root drops to `nobody`, the resource limits are set,
-   `PR_SET_NO_NEW_PRIVS`, and finally the seccomp allow-list (`SYSCALLS`) for every
-   thread at once (TSYNC).
+   `environ` and `mem` disappear), root drops to a uid of its own (`own_uid`), the
+   resource limits are set, `PR_SET_NO_NEW_PRIVS`, Landlock closes the whole filesystem
+   and scopes signals to the child, and finally the seccomp filter (`SYSCALLS`, and
+   `FILTERED` for the calls allowed only with some arguments) for every thread at once
+   (TSYNC).
 
 Where the kernel refuses a layer (no user namespaces, no seccomp, libseccomp missing) the
 child goes on with the others; `Jail.report` says exactly which are active, and the worker
@@ -27,9 +29,10 @@ on and the child still answers; the calls only an exploit makes (execve, ptrace,
 another process's memory) kill the child outright with SIGSYS.
 
 Adding a decoder (HEIC, AVIF, TIFF): load its library and plugins before `lock_down()`
-(in `sandbox._child_main`, beside `_vips()`), then run its test corpus through the jailed
-child; a syscall it still needs at decode time goes into `SYSCALLS` under a group named
-for the reason, never into the default action.
+(in `derive.warm_up`, which `decoder_child.serve` calls): the jailed child can open no
+file. Then run its test corpus through the jailed child; a syscall it still needs at
+decode time goes into `SYSCALLS` under a group named for the reason, or into `FILTERED`
+with the arguments it needs, never into the default action.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Imported now: once the child drops to nobody it may not read the interpreter's files
+# Imported now: once the child drops root it may not read the interpreter's files
 # (a Python under /root, say), so nothing may be imported late.
 try:
     import pyseccomp
@@ -62,6 +65,8 @@ PROTECTIONS = (
     "unprivileged_uid",
     "rlimits",
     "no_new_privs",
+    "filesystem_closed",
+    "signal_scope",
     "seccomp",
 )
 
@@ -70,14 +75,22 @@ BY_DESIGN = {
     "user_namespace": "not needed: started as root",
     "unprivileged_uid": "not root: keeps the worker's own uid",
 }
-# The uid and gid a child started as root runs as.
-NOBODY = 65534
+# A child started as root runs as a uid and gid of its own: this base plus its pid, so no
+# two live children, and no other process on the host, share one. Keep this range
+# (1879048192 to 1883242496, the base plus the kernel's largest pid) unassigned.
+OWN_UID_BASE = 0x7000_0000
+
+
+def own_uid() -> int:
+    """The uid (and gid) this process takes when it drops root."""
+    return OWN_UID_BASE + os.getpid()
+
 # Descriptors: the child needs its pipes and the files Python may read for a traceback.
 _FD_LIMIT = 64
-# RLIMIT_NPROC counts every task of the uid, and the children of all slots (of every
-# worker on the host) share `nobody`: a sibling started later must not leave this child
-# unable to start the libvips threads it needs. fork is refused by seccomp anyway; this
-# bounds a thread bomb (so does RLIMIT_AS: every thread reserves a stack).
+# RLIMIT_NPROC counts every task of the uid; a non-root worker's children share its uid,
+# so a sibling started later must not leave this child unable to start the libvips
+# threads it needs. fork is refused by seccomp anyway; this bounds a thread bomb (so does
+# RLIMIT_AS: every thread reserves a stack).
 _THREAD_HEADROOM = 256
 
 # Linux ABI numbers Python's os module does not export on 3.11.
@@ -91,17 +104,20 @@ _PR_SET_NO_NEW_PRIVS, _PR_GET_NO_NEW_PRIVS = 38, 39
 _CLONE_THREAD = 0x00010000
 _O_TMPFILE_BIT = getattr(os, "O_TMPFILE", 0o20200000) & ~os.O_DIRECTORY
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND | _O_TMPFILE_BIT
+# O_PATH gives a handle Landlock does not check (metadata, a directory to resolve from).
+_O_PATH = getattr(os, "O_PATH", 0o10000000)
+_OPEN_FORBIDDEN = _WRITE_FLAGS | _O_PATH
 
-# The seccomp allow-list, one group per reason. Calls with argument conditions (opening
-# files, clone, signals, prctl, prlimit) are added in `_seccomp_filter`.
+# The seccomp allow-list, one group per reason: calls that reach nothing outside the
+# child whatever their arguments. Calls whose arguments could reach outside it are in
+# `FILTERED`, allowed only with the arguments that cannot.
 SYSCALLS: dict[str, tuple[str, ...]] = {
-    # The allocator and libvips' tile caches.
-    "memory": ("brk", "mmap", "munmap", "mremap", "mprotect", "madvise", "membarrier"),
-    # libvips' worker threads and Python's GIL; new threads only (see clone below).
+    # The allocator and libvips' tile caches. mmap and mprotect are in FILTERED.
+    "memory": ("brk", "munmap", "mremap", "madvise", "membarrier"),
+    # libvips' worker threads and Python's GIL; new threads only (clone is in FILTERED).
     "threads": (
-        "futex", "futex_waitv", "set_robust_list", "get_robust_list", "rseq",
-        "set_tid_address", "gettid", "sched_yield", "sched_getaffinity", "exit",
-        "exit_group", "restart_syscall",
+        "futex", "futex_waitv", "set_robust_list", "rseq", "set_tid_address", "gettid",
+        "sched_yield", "exit", "exit_group", "restart_syscall",
     ),
     "signals": (
         "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "sigaltstack", "rt_sigsuspend",
@@ -111,23 +127,112 @@ SYSCALLS: dict[str, tuple[str, ...]] = {
         "clock_gettime", "clock_getres", "clock_nanosleep", "nanosleep", "gettimeofday",
         "time", "getrusage", "times",
     ),
-    # The request and response pipes, stderr, and files already open read-only.
+    # The request and response pipes, stderr, and files already open read-only. fcntl is
+    # in FILTERED.
     "descriptors": (
         "read", "readv", "pread64", "preadv", "preadv2", "write", "writev", "close",
-        "fstat", "lseek", "fcntl", "dup", "dup2", "dup3", "poll", "ppoll", "select",
-        "pselect6",
+        "fstat", "lseek", "dup", "dup2", "dup3", "poll", "ppoll", "select", "pselect6",
     ),
-    # Python's lazy imports and error formatting read source files; nothing may write.
+    # Python's error formatting stats source files; Landlock refuses their contents.
     "read_only_files": (
         "stat", "lstat", "newfstatat", "statx", "access", "faccessat", "faccessat2",
         "readlink", "readlinkat", "getcwd", "getdents64",
     ),
     "identity": (
         "getpid", "getppid", "getuid", "geteuid", "getgid", "getegid", "getresuid",
-        "getresgid", "getgroups", "uname", "getrandom", "sysinfo", "getpriority",
-        "getrlimit",
+        "getresgid", "getgroups", "uname", "getrandom", "sysinfo", "getrlimit",
     ),
 }
+
+# Argument values the filter compares with. `SELF` is the child's own pid, as the kernel
+# sees it from inside the child, filled in when the filter is built.
+SELF = -1
+_F_DUPFD, _F_GETFD, _F_SETFD, _F_GETFL, _F_SETFL, _F_DUPFD_CLOEXEC = 0, 1, 2, 3, 4, 1030
+_O_ASYNC = 0o20000
+_PROT_EXEC = 4
+_PRIO_PROCESS = 0
+# clone flags a thread never needs: new namespaces, a traced, untraced or vfork child, a
+# sibling of the caller (CLONE_PARENT), a pidfd. Masked with CLONE_THREAD, which must be set.
+_CLONE_FORBIDDEN = (
+    _CLONE_THREAD | _CLONE_NEWNS | _CLONE_NEWUSER | _CLONE_NEWNET
+    | 0x00001000  # CLONE_PIDFD
+    | 0x00002000  # CLONE_PTRACE
+    | 0x00004000  # CLONE_VFORK
+    | 0x00008000  # CLONE_PARENT
+    | 0x00800000  # CLONE_UNTRACED
+    | 0x02000000  # CLONE_NEWCGROUP
+    | 0x04000000  # CLONE_NEWUTS
+    | 0x08000000  # CLONE_NEWIPC
+    | 0x20000000  # CLONE_NEWPID
+)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One seccomp rule: `syscall` is allowed (or answers `action`) when every condition
+    holds. A condition is (argument index, value, mask): `arg & mask == value`, or
+    `arg == value` when mask is 0."""
+
+    syscall: str
+    why: str
+    when: tuple[tuple[int, int, int], ...] = ()
+    action: str = "allow"  # or "enosys": glibc then falls back to an older call
+
+
+# Every call whose arguments could reach outside the child, with the arguments it may
+# take and why. Several rules for one call are alternatives.
+FILTERED: tuple[Rule, ...] = (
+    # Descriptors: F_SETOWN/F_SETSIG/O_ASYNC would let the kernel signal any process with
+    # the child's rights when the worker reads its pipe; leases and pipe sizes reach the
+    # files' other holders. Python and glibc need only these.
+    Rule("fcntl", "close-on-exec and status flags of its own descriptors",
+         ((1, _F_GETFD, 0),)),
+    Rule("fcntl", "close-on-exec flag", ((1, _F_SETFD, 0),)),
+    Rule("fcntl", "status flags (Python checks blocking mode)", ((1, _F_GETFL, 0),)),
+    Rule("fcntl", "status flags, never O_ASYNC (signal delivery on I/O)",
+         ((1, _F_SETFL, 0), (2, 0, _O_ASYNC))),
+    Rule("fcntl", "duplicating a descriptor", ((1, _F_DUPFD, 0),)),
+    Rule("fcntl", "duplicating a descriptor, close-on-exec", ((1, _F_DUPFD_CLOEXEC, 0),)),
+    # Files: read-only opens only (Landlock refuses the contents anyway). openat2 hides
+    # its flags in a struct seccomp cannot read.
+    Rule("open", "read-only opens, no O_PATH", ((1, 0, _OPEN_FORBIDDEN),)),
+    Rule("openat", "read-only opens, no O_PATH", ((2, 0, _OPEN_FORBIDDEN),)),
+    Rule("openat2", "flags in a struct: glibc falls back to openat", action="enosys"),
+    # Memory: no new executable pages, so injected bytes cannot be made code.
+    Rule("mmap", "memory, never executable", ((2, 0, _PROT_EXEC),)),
+    Rule("mprotect", "page protection, never executable", ((2, 0, _PROT_EXEC),)),
+    # Threads but no processes, no namespaces, no tracing. clone3's flags are in a struct
+    # too: ENOSYS makes glibc use clone.
+    Rule("clone", "threads only", ((0, _CLONE_THREAD, _CLONE_FORBIDDEN),)),
+    Rule("clone3", "flags in a struct: glibc falls back to clone", action="enosys"),
+    # Signals to itself only (abort, raise, Python's signal handling).
+    Rule("kill", "signals to itself", ((0, SELF, 0),)),
+    Rule("tgkill", "signals to its own threads", ((0, SELF, 0),)),
+    # Its own scheduling and limits only, never another process's.
+    Rule("sched_getaffinity", "its own CPU set (glib counts processors)", ((0, 0, 0),)),
+    Rule("sched_getaffinity", "its own CPU set, by pid", ((0, SELF, 0),)),
+    Rule("get_robust_list", "its own robust futex list", ((0, 0, 0),)),
+    Rule("getpriority", "its own niceness", ((0, _PRIO_PROCESS, 0), (1, 0, 0))),
+    Rule("prlimit64", "its own resource limits", ((0, 0, 0),)),
+    # Thread names (glib names libvips' workers) and reading no_new_privs; nothing else
+    # (PR_SET_PDEATHSIG, PR_SET_PTRACER, PR_SET_MM … reach or expose other processes).
+    Rule("prctl", "naming its threads", ((0, _PR_SET_NAME, 0),)),
+    Rule("prctl", "reading a thread's name", ((0, _PR_GET_NAME, 0),)),
+    Rule("prctl", "reading no_new_privs", ((0, _PR_GET_NO_NEW_PRIVS, 0),)),
+)
+
+# Refused (EPERM, the default) although a decoder might seem to want them, and why.
+REFUSED: dict[str, str] = {
+    "ioctl": "no terminal or device: every request reaches a driver",
+    "tkill": "a thread id alone may name another process; glibc uses tgkill",
+    "rt_sigqueueinfo": "signals with a payload: not needed, could name other processes",
+    "rt_tgsigqueueinfo": "as rt_sigqueueinfo",
+    "pkey_mprotect": "could make pages executable around the mprotect rule",
+    "socket": "no network",
+    "fork": "no processes",
+    "vfork": "no processes",
+}
+
 # Only an exploit makes these: the child dies with SIGSYS instead of getting an error.
 KILLED: tuple[str, ...] = (
     "execve", "execveat", "ptrace", "process_vm_readv", "process_vm_writev",
@@ -265,7 +370,7 @@ def _own_uid_tasks(uid: int) -> int:
 def lock_down(jail: Jail, *, cpu_seconds: int, cpu_lifetime_seconds: int,
               threads: int, extra_fds: tuple[int, ...] = ()) -> None:
     """Close every door. Call after all imports and library initialisation."""
-    run_as = NOBODY if os.geteuid() == 0 else os.getuid()
+    run_as = own_uid() if os.geteuid() == 0 else os.getuid()
     tasks = _own_uid_tasks(run_as) + len(os.listdir("/proc/self/task"))
     if jail.private_mounts:
         try:
@@ -277,8 +382,8 @@ def lock_down(jail: Jail, *, cpu_seconds: int, cpu_lifetime_seconds: int,
     if os.geteuid() == 0:
         try:
             os.setgroups([])
-            os.setresgid(NOBODY, NOBODY, NOBODY)
-            os.setresuid(NOBODY, NOBODY, NOBODY)
+            os.setresgid(run_as, run_as, run_as)
+            os.setresuid(run_as, run_as, run_as)
             jail.on("unprivileged_uid")
         except OSError as exc:
             jail.off("unprivileged_uid", exc)
@@ -291,6 +396,7 @@ def lock_down(jail: Jail, *, cpu_seconds: int, cpu_lifetime_seconds: int,
         jail.on("no_new_privs")
     except OSError as exc:
         jail.off("no_new_privs", exc)
+    _landlock(jail)
     if pyseccomp is None:
         jail.off("seccomp", _SECCOMP_MISSING)
         return
@@ -330,6 +436,62 @@ def per_job_cpu(cpu_seconds: int) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64),
+                ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+# Landlock's system calls (the same numbers on every architecture) and flags.
+_LANDLOCK_CREATE_RULESET, _LANDLOCK_RESTRICT_SELF = 444, 446
+_LANDLOCK_CREATE_RULESET_VERSION = 1
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1, 2
+
+
+def _landlock(jail: Jail) -> None:
+    """No filesystem access at all, and no signal out of the child (Landlock).
+
+    Every module and library is loaded by now, so the child needs no file: the ruleset
+    handles every access right the kernel knows and grants none. Already open descriptors
+    (its pipes) are not affected. From ABI 6 the child may also signal nobody outside its
+    own domain (SIGIO through F_SETOWN included) nor reach an abstract unix socket; from
+    ABI 4 it may neither bind nor connect TCP. Applies to this thread and those it starts:
+    the child is single-threaded here (the parent watcher starts after lock-down).
+    """
+    libc_syscall = _libc.syscall
+    abi = libc_syscall(ctypes.c_long(_LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0),
+                       ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION))
+    if abi < 1:
+        code = ctypes.get_errno()
+        jail.off("filesystem_closed", OSError(code, os.strerror(code)))
+        jail.off("signal_scope", "needs Landlock ABI 6 (Linux 6.12)")
+        return
+    fs = (1 << 13) - 1  # ABI 1: execute, read, write, make and remove every kind of file
+    for version, right in ((2, 1 << 13), (3, 1 << 14), (5, 1 << 15)):  # refer, truncate, ioctl
+        if abi >= version:
+            fs |= right
+    attr = _RulesetAttr(fs, 3 if abi >= 4 else 0,
+                        _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if abi >= 6 else 0)
+    size = 8 if abi < 4 else 16 if abi < 6 else 24
+    fd = libc_syscall(ctypes.c_long(_LANDLOCK_CREATE_RULESET), ctypes.byref(attr),
+                      ctypes.c_size_t(size), ctypes.c_uint32(0))
+    try:
+        if fd < 0 or libc_syscall(ctypes.c_long(_LANDLOCK_RESTRICT_SELF), ctypes.c_int(fd),
+                                  ctypes.c_uint32(0)) != 0:
+            code = ctypes.get_errno()
+            jail.off("filesystem_closed", OSError(code, os.strerror(code)))
+            jail.off("signal_scope", "Landlock refused")
+            return
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    jail.on("filesystem_closed")
+    if abi >= 6:
+        jail.on("signal_scope")
+    else:
+        jail.off("signal_scope", f"needs Landlock ABI 6, kernel has {abi}")
+
+
 def _seccomp_filter() -> Any:
     sc = pyseccomp
     syscall_filter = sc.SyscallFilter(sc.ERRNO(errno.EPERM))
@@ -346,22 +508,13 @@ def _seccomp_filter() -> Any:
             add(sc.ALLOW, name)
     for name in KILLED:
         add(sc.KILL_PROCESS, name)
-    # Files: read-only opens only. openat2 hides its flags in a struct seccomp cannot
-    # read, so it answers ENOSYS and glibc falls back to openat.
-    read_only = sc.Arg(1, sc.MASKED_EQ, _WRITE_FLAGS, 0)
-    add(sc.ALLOW, "open", read_only)
-    add(sc.ALLOW, "openat", sc.Arg(2, sc.MASKED_EQ, _WRITE_FLAGS, 0))
-    add(sc.ERRNO(errno.ENOSYS), "openat2")
-    # Threads but no processes: clone must carry CLONE_THREAD (fork and vfork are
-    # EPERM). clone3's flags are in a struct too; ENOSYS makes glibc use clone.
-    add(sc.ALLOW, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, _CLONE_THREAD))
-    add(sc.ERRNO(errno.ENOSYS), "clone3")
-    # Signals to itself only (abort, Python's signal handling), never to a neighbour.
-    pid = os.getpid()
-    for name in ("kill", "tgkill"):
-        add(sc.ALLOW, name, sc.Arg(0, sc.EQ, pid))
-    # Thread names (glib names libvips' workers) and its own resource limits only.
-    for option in (_PR_SET_NAME, _PR_GET_NAME, _PR_GET_NO_NEW_PRIVS):
-        add(sc.ALLOW, "prctl", sc.Arg(0, sc.EQ, option))
-    add(sc.ALLOW, "prlimit64", sc.Arg(0, sc.EQ, 0))
+    own_pid = os.getpid()
+    for rule in FILTERED:
+        conditions = []
+        for index, value, mask in rule.when:
+            value = own_pid if value == SELF else value
+            conditions.append(sc.Arg(index, sc.MASKED_EQ, mask, value) if mask
+                              else sc.Arg(index, sc.EQ, value))
+        action = sc.ALLOW if rule.action == "allow" else sc.ERRNO(errno.ENOSYS)
+        add(action, rule.syscall, *conditions)
     return syscall_filter

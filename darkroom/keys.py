@@ -72,7 +72,11 @@ async def create_key(db: Database, owner: str, admin: bool = False) -> str:
 
 
 async def find_key(db: Database, key: str) -> Principal | None:
-    row = await db.row("find_api_key", {"key_hash": hash_key(key)})
+    return await find_key_hash(db, hash_key(key))
+
+
+async def find_key_hash(db: Database, key_hash: str) -> Principal | None:
+    row = await db.row("find_api_key", {"key_hash": key_hash})
     if row is None:
         return None
     return Principal(owner=str(row["owner"]), admin=bool(row["admin"]))

@@ -6,6 +6,9 @@
                                          bytes and a card's key names the attempt that
                                          published it): the preview, ≤ 2048 px
     derived/{file_id}/{token}.thumb.webp the same attempt's thumb, ≤ 400 px
+    _darkroom/canary/{uuid}              the store breaker's probe object: written, read
+                                         back and deleted by a worker; no card's, never
+                                         listed by the sweeper or reconcile
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from typing import Literal, Protocol
 
 ORIGINALS = "originals/"
 DERIVED = "derived/"
+# Reserved for darkroom's own use, outside every card's prefix: reconcile lists only
+# ORIGINALS and DERIVED, so a canary left by a probe cut short is never taken for a card's.
+CANARY = "_darkroom/canary/"
 
 _ORIGINAL = re.compile(r"originals/([0-9a-f-]{36})")
 _DERIVED = re.compile(r"derived/([0-9a-f-]{36})/([0-9a-f-]{36})(\.thumb)?\.webp")
@@ -41,6 +47,11 @@ def derived_key(lease: _Attempt) -> str:
 def thumb_key(lease: _Attempt) -> str:
     """The same attempt's thumb, under the card's derived prefix (a purge lists it too)."""
     return f"{DERIVED}{lease.file_id}/{lease.token}.thumb.webp"
+
+
+def canary_key(probe: uuid.UUID) -> str:
+    """One probe's object: unique, so probes of several workers never share a key."""
+    return f"{CANARY}{probe}"
 
 
 def derived_prefix(file_id: uuid.UUID) -> str:

@@ -26,6 +26,13 @@ DB_ERRORS = Counter("darkroom_database_errors_total", "Database calls that faile
 WORKER_PAUSED = Gauge(
     "darkroom_worker_paused",
     "1 while this worker has stopped claiming because the object store is failing")
+BREAKER_OPENED = Counter("darkroom_store_breaker_opened_total",
+                         "Times this worker stopped claiming because the object store failed")
+DEFERRALS = Counter(
+    "darkroom_deferrals_total",
+    "Cards handed back because the object store failed them, attempt given back, by"
+    " whether the deferral counted against the file (the store served others meanwhile)",
+    ["counted"])
 ATTEMPT_TIMEOUTS = Counter("darkroom_attempt_timeouts_total",
                            "Attempts given up at DARKROOM_ATTEMPT_TIMEOUT_SECONDS")
 CLAIMS_ADOPTED = Counter("darkroom_claims_adopted_total",

@@ -10,7 +10,9 @@ The invariants this module keeps:
 - a result is published only by the attempt whose token still holds the lease; a stale
   attempt's commit changes nothing, is recorded as `lease_lost`, and its object is left
   to the sweeper;
-- a file is started at most `max_attempts` times, however its attempts ended.
+- a file is started at most `max_attempts` times, however its attempts ended; an attempt
+  the object store failed is given back (`defer`), and at most `max_deferrals` of those
+  are counted against the file (`defer_counted`).
 """
 
 from __future__ import annotations
@@ -169,10 +171,12 @@ class Queue:
         worker: str = "",
         rng: random.Random | None = None,
         fingerprint: str | None = None,
+        max_deferrals: int = 10,
     ) -> None:
         self.db = db
         self.lease_seconds = lease_seconds
         self.max_attempts = max_attempts
+        self.max_deferrals = max_deferrals
         self.retry_base_seconds = retry_base_seconds
         self.retry_cap_seconds = retry_cap_seconds
         self.worker = worker
@@ -191,6 +195,7 @@ class Queue:
             retry_cap_seconds=settings.retry_cap_seconds,
             worker=worker,
             fingerprint=settings_fingerprint(settings),
+            max_deferrals=settings.max_deferrals,
         )
 
     async def _rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -458,6 +463,22 @@ class Queue:
         })
         if not rows:
             raise LeaseLost(lease.file_id, lease.token)
+
+    async def defer_counted(self, lease: Lease, code: ErrorCode) -> tuple[Status, int]:
+        """`defer`, counted on the card: the store failed this file while it served others
+        between the file's tries. The `max_deferrals`-th such deferral rejects the card
+        with `code`; answers its new status and its count. Its backoff doubles with the
+        count, with full jitter. Raises `LeaseLost`; a repeat that went through answers
+        what it did."""
+        rows = await self._rows("defer_counted", {
+            "id": lease.file_id, "token": lease.token, "error_code": str(code),
+            "max_deferrals": self.max_deferrals, "base": self.retry_base_seconds,
+            "cap": self.retry_cap_seconds, "jitter": self._rng.random(),
+            "worker": self.worker,
+        })
+        if not rows:
+            raise LeaseLost(lease.file_id, lease.token)
+        return Status(rows[0]["status"]), int(rows[0]["deferrals"])
 
     async def release(self, leases: Sequence[Lease]) -> set[uuid.UUID]:
         """Hand unfinished leases back (queued, due now); answers the ids released

@@ -1,25 +1,17 @@
-"""Run `darkroom.derive.derive` in a persistent, resource-limited child process.
+"""Run the decoder in a persistent, resource-limited, jailed child process: the parent.
 
 A decoder is the most exposed code darkroom runs: its input comes from anyone with an
 account. A segfault, a runaway allocation or a hang in it must kill a child, never the
-worker. One `DecoderProcess` owns one child (`python -m darkroom.sandbox`, started with
-Popen rather than fork so a threaded asyncio parent is never forked) and reuses it across
-jobs, because starting Python and libvips per image would cost more than many decodes.
+worker. One `DecoderProcess` owns one child (`python -m darkroom.decoder_child`, started
+with Popen rather than fork so a threaded asyncio parent is never forked) and reuses it
+across jobs of one owner, because starting Python and libvips per image would cost more
+than many decodes. A job of another owner gets a fresh child: a compromised decoder never
+sees a second owner's images.
 
-The child is also a jail (`darkroom/jail.py`, `docs/SECURITY.md`): it starts with an
-empty environment, an empty working directory and only its three pipes, and before its
-first image it enters its own network and mount namespaces, drops root, sets its
-resource limits, `no_new_privs` and a seccomp allow-list. A compromised decoder holds no
-secret and can reach nothing; what it tries ends, like a crash, in an error code.
-
-Wire protocol over the child's stdin/stdout, one request and one response at a time:
-
-    request:  !II (json length, image length) + JSON limits + image bytes
-    response: !II (json length, webp length)  + JSON meta   + webp bytes
-
-The JSON meta is `{"width", "height", "sha256", "thumb", "thumbhash"}` or
-`{"error_code", "detail"}`; `thumb` is `{"width", "height", "sha256", "bytes"}`, and the
-payload is the preview's WebP followed by the thumb's (its last `thumb.bytes` bytes).
+The child is also a jail (`darkroom/jail.py`, `docs/SECURITY.md`), and the parent trusts
+nothing it answers: the frame is bounded (`darkroom.wire`), and a derivative is accepted
+only as a well-formed WebP of the claimed size within the configured edge, with a
+thumbhash of the right length (`darkroom.webp`). Anything else kills the child.
 
 Failure mapping in the parent (`DecoderProcess.derive`):
 
@@ -28,7 +20,8 @@ Failure mapping in the parent (`DecoderProcess.derive`):
 * `kill()` from another thread             → child killed, `Cancelled`
   (a `DeriveError` subclass with code `processing_failed`)
 * the child died, by a signal or EOF,
-  or broke the protocol                    → `processing_failed`
+  broke the protocol, or answered a
+  derivative that is not one              → child killed, `processing_failed`
 * memory exhaustion under RLIMIT_AS        → `processing_failed`: the header limits
   already bound what a valid image may need, so running out is the decoder's or the
   configuration's fault, not something the uploader can fix. When the allocation fails
@@ -42,65 +35,50 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import errno
-import hashlib
 import json
 import logging
-import math
 import os
 import signal
-import socket
-import stat
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
+from darkroom.decoder_child import ENVIRONMENT_NAMES, VIPS_THREADS, cpu_budget, cpu_lifetime
 from darkroom.derive import Derivative, Limits, check_size
 from darkroom.errors import DeriveError, ErrorCode
-from darkroom.jail import (
-    BY_DESIGN,
-    PROTECTIONS,
-    Jail,
-    enter_namespaces,
-    lock_down,
-    per_job_cpu,
-    shield_parent,
-)
+from darkroom.jail import BY_DESIGN, PROTECTIONS, shield_parent
+from darkroom.webp import InvalidDerivative, check_derivative, check_thumbhash, max_payload
+from darkroom.wire import FRAME, MAX_OUTPUT, ProtocolError, read_frame
+
+if TYPE_CHECKING:
+    from darkroom.config import Settings
 
 log = logging.getLogger("darkroom.sandbox")
-# What the child answers when an allocation failed (see derive.py and _child_main).
+# What the child answers when an allocation failed (see derive.py and decoder_child.py).
 _OUT_OF_MEMORY = frozenset({"oom", "out of memory"})
-
-_FRAME = struct.Struct("!II")
-# Bounds on what either side accepts, so a confused peer cannot make us allocate wildly.
-_MAX_META = 64 * 1024
-_MAX_OUTPUT = 256 * 1024 * 1024
-# Only tests set this: the child then hangs forever on each job, announced by one byte
-# written to the named path. A FIFO (the test blocks reading it instead of sleeping) is
-# opened by the child before it locks down and written when the job arrives; any other
-# path is created by the parent once the job is on the child's pipe, because the jailed
-# child may not create files.
-TEST_HANG_ENV = "DARKROOM_SANDBOX_TEST_HANG"
-# Only tests set this: instead of decoding, the child plays a compromised decoder and
-# tries the named attack (see `_hostile`), answering what happened as the detail.
-TEST_HOSTILE_ENV = "DARKROOM_SANDBOX_TEST_HOSTILE"
-_TEST_ENVS = (
-    TEST_HANG_ENV, TEST_HOSTILE_ENV, TEST_HOSTILE_ENV + "_PORT", TEST_HOSTILE_ENV + "_PATH"
-)
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
-# A child is replaced before it has used this much CPU in all (its hard RLIMIT_CPU), or
-# ten jobs' worth when jobs may take longer.
-CPU_LIFETIME_SECONDS = 3_600
-# libvips threads in a child. The worker's parallelism is its number of children (one per
-# slot), each decoding on one core; a single thread also keeps the jail's thread count and
-# a job's CPU budget small.
-VIPS_THREADS = 1
+_cpu_budget = cpu_budget
+_cpu_lifetime = cpu_lifetime
+
+
+@dataclass(frozen=True)
+class ChildProgram:
+    """Which program a decoder child runs: `python -m MODULE` with the parent's arguments,
+    then `-- ARGS`. The module must serve through `darkroom.decoder_child.main`, so it is
+    jailed exactly as the decoder is. The product runs `DECODER`; the test suite gives
+    `DecoderProcess` and `Worker` its own programs (hostile decoders, hangs)."""
+
+    module: str
+    args: tuple[str, ...] = ()
+
+
+DECODER = ChildProgram("darkroom.decoder_child")
+
 _EMPTY_DIR: str | None = None
 _EMPTY_DIR_LOCK = threading.Lock()
 
@@ -156,9 +134,7 @@ def child_environment() -> dict[str, str]:
         "PYTHONDONTWRITEBYTECODE": "1",
         "LC_ALL": "C.UTF-8",
     }
-    for name in _TEST_ENVS:
-        if name in os.environ:
-            env[name] = os.environ[name]
+    assert set(env) == ENVIRONMENT_NAMES
     return env
 
 
@@ -175,29 +151,13 @@ def jail_log_fields(memory_mb: int = 1024) -> tuple[int, dict[str, Any]]:
     fields: dict[str, Any] = {f"jail_{name}": bool(active.get(name)) for name in PROTECTIONS}
     missing = [name for name in PROTECTIONS if not active.get(name)]
     fields["inactive"] = "; ".join(f"{name}: {reasons.get(name, 'unknown')}" for name in missing)
-    # A child with the worker's uid that can see the worker's /proc could read its
+    # A child with the worker's uid that can read the worker's /proc could read its
     # environment and memory: then the worker itself becomes non-dumpable.
-    exposed = not active.get("mount_namespace_proc_hidden") and not active.get(
-        "unprivileged_uid")
+    exposed = not any(active.get(name) for name in (
+        "mount_namespace_proc_hidden", "unprivileged_uid", "filesystem_closed"))
     fields["worker_not_dumpable"] = shield_parent() if exposed else False
     gaps = [name for name in missing if reasons.get(name) != BY_DESIGN.get(name)]
     return (logging.WARNING if gaps else logging.INFO), fields
-
-
-def _is_fifo(path: str) -> bool:
-    try:
-        return stat.S_ISFIFO(os.stat(path).st_mode)
-    except OSError:
-        return False
-
-
-def _cpu_budget(timeout: float) -> int:
-    """CPU seconds one job may use: its wall-clock limit on every libvips thread."""
-    return math.ceil(timeout * VIPS_THREADS) + 1
-
-
-def _cpu_lifetime(budget: int) -> int:
-    return max(CPU_LIFETIME_SECONDS, 10 * budget)
 
 
 def _child_cpu_seconds(pid: int) -> float:
@@ -219,7 +179,7 @@ def probe_jail(memory_mb: int = 1024) -> dict[str, Any]:
     """
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "darkroom.sandbox", "--probe", str(memory_mb)],
+            [sys.executable, "-m", DECODER.module, "--probe", str(memory_mb)],
             stdin=subprocess.DEVNULL, capture_output=True, env=child_environment(),
             cwd=_empty_dir(), close_fds=True, timeout=60, check=False,
         )
@@ -234,17 +194,6 @@ class Cancelled(DeriveError):
 
     def __init__(self, detail: str = "cancelled") -> None:
         super().__init__(ErrorCode.PROCESSING_FAILED, detail)
-
-
-class _ChildGone(Exception):
-    """The pipe to the child broke or closed mid-frame."""
-
-
-def _read_exact(stream: IO[bytes], size: int) -> bytes:
-    data = stream.read(size) if size else b""
-    if len(data) != size:
-        raise _ChildGone(f"short read: {len(data)} of {size}")
-    return data
 
 
 class DecoderProcess:
@@ -263,6 +212,7 @@ class DecoderProcess:
         memory_mb: int,
         nice: int = 0,
         jail: bool = True,
+        program: ChildProgram = DECODER,
     ) -> None:
         if timeout <= 0:
             raise ValueError("timeout must be positive")
@@ -272,9 +222,12 @@ class DecoderProcess:
         self.nice = nice
         # Only the benchmark turns this off, to measure what the jail costs.
         self.jail = jail
+        self.program = program
         self._cpu_budget = _cpu_budget(timeout)
-        self._hang_path: str | None = None
         self._limits_json = json.dumps(dataclasses.asdict(limits)).encode()
+        # The largest answer a working child can give: `darkroom.webp`'s bound on each image.
+        self._max_payload = min(MAX_OUTPUT, max_payload(limits.max_edge)
+                                + max_payload(limits.thumb_edge))
         self._job_lock = threading.Lock()  # one request on the pipe at a time
         self._lock = threading.Lock()  # guards every field below
         self._proc: subprocess.Popen[bytes] | None = None
@@ -283,6 +236,8 @@ class DecoderProcess:
         self._next_job = 0
         self._kill_reason: str | None = None
         self._closed = False
+        # Whose images the current child has seen (None: no owner named, one trust domain).
+        self._owner: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -302,6 +257,13 @@ class DecoderProcess:
         """The current child's pid, if one is running (for monitoring and tests)."""
         with self._lock:
             return self._proc.pid if self._proc is not None else None
+
+    @property
+    def owner(self) -> str | None:
+        """Whose images the current child has decoded (None: nobody's yet, or no owner
+        named). `derive()` for another owner replaces the child first."""
+        with self._lock:
+            return self._owner if self._proc is not None else None
 
     def start(self) -> None:
         """Start the child now rather than on the first derive (pays the spawn early)."""
@@ -337,11 +299,12 @@ class DecoderProcess:
             self._reap_locked(block=True)
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        self._hang_path = os.environ.get(TEST_HANG_ENV)
-        argv = [sys.executable, "-m", "darkroom.sandbox", str(self.memory_mb), str(self.nice),
+        argv = [sys.executable, "-m", self.program.module, str(self.memory_mb), str(self.nice),
                 str(self._cpu_budget)]
         if not self.jail:
             argv.append("--no-jail")
+        if self.program.args:
+            argv += ["--", *self.program.args]
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
@@ -414,14 +377,21 @@ class DecoderProcess:
 
     # -- the job -----------------------------------------------------------------------
 
-    def derive(self, data: bytes) -> Derivative:
-        """Derive in the child. Blocking; raises `DeriveError` (or `Cancelled`)."""
+    def derive(self, data: bytes, *, owner: str | None = None) -> Derivative:
+        """Derive in the child. Blocking; raises `DeriveError` (or `Cancelled`).
+
+        `owner` names whose image this is: a child that has decoded another owner's image
+        is replaced first, so a compromised decoder never sees two owners' files.
+        """
         # The byte limit and the sniff need no decoder, so they are safe here, and an
         # oversized upload must not be copied into the child (nor count against its
         # address-space limit, which would turn image_too_large into a crash).
         check_size(data, self.limits)
         with self._job_lock:
             with self._lock:
+                if owner != self._owner:
+                    self._retire_locked()  # a no-op when no child runs yet
+                    self._owner = owner
                 proc = self._ensure_child_locked()
                 self._next_job += 1
                 job = self._job = self._next_job
@@ -431,7 +401,7 @@ class DecoderProcess:
             timer.start()
             try:
                 meta, payload = self._exchange(proc, data)
-            except _ChildGone as exc:
+            except ProtocolError as exc:
                 with self._lock:
                     self._job = 0
                     reason = self._kill_reason
@@ -448,7 +418,16 @@ class DecoderProcess:
                 with self._lock:
                     if self._proc is proc:
                         self._retire_locked()
-        return self._result(meta, payload)
+            try:
+                return self._result(meta, payload)
+            except InvalidDerivative as exc:
+                # Not what a working decoder answers: the child is compromised or broken,
+                # and is never asked again.
+                with self._lock:
+                    if self._proc is proc:
+                        self._retire_locked()
+                log.warning("decoder child answered an invalid derivative: %s", exc)
+                raise DeriveError(ErrorCode.PROCESSING_FAILED, "invalid child output") from None
 
     def _exchange(
         self, proc: subprocess.Popen[bytes], data: bytes
@@ -456,24 +435,14 @@ class DecoderProcess:
         stdin, stdout = proc.stdin, proc.stdout
         assert stdin is not None and stdout is not None
         try:
-            stdin.write(_FRAME.pack(len(self._limits_json), len(data)))
+            stdin.write(FRAME.pack(len(self._limits_json), len(data)))
             stdin.write(self._limits_json)
             stdin.write(data)
             stdin.flush()
-            if self._hang_path and not _is_fifo(self._hang_path):
-                with open(self._hang_path, "wb") as marker:
-                    marker.write(b"1")
-            meta_len, payload_len = _FRAME.unpack(_read_exact(stdout, _FRAME.size))
-            if meta_len > _MAX_META or payload_len > _MAX_OUTPUT:
-                raise _ChildGone(f"bad frame {meta_len}/{payload_len}")
-            meta = json.loads(_read_exact(stdout, meta_len))
-            payload = _read_exact(stdout, payload_len)
+            return read_frame(stdout, self._max_payload)
         except (OSError, ValueError) as exc:
-            # EPIPE, EBADF after a concurrent kill, or undecodable JSON.
-            raise _ChildGone(f"{type(exc).__name__}: {exc}") from None
-        if not isinstance(meta, dict):
-            raise _ChildGone("meta is not an object")
-        return meta, payload
+            # EPIPE, EBADF after a concurrent kill.
+            raise ProtocolError(f"{type(exc).__name__}: {exc}") from None
 
     def _failure(
         self, proc: subprocess.Popen[bytes], reason: str | None, detail: str
@@ -503,28 +472,23 @@ class DecoderProcess:
             except ValueError:
                 code = ErrorCode.PROCESSING_FAILED
             raise DeriveError(code, str(meta.get("detail", ""))[:500])
-        thumb: Derivative | None = None
-        thumbhash: str | None = None
+        # Every field checked before anything is kept: a child that answers anything but a
+        # derivative this parent could have asked for is treated as compromised.
         try:
-            if "thumb" in meta:
-                size = int(meta["thumb"]["bytes"])
-                if not 0 < size < len(payload):
-                    raise ValueError("thumb size")
-                payload, thumb_data = payload[:-size], payload[-size:]
-                thumb = self._checked(meta["thumb"], thumb_data)
-                thumbhash = str(meta["thumbhash"])[:64]
-            preview = self._checked(meta, payload)
-        except (KeyError, TypeError, ValueError):
-            raise DeriveError(ErrorCode.PROCESSING_FAILED, "bad child meta") from None
-        return dataclasses.replace(preview, thumb=thumb, thumbhash=thumbhash)
-
-    @staticmethod
-    def _checked(meta: dict[str, Any], payload: bytes) -> Derivative:
-        width, height = int(meta["width"]), int(meta["height"])
-        digest = hashlib.sha256(payload).hexdigest()
-        if digest != meta.get("sha256") or not payload:
-            raise DeriveError(ErrorCode.PROCESSING_FAILED, "child output corrupt")
-        return Derivative(data=payload, width=width, height=height, sha256=digest)
+            thumb_meta = meta["thumb"]
+            size = int(thumb_meta["bytes"])
+            if not 0 < size < len(payload):
+                raise InvalidDerivative("thumb size")
+            preview_data, thumb_data = payload[:-size], payload[-size:]
+            preview = check_derivative(preview_data, meta, self.limits.max_edge)
+            thumb = check_derivative(thumb_data, thumb_meta, self.limits.thumb_edge)
+            thumbhash = check_thumbhash(meta["thumbhash"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidDerivative(f"meta: {type(exc).__name__}") from None
+        return Derivative(data=preview_data, width=preview.width, height=preview.height,
+                          sha256=preview.sha256, thumbhash=thumbhash,
+                          thumb=Derivative(data=thumb_data, width=thumb.width,
+                                           height=thumb.height, sha256=thumb.sha256))
 
 
 def _drain_stderr(proc: subprocess.Popen[bytes]) -> None:
@@ -539,237 +503,47 @@ def _drain_stderr(proc: subprocess.Popen[bytes]) -> None:
                 child_log.warning("%s", line, extra={"child_pid": proc.pid})
 
 
-# -- the child -------------------------------------------------------------------------
+def cli(path: str, out: str | None, settings: Settings) -> int:
+    """`darkroom derive IN [-o OUT]`: the production child-process path on one file."""
+    limits = Limits.from_settings(settings)
 
+    def fail(code: ErrorCode) -> int:
+        print(json.dumps({"error_code": str(code)}))
+        return 1
 
-def _harden(memory_mb: int, nice: int) -> None:
-    import resource
-
-    # Decoding is throughput work: on a shared host the API's requests and the worker's
-    # own heartbeats (in the parent, at normal priority) get the CPU first.
-    if nice > 0:
-        level = min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice)
-        os.setpriority(os.PRIO_PROCESS, 0, level)
-        # This child leads its own session, and with the kernel's autogroup scheduling a
-        # session shares the CPU with the others as a whole, whatever its processes'
-        # niceness: the group's own nice is what counts against the API's.
-        with contextlib.suppress(OSError):
-            Path("/proc/self/autogroup").write_text(str(level), encoding="ascii")
-    limit = memory_mb * 1024 * 1024
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if hard != resource.RLIM_INFINITY:
-        limit = min(limit, hard)  # an unprivileged process cannot raise its hard limit
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    # The worker's own Ctrl-C handling decides when we stop; stdin EOF ends us.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _watch_parent() -> None:
-    """Exit if the worker dies, even while the main thread hangs inside a decoder.
-
-    Not PR_SET_PDEATHSIG: Linux fires that when the *thread* that spawned us exits,
-    and the worker spawns from short-lived `asyncio.to_thread` pool threads.
-    """
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != parent:
-                os._exit(0)
-
-    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
-
-
-def _respond(out: BinaryIO, meta: dict[str, Any], payload: bytes = b"") -> None:
-    encoded = json.dumps(meta).encode()
-    out.write(_FRAME.pack(len(encoded), len(payload)))
-    out.write(encoded)
-    out.write(payload)
-    out.flush()
-
-
-def _start_jail(memory_mb: int, nice: int, jailed: bool) -> Jail:
-    """Everything the child does before importing libvips (see `darkroom.jail`)."""
-    jail = Jail()
-    # Given by the parent (`DecoderProcess._spawn`): checked here so the report is true.
-    if not set(os.environ) - {*child_environment(), *_TEST_ENVS}:
-        jail.on("empty_environment")
-    else:
-        jail.off("empty_environment", "started with extra variables")
-    # One more than the three pipes: the listing's own descriptor.
-    if len(set(os.listdir("/proc/self/fd")) - {"0", "1", "2"}) <= 1:
-        jail.on("pipes_only")
-    else:
-        jail.off("pipes_only", "inherited descriptors")
-    # Mode 0111 from `_empty_dir`: nobody (and, once seccomp forbids chmod, not even its
-    # owner) may list or create anything there. Root could, but root drops to nobody.
+    source = Path(path)
     try:
-        listed = os.listdir(".")
-    except PermissionError:
-        listed = []  # its owner, not root: 0111 hides even the (empty) listing
-    if not listed and not os.stat(".").st_mode & 0o222:
-        jail.on("empty_working_directory")
-    else:
-        jail.off("empty_working_directory", "working directory not empty or writable")
-    _harden(memory_mb, nice)
-    if jailed:
-        enter_namespaces(jail)
-    else:
-        for name in PROTECTIONS:
-            jail.off(name, "jail disabled")
-    return jail
-
-
-def _child_main(memory_mb: int, nice: int = 0, cpu_seconds: int = 61,
-                *, jailed: bool = True, probe: bool = False) -> int:
-    jail = _start_jail(memory_mb, nice, jailed)
-    # The protocol owns fd 1. Anything else that writes to stdout (a stray print, a
-    # library message) is sent to stderr instead of corrupting a frame.
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    requests = sys.stdin.buffer
-    logging.basicConfig(
-        level=logging.WARNING, format="darkroom.sandbox[%(process)d] %(name)s: %(message)s"
-    )
-
-    if not probe:
-        from darkroom.derive import derive, warm_up
-
-        # Pay for libvips and thumbhash before the first job, not inside its time limit.
-        warm_up()
-    hang = bool(os.environ.get(TEST_HANG_ENV))
-    hang_fd = None
-    if hang and _is_fifo(os.environ[TEST_HANG_ENV]):
-        # O_RDWR never blocks on a FIFO, and keeps the byte for a reader that comes later.
-        hang_fd = os.open(os.environ[TEST_HANG_ENV], os.O_RDWR | os.O_NONBLOCK)
-    hostile = os.environ.get(TEST_HOSTILE_ENV)
-    _watch_parent()
-    if jailed:
-        lock_down(jail, cpu_seconds=cpu_seconds, cpu_lifetime_seconds=_cpu_lifetime(cpu_seconds),
-                  threads=VIPS_THREADS,
-                  extra_fds=(out.fileno(),) if hang_fd is None else (out.fileno(), hang_fd))
-    if probe:
-        _respond_raw(out, json.dumps(jail.report).encode())
-        return 0
-
-    while True:
-        head = requests.read(_FRAME.size)
-        if not head:
-            return 0  # the parent closed our stdin: a clean stop
+        # Refuse by size before reading, so a huge file is never pulled into memory.
+        if source.stat().st_size > limits.max_bytes:
+            return fail(ErrorCode.IMAGE_TOO_LARGE)
+        data = source.read_bytes()
+    except OSError as exc:
+        print(f"darkroom derive: cannot read input: {exc.strerror}", file=sys.stderr)
+        return fail(ErrorCode.ORIGINAL_MISSING)
+    try:
+        with DecoderProcess(
+            limits,
+            timeout=settings.derive_timeout_seconds,
+            memory_mb=settings.derive_memory_mb,
+        ) as proc:
+            result = proc.derive(data)
+    except DeriveError as exc:
+        log.info("derive %s failed: %s", path, exc)
+        return fail(exc.code)
+    if out is not None:
         try:
-            if len(head) != _FRAME.size:
-                raise _ChildGone("short header")
-            meta_len, data_len = _FRAME.unpack(head)
-            if meta_len > _MAX_META:
-                raise _ChildGone("oversized limits")
-            limits = Limits(**json.loads(_read_exact(requests, meta_len)))
-            data = _read_exact(requests, data_len)
-        except (_ChildGone, ValueError, TypeError) as exc:
-            # Out of step with the parent: no way to resynchronise the stream.
-            print(f"darkroom.sandbox: protocol error: {exc}", file=sys.stderr)
-            return 2
-        if hang:
-            if hang_fd is not None:
-                os.write(hang_fd, b"1")
-            while True:
-                signal.pause()
-        if jailed:
-            per_job_cpu(cpu_seconds)
-        try:
-            if hostile:
-                raise DeriveError(ErrorCode.PROCESSING_FAILED, _hostile(hostile))
-            result = derive(data, limits)
-        except DeriveError as exc:
-            reply: dict[str, Any] = {"error_code": str(exc.code), "detail": exc.detail}
-            payload = b""
-        except MemoryError:
-            reply = {"error_code": str(ErrorCode.PROCESSING_FAILED), "detail": "oom"}
-            payload = b""
-        else:
-            reply = {"width": result.width, "height": result.height, "sha256": result.sha256}
-            payload = result.data
-            if result.thumb is not None:
-                reply["thumb"] = {"width": result.thumb.width, "height": result.thumb.height,
-                                  "sha256": result.thumb.sha256, "bytes": result.thumb.size}
-                reply["thumbhash"] = result.thumbhash
-                payload += result.thumb.data
-        del data
-        try:
-            _respond(out, reply, payload)
-        except BrokenPipeError:
-            return 0  # the parent went away (or killed this job's reader): nothing to do
-
-
-def _respond_raw(out: BinaryIO, data: bytes) -> None:
-    out.write(data)
-    out.flush()
-
-
-def _hostile(action: str) -> str:
-    """Test only: what a compromised decoder would try. Returns what happened."""
-    def attempt(what: str, call: Any) -> str:
-        try:
-            got = call()
+            Path(out).write_bytes(result.data)
         except OSError as exc:
-            name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
-            return f"{what}: refused ({name})"
-        return f"{what}: done {got!r}"[:300]
-
-    if action == "environ":
-        own = ",".join(sorted(os.environ))
-        parent = attempt(
-            "parent environ", lambda: Path(f"/proc/{os.getppid()}/environ").read_bytes()
+            print(f"darkroom derive: cannot write output: {exc.strerror}", file=sys.stderr)
+            return fail(ErrorCode.PROCESSING_FAILED)
+    print(
+        json.dumps(
+            {
+                "width": result.width,
+                "height": result.height,
+                "bytes": result.size,
+                "sha256": result.sha256,
+            }
         )
-        init = attempt("init environ", lambda: Path("/proc/1/environ").read_bytes())
-        return f"own environ: {own}; {parent}; {init}"
-    if action == "socket":
-        port = int(os.environ.get(TEST_HOSTILE_ENV + "_PORT", "0"))
-
-        def connect() -> str:
-            with socket.socket() as sock:
-                sock.connect(("127.0.0.1", port))
-                return "connected"
-
-        return attempt("socket", lambda: socket.socket().close()) + "; " + attempt(
-            "connect", connect)
-    if action == "write":
-        target = os.environ.get(TEST_HOSTILE_ENV + "_PATH", "/tmp/darkroom-hostile")
-        return attempt("write", lambda: Path(target).write_bytes(b"pwned")) + "; " + attempt(
-            "write cwd", lambda: Path("pwned").write_bytes(b"pwned"))
-    if action == "exec":
-        target = os.environ.get(TEST_HOSTILE_ENV + "_PATH", "/tmp/darkroom-hostile")
-        return attempt("exec", lambda: os.execv("/bin/sh", ["sh", "-c", f"echo > {target}"]))
-    if action == "fork":
-        def fork() -> int:
-            pid = os.fork()
-            if pid == 0:
-                os._exit(0)
-            return pid
-
-        return attempt("fork", fork)
-    if action == "ptrace":
-        import ctypes  # already loaded by the jail, so importable after lock-down
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        attached = libc.ptrace(16, os.getppid(), None, None)  # PTRACE_ATTACH the worker
-        return f"ptrace: {'attached' if attached == 0 else 'refused'}"
-    return f"unknown action {action}"
-
-
-def _main(argv: list[str]) -> int:
-    """`python -m darkroom.sandbox MEMORY_MB [NICE CPU_SECONDS] [--no-jail]`, or
-    `--probe MEMORY_MB` for the jail report alone."""
-    flags = {arg for arg in argv if arg.startswith("--")}
-    numbers = [int(arg) for arg in argv if not arg.startswith("--")]
-    if "--probe" in flags:
-        memory_mb = [*numbers, 1024][0]
-        return _child_main(memory_mb, 0, _cpu_budget(60), probe=True)
-    memory_mb, nice, cpu_seconds = [*numbers, *[1024, 0, 61][len(numbers):]][:3]
-    return _child_main(memory_mb, nice, cpu_seconds, jailed="--no-jail" not in flags)
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    )
+    return 0

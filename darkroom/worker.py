@@ -21,8 +21,14 @@ is looked up by the claim id the worker chose, and its leases are run, not left 
 expire. Jobs are tracked by attempt (lease token), never by file: after an outage longer
 than the lease a worker may reclaim its own card while the stale attempt still runs, and
 only the new one may go on. An attempt's whole life is bounded by
-DARKROOM_ATTEMPT_TIMEOUT_SECONDS; a failing object store pauses claiming (breaker.py)
-instead of spending the backlog's attempts.
+DARKROOM_ATTEMPT_TIMEOUT_SECONDS.
+
+Blame goes by origin. Only a file's own bytes (format, decode, limits, a decode past its
+time) fail it. Every error on the way to or from the store is the store's: such an attempt
+is handed back with its attempt given back (`defer`), and a store that does not serve a
+canary pauses claiming (breaker.py) instead of spending the backlog's attempts. Only a
+file the store fails while it serves others between the file's tries is counted against
+the file (`defer_counted`), and rejected at DARKROOM_MAX_DEFERRALS.
 """
 
 from __future__ import annotations
@@ -36,18 +42,24 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from darkroom import health, metrics
+from darkroom import canary, health, metrics
 from darkroom.breaker import StoreBreaker
 from darkroom.completer import Completer
 from darkroom.config import ConfigError, Settings
 from darkroom.db.database import CONNECTION_ERRORS, Database
 from darkroom.derive import Limits
-from darkroom.errors import DeriveError, ErrorCode, ObjectMissing, StorageError
+from darkroom.errors import (
+    DeriveError,
+    ErrorCode,
+    ObjectMissing,
+    StorageError,
+    StorageUnavailable,
+)
 from darkroom.layout import derived_key, thumb_key
 from darkroom.queue import (
     NOTIFY_CHANNEL,
@@ -57,9 +69,10 @@ from darkroom.queue import (
     Lease,
     LeaseLost,
     Queue,
+    Status,
     backoff_delay,
 )
-from darkroom.sandbox import DecoderProcess, jail_log_fields
+from darkroom.sandbox import DECODER, ChildProgram, DecoderProcess, jail_log_fields
 from darkroom.services import prepare
 from darkroom.storage import ObjectStore
 
@@ -71,6 +84,9 @@ T = TypeVar("T")
 HAND_BACK_SECONDS = 5.0
 # A failed heartbeat is tried again this soon (doubling up to the heartbeat interval).
 HEARTBEAT_RETRY_SECONDS = 0.2
+# Files whose last deferral by this worker is remembered (to tell whether the store served
+# others between their tries), at most.
+REMEMBERED_DEFERRALS = 10_000
 
 
 class Outcome(StrEnum):
@@ -79,7 +95,7 @@ class Outcome(StrEnum):
     READY = "ready"
     RETRY = "retry"  # failed, queued again with a backoff
     REJECTED = "rejected"
-    DEFERRED = "deferred"  # the store was down: queued again, the attempt given back
+    DEFERRED = "deferred"  # the store failed it: queued again, the attempt given back
     LEASE_LOST = "lease_lost"
     RELEASED = "released"  # handed back at shutdown
     ERROR = "error"  # crashed, or timed out without being recorded
@@ -101,6 +117,9 @@ class Job:
     # The attempt's fenced commit, once handed to the completer: its answer, not a timeout
     # that raced it, tells how the attempt ended.
     commit: asyncio.Future[bool] | None = None
+    # Set while the attempt waits on the object store (a read, a write, the probe after a
+    # store error): a deadline that runs out then is the store's, not the file's.
+    on_store: bool = False
 
     def log_extra(self) -> dict[str, Any]:
         return {"file_id": str(self.lease.file_id), "attempt": self.lease.attempt,
@@ -114,7 +133,7 @@ class Job:
 class Worker:
     def __init__(
         self, settings: Settings, queue: Queue, store: ObjectStore, *,
-        concurrency: int,
+        concurrency: int, child: ChildProgram = DECODER,
     ) -> None:
         self.settings = settings
         self.queue = queue
@@ -123,14 +142,20 @@ class Worker:
         limits = Limits.from_settings(settings)
         self.idle_decoders = [
             DecoderProcess(limits, timeout=settings.derive_timeout_seconds,
-                           memory_mb=settings.derive_memory_mb, nice=settings.derive_nice)
+                           memory_mb=settings.derive_memory_mb, nice=settings.derive_nice,
+                           program=child)
             for _ in range(concurrency)
         ]
         # By lease token: one entry per attempt, never per file.
         self.jobs: dict[uuid.UUID, Job] = {}
-        self.breaker = StoreBreaker(self._probe_store, on_change=self._record_pause)
+        # Probing backs off no further than a retry would (DARKROOM_RETRY_CAP_SECONDS, at
+        # most 30 s): a store back is noticed as soon as a retried card would be.
+        self.breaker = StoreBreaker(self._probe_store, on_change=self._record_pause,
+                                    cap_seconds=settings.retry_cap_seconds)
         # Fenced commits, batched: one statement for the results that finish together.
         self.completer = Completer(queue, self._db_for_leases)
+        # By file: when (monotonic) this worker last handed it back for the store.
+        self._deferred_at: dict[uuid.UUID, float] = {}
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.skip_grace = asyncio.Event()
@@ -258,7 +283,8 @@ class Worker:
                 log.warning("stale attempt of a reclaimed card; stopping it",
                             extra=other.log_extra())
                 other.abandon()
-        job = Job(lease, self.idle_decoders.pop(), held_until=held_until)
+        decoder = self.idle_decoders.pop(pick_decoder(self.idle_decoders, lease.owner))
+        job = Job(lease, decoder, held_until=held_until)
         self.jobs[lease.token] = job
         job.task = asyncio.create_task(self._run_job(job), name=f"job-{lease.file_id}")
         metrics.CLAIMED.inc()
@@ -298,7 +324,10 @@ class Worker:
                 async with asyncio.timeout(budget):
                     outcome = await self._attempt(job)
             except TimeoutError:
-                outcome = await self._timed_out(job)
+                if job.on_store:
+                    outcome = await self._store_timed_out(job)
+                else:
+                    outcome = await self._timed_out(job)
         except Exception:
             log.exception("attempt crashed", extra=job.log_extra())
         finally:
@@ -309,7 +338,7 @@ class Worker:
             self.wake.set()  # a slot is free: claim again at once, so a backlog drains
 
     async def _timed_out(self, job: Job) -> Outcome:
-        """The attempt outlived its time (a stalled store or database): give it up and
+        """The attempt outlived its time in the decoder or the database: give it up and
         queue the card again, within the reserve kept for that."""
         metrics.ATTEMPT_TIMEOUTS.inc()
         log.warning("attempt timed out; giving it up", extra=job.log_extra())
@@ -331,13 +360,15 @@ class Worker:
     async def _attempt(self, job: Job) -> Outcome:
         lease = job.lease
         try:
-            with _stage("fetch"):
+            with _stage("fetch"), self._on_store(job):
                 original = await asyncio.to_thread(
                     self.store.get, lease.original_key, lease.original_version or "")
             if job.abandoned:
                 return Outcome.LEASE_LOST
             with _stage("derive"):
-                result = await asyncio.to_thread(job.decoder.derive, original)
+                # Named, so that a child that saw another owner's image is replaced first.
+                result = await asyncio.to_thread(job.decoder.derive, original,
+                                                 owner=lease.owner)
             if job.abandoned:
                 return Outcome.LEASE_LOST
             key, small_key = derived_key(lease), thumb_key(lease)
@@ -345,7 +376,7 @@ class Worker:
             keys = [key] if thumb is None else [key, small_key]
             await self._db(lambda: self.queue.register_attempt_objects(lease, keys),
                            lambda: job.held_until)
-            with _stage("put"):
+            with _stage("put"), self._on_store(job):
                 version = await asyncio.to_thread(
                     self.store.put, key, result.data, content_type="image/webp")
                 stored = None
@@ -364,12 +395,14 @@ class Worker:
                 if not await asyncio.shield(job.commit):
                     raise LeaseLost(lease.file_id, lease.token)
             log.info("ready", extra={**job.log_extra(), "bytes": result.size})
+            self._deferred_at.pop(lease.file_id, None)
             return Outcome.READY
         except LeaseLost:
             metrics.LEASE_LOST.inc()
             log.warning("lease lost; result not published", extra=job.log_extra())
             return Outcome.LEASE_LOST
         except ObjectMissing:
+            job.on_store = False  # the store answered: this version is not there
             return await self._fail(job, ErrorCode.ORIGINAL_MISSING, "original missing")
         except StorageError as exc:
             return await self._store_failed(job, exc)
@@ -394,29 +427,92 @@ class Worker:
                                           "status": status, "detail": detail[:300]})
         return Outcome.RETRY if status == "queued" else Outcome.REJECTED
 
+    @contextlib.contextmanager
+    def _on_store(self, job: Job) -> Iterator[None]:
+        """Marks the attempt as waiting on the store; a request it completes proves the
+        store served."""
+        job.on_store = True
+        yield
+        job.on_store = False
+        self.breaker.served()
+
     async def _store_failed(self, job: Job, exc: StorageError) -> Outcome:
-        """A store error: the file's own only if the store answers a probe. Otherwise the
-        store is down: the card goes back with its attempt given back, and the breaker
-        stops this worker claiming until the store answers again."""
+        """A store error is the store's: the card goes back with its attempt given back.
+        A store that does not serve the probe opens the breaker (no claims until it
+        does); the deferral counts against the file only if the store served others
+        since the file's last try."""
         if job.abandoned:
             return Outcome.LEASE_LOST
-        if await self.breaker.store_answers():
-            return await self._fail(job, ErrorCode.STORAGE_UNAVAILABLE, str(exc))
-        delay = backoff_delay(1, self.settings.retry_base_seconds,
-                              self.settings.retry_cap_seconds, self._rng)
+        job.on_store = True
+        answers = await self.breaker.store_answers()
+        job.on_store = False
+        return await self._defer(job, type(exc).__name__, answers=answers)
+
+    async def _store_timed_out(self, job: Job) -> Outcome:
+        """The attempt's deadline ran out while it waited on the store: the store's fault.
+        The breaker opens at once (a probe would only wait as long), and the card goes
+        back within the reserve kept for that."""
+        metrics.ATTEMPT_TIMEOUTS.inc()
+        log.warning("attempt timed out waiting on the object store", extra=job.log_extra())
+        self.breaker.trip("timeout")
         try:
-            await self._db(lambda: self.queue.defer(job.lease, ErrorCode.STORAGE_UNAVAILABLE,
-                                                    delay),
-                           lambda: job.held_until)
+            async with asyncio.timeout(self._timeout_reserve()):
+                return await self._defer(job, "timeout", answers=False)
+        except (TimeoutError, *CONNECTION_ERRORS):
+            # Unrecorded: the lease runs out and another attempt takes the card.
+            return Outcome.ERROR
+
+    async def _defer(self, job: Job, error: str, *, answers: bool) -> Outcome:
+        """Hand the card back, its attempt given back. Counted against the file when the
+        store served right after its failure (the probe: it fails this file alone), or
+        served anything (another file, a probe) between this file's last deferral here
+        and this one: a file whose own request knocks the store over fails again once
+        the store is back. An outage serves nothing between tries, and counts nothing."""
+        if job.abandoned:
+            return Outcome.LEASE_LOST
+        lease = job.lease
+        now = time.monotonic()
+        last = self._deferred_at.get(lease.file_id)
+        counted = answers or (last is not None and self.breaker.served_at > last)
+        code = ErrorCode.STORAGE_UNAVAILABLE
+        try:
+            if counted:
+                status, deferrals = await self._db(
+                    lambda: self.queue.defer_counted(lease, code), lambda: job.held_until)
+            else:
+                delay = backoff_delay(1, self.settings.retry_base_seconds,
+                                      self.settings.retry_cap_seconds, self._rng)
+                await self._db(lambda: self.queue.defer(lease, code, delay),
+                               lambda: job.held_until)
+                status, deferrals = Status.QUEUED, None
         except LeaseLost:
             metrics.LEASE_LOST.inc()
+            log.warning("lease lost before the deferral was recorded", extra=job.log_extra())
             return Outcome.LEASE_LOST
-        log.info("store unavailable; card handed back, attempt not counted",
-                 extra={**job.log_extra(), "retry_in": round(delay, 1)})
+        metrics.DEFERRALS.labels("true" if counted else "false").inc()
+        self._deferred_at.pop(lease.file_id, None)
+        if status == Status.REJECTED:
+            log.warning("the store failed this file while it served others, too often;"
+                        " rejected", extra={**job.log_extra(), "error": error,
+                                            "deferrals": deferrals})
+            return Outcome.REJECTED
+        self._deferred_at[lease.file_id] = now
+        while len(self._deferred_at) > REMEMBERED_DEFERRALS:
+            del self._deferred_at[next(iter(self._deferred_at))]
+        log.info("store failed; card handed back, attempt given back",
+                 extra={**job.log_extra(), "error": error, "deferrals": deferrals,
+                        "breaker_open": self.breaker.is_open})
         return Outcome.DEFERRED
 
     async def _probe_store(self) -> None:
-        await asyncio.to_thread(self.store.check)
+        """A canary round trip through the data path, bounded like an attempt's wait on
+        the store (the store client's own timeouts apply to each request)."""
+        try:
+            async with asyncio.timeout(self.settings.attempt_timeout_seconds
+                                       - self._timeout_reserve()):
+                await asyncio.to_thread(canary.round_trip, self.store)
+        except TimeoutError:
+            raise StorageUnavailable("the object store did not answer the probe") from None
 
     async def _record_pause(self, paused: bool, reason: str) -> None:
         async with asyncio.timeout(10):
@@ -546,6 +642,17 @@ class Worker:
                            timeout=HAND_BACK_SECONDS)
 
 
+def pick_decoder(idle: list[DecoderProcess], owner: str) -> int:
+    """Which idle decoder takes a job of `owner`: one whose child already holds only this
+    owner's images, else one with no child, else any. A child never serves two owners
+    (`DecoderProcess.derive` replaces it), so reusing a matching one saves a start-up."""
+    owners = [decoder.owner for decoder in idle]
+    for wanted in (owner, None):
+        if wanted in owners:
+            return len(owners) - 1 - owners[::-1].index(wanted)
+    return len(idle) - 1
+
+
 class _stage:
     """Times one stage of an attempt into the stage histogram."""
 
@@ -561,12 +668,13 @@ class _stage:
 
 async def run_worker(settings: Settings, *, concurrency: int, name: str,
                      stop: asyncio.Event | None = None,
-                     pulse: health.LoopPulse | None = None) -> None:
+                     pulse: health.LoopPulse | None = None,
+                     child: ChildProgram = DECODER) -> None:
     """Run one worker until `stop` is set (or SIGTERM/SIGINT, when on the main thread)."""
     conninfo, store = await prepare(settings)
     db = await Database.open(conninfo, min_size=1, max_size=4, name=f"worker-{name}")
     queue = Queue.from_settings(db, settings, worker=name)
-    worker = Worker(settings, queue, store, concurrency=concurrency)
+    worker = Worker(settings, queue, store, concurrency=concurrency, child=child)
     loop = asyncio.get_running_loop()
     with contextlib.suppress(ValueError, NotImplementedError):  # not the main thread
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -597,7 +705,8 @@ def default_name() -> str:
 
 
 def main(settings: Settings, *, concurrency: int | None, name: str | None,
-         metrics_port: int | None, metrics_host: str = "127.0.0.1") -> int:
+         metrics_port: int | None, metrics_host: str = "127.0.0.1",
+         child: ChildProgram = DECODER) -> int:
     from darkroom import logs
 
     logs.setup()
@@ -612,5 +721,5 @@ def main(settings: Settings, *, concurrency: int | None, name: str | None,
             raise ConfigError(f"--metrics-port: cannot listen on {metrics_host}:"
                               f"{metrics_port} ({exc.strerror})") from None
     asyncio.run(run_worker(settings, concurrency=slots, name=name or default_name(),
-                           pulse=pulse))
+                           pulse=pulse, child=child))
     return 0

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from darkroom import logs
 from darkroom.api import problems
-from darkroom.api.auth import KeyCache
+from darkroom.api.auth import KeyCache, UnknownKeys
 from darkroom.api.events import Hub
 from darkroom.api.limits import BodyLimit, RateLimiter, SecurityHeaders, origin_of, security_headers
 from darkroom.api.metrics import MetricsMiddleware, RequestMetrics
@@ -71,7 +71,12 @@ def create_app(
         db = await Database.open(url, min_size=2, max_size=16, name="api", fail_fast=fail_fast)
         app.state.db = db
         app.state.queue = Queue.from_settings(db, settings)
-        app.state.hub = Hub(db, ping_seconds=settings.events_ping_seconds)
+        app.state.hub = Hub(
+            db, ping_seconds=settings.events_ping_seconds,
+            max_per_owner=settings.events_max_streams_per_owner,
+            max_seconds=settings.events_max_seconds,
+            # A stream's key is looked up again as often as a request's would be.
+            recheck_seconds=max(settings.key_cache_seconds, 0.5))
         app.state.uploads = Uploads(db)
         # What start-up allocated (FastAPI, pydantic, boto3: ~84k objects) lives as long
         # as the process. Left to the collector, each full pass walks all of it while every
@@ -98,11 +103,16 @@ def create_app(
     app.state.settings = settings
     app.state.metrics = RequestMetrics()
     app.state.key_cache = KeyCache(settings.key_cache_seconds)
-    app.state.unknown_keys = RateLimiter(settings.unknown_key_rate_per_minute)
+    app.state.unknown_keys = UnknownKeys(settings.unknown_key_rate_per_minute)
     app.state.creations = RateLimiter(settings.create_rate_per_minute)
     app.state.stats_cache = StatsCache(settings.metrics_cache_seconds)
     headers = security_headers(_store_origin(settings, store))
-    app.state.wire = Wire(read_timeout=settings.api_read_timeout_seconds, headers=headers)
+    app.state.wire = Wire(
+        read_timeout=settings.api_read_timeout_seconds, headers=headers,
+        max_connections=settings.api_max_connections,
+        max_connections_per_client=settings.api_max_connections_per_client,
+        min_body_bytes_per_second=settings.api_min_body_bytes_per_second,
+        trusted_proxies=tuple(settings.trusted_proxy_list))
     problems.install(app)
     app.include_router(router)
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from darkroom.api.limits import RateLimiter
+from darkroom.api.limits import RateLimiter, client_bucket
 from darkroom.api.problems import Problem
 from darkroom.keys import KEY_PREFIX, Principal, find_key, hash_key
 
@@ -19,6 +20,14 @@ bearer = HTTPBearer(auto_error=False, description="An API key from `darkroom key
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="darkroom"'}
 _MAX_KEY_LENGTH = 200
+# All addresses together may spend this many times one address's unknown-key budget
+# before every further lookup of an unknown key goes through the single lane.
+_TOTAL_BUDGETS = 10
+# A request waits this long at most for its turn in the single lane.
+_LANE_WAIT_SECONDS = 5.0
+# A miss in the single lane keeps it this long, so such misses cost the database at most
+# a hundred lookups a second per process, whoever sends them.
+_LANE_MISS_SECONDS = 0.01
 
 
 class KeyCache:
@@ -28,6 +37,11 @@ class KeyCache:
     Only valid keys are kept, by hash, at most `size` of them (the oldest go first): a
     key revoked in the database stops working in every API process within `ttl`, and
     an unknown key is always looked up. `ttl` 0 turns the cache off.
+
+    Apart from that, and for as long as there is room, the hashes of keys once found
+    valid are remembered with no time limit (`known`): such a key is still looked up
+    once its `ttl` has passed, but never counted against the unknown-key budget of the
+    address it comes from, so nobody's guessing can lock its owner out.
     """
 
     def __init__(self, ttl: float, size: int = 10_000,
@@ -36,6 +50,7 @@ class KeyCache:
         self.size = size
         self._clock = clock
         self._found: OrderedDict[str, tuple[float, Principal]] = OrderedDict()
+        self._known: OrderedDict[str, None] = OrderedDict()
 
     def get(self, key_hash: str) -> Principal | None:
         entry = self._found.get(key_hash)
@@ -46,13 +61,67 @@ class KeyCache:
             return None
         return entry[1]
 
+    def known(self, key_hash: str) -> bool:
+        return key_hash in self._known
+
+    def forget(self, key_hash: str) -> None:
+        """The key was looked up and is no longer valid (revoked)."""
+        self._known.pop(key_hash, None)
+        self._found.pop(key_hash, None)
+
     def put(self, key_hash: str, who: Principal) -> None:
+        self._known[key_hash] = None
+        self._known.move_to_end(key_hash)
+        while len(self._known) > self.size:
+            self._known.popitem(last=False)
         if self.ttl <= 0:
             return
         self._found[key_hash] = (self._clock() + self.ttl, who)
         self._found.move_to_end(key_hash)
         while len(self._found) > self.size:
             self._found.popitem(last=False)
+
+
+class UnknownKeys:
+    """Bounds what keys this process has never found valid cost the database.
+
+    Each client address may have `rate_per_minute` lookups that find no key, and all
+    addresses together `_TOTAL_BUDGETS` times that. Past either, a lookup is not refused
+    but made in a single lane, one at a time and each miss holding it a little: the
+    database does a bounded number of such lookups whoever sends them, and a valid key
+    sent from an address that someone else is guessing from is still served.
+    """
+
+    def __init__(self, rate_per_minute: float) -> None:
+        self.per_address = RateLimiter(rate_per_minute)
+        self.total = RateLimiter(rate_per_minute * _TOTAL_BUDGETS)
+        self._lane = asyncio.Lock()
+
+    def within_budget(self, address: str) -> bool:
+        return not (self.per_address.retry_after(address) or self.total.retry_after("*"))
+
+    def missed(self, address: str) -> None:
+        self.per_address.spend(address)
+        self.total.spend("*")
+
+    async def in_lane(self, lookup: Callable[[], Awaitable[Principal | None]]
+                      ) -> Principal | None:
+        """`lookup` in the single lane; TimeoutError when its turn does not come soon."""
+        async with asyncio.timeout(_LANE_WAIT_SECONDS):
+            await self._lane.acquire()
+        try:
+            found = await lookup()
+            if found is None:
+                await asyncio.sleep(_LANE_MISS_SECONDS)
+            return found
+        finally:
+            self._lane.release()
+
+
+def _too_many(wait: int) -> Problem:
+    return Problem(429, "too_many_requests",
+                   "Too many requests with unknown keys; try again later.",
+                   headers={"Retry-After": str(max(1, wait))})
 
 
 async def principal(
@@ -69,25 +138,34 @@ async def principal(
     key_hash = hash_key(key)
     request.state.key_hash = key_hash  # per-key limits name the key by its hash
     found = cache.get(key_hash)
+    if found is not None:
+        return found
+    db = request.app.state.db
+    if cache.known(key_hash):
+        # Found valid here before: looked up again, never charged nor refused.
+        found = await find_key(db, key)
+    else:
+        # A key this process does not know costs a database lookup. Only a miss is
+        # charged: a client with a valid key may open many connections at once, and
+        # each looks its key up once. (Guesses in flight together are all looked up: at
+        # most the per-client connection limit.)
+        gate: UnknownKeys = request.app.state.unknown_keys
+        address = client_bucket(request.client.host) if request.client else "?"
+        if gate.within_budget(address):
+            found = await find_key(db, key)
+            if found is None:
+                gate.missed(address)
+        else:
+            try:
+                found = await gate.in_lane(lambda: find_key(db, key))
+            except TimeoutError:
+                raise _too_many(gate.per_address.retry_after(address)) from None
+            if found is None:
+                raise _too_many(gate.per_address.retry_after(address))
     if found is None:
-        # A key this process does not know costs a database lookup. Each client address
-        # may send `unknown_key_rate_per_minute` keys that turn out not to exist; past
-        # that it is answered without a lookup, so guessing keys costs the database a
-        # bounded number of lookups per address. Only a miss is charged: a client with a
-        # valid key may open many connections at once, and each looks its key up once.
-        # (Guesses in flight together are all looked up: at most the connection limit.)
-        limiter: RateLimiter = request.app.state.unknown_keys
-        address = request.client.host if request.client else "?"
-        wait = limiter.retry_after(address)
-        if wait:
-            raise Problem(429, "too_many_requests",
-                          "Too many requests with unknown keys; try again later.",
-                          headers={"Retry-After": str(wait)})
-        found = await find_key(request.app.state.db, key)
-        if found is None:
-            limiter.spend(address)
-            raise Problem(401, "unauthorized", "The API key is not valid.", headers=_CHALLENGE)
-        cache.put(key_hash, found)
+        cache.forget(key_hash)
+        raise Problem(401, "unauthorized", "The API key is not valid.", headers=_CHALLENGE)
+    cache.put(key_hash, found)
     return found
 
 

@@ -7,6 +7,12 @@ every change to the streams of the card's owner only.
 
 A page that missed notifications (its stream was down, its buffer overflowed, or the
 listening connection was lost) gets a `resync` event and re-reads what it shows.
+
+A stream is bounded: each owner has at most `max_per_owner` open in a process (a new
+one ends the oldest, with `end` `replaced`); each lives at most `max_seconds` (then
+`end` `max_age`: the page reconnects at once and re-reads); and its key is looked up
+again every `recheck_seconds`, so a revoked key stops listening as soon as it stops
+being served (`end` `revoked`).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import contextlib
 import json
 import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -29,17 +35,37 @@ CHANNEL = "darkroom_cards"
 # A page that falls this far behind is told to re-read instead of being sent the backlog.
 _BUFFER = 256
 _RESYNC: dict[str, Any] = {"type": "resync"}
+_REPLACED: dict[str, Any] = {"type": "end", "reason": "replaced"}
 
 Event = dict[str, Any] | None  # None ends the stream (shutdown)
+
+
+def _end(reason: str) -> str:
+    return f"event: end\ndata: {json.dumps({'type': 'end', 'reason': reason})}\n\n"
+
+
+async def _valid(still_valid: Callable[[], Awaitable[bool]]) -> bool:
+    """A failed check ends the stream too: the page reconnects, and its key is looked up
+    as any request's is."""
+    try:
+        return await still_valid()
+    except Exception:
+        log.warning("events key check failed")
+        return False
 
 
 class Hub:
     """Owner → open streams; one LISTEN connection, started with the first stream."""
 
-    def __init__(self, db: Database, *, ping_seconds: float) -> None:
+    def __init__(self, db: Database, *, ping_seconds: float, max_per_owner: int = 8,
+                 max_seconds: float = 900.0, recheck_seconds: float = 5.0) -> None:
         self.db = db
         self.ping_seconds = ping_seconds
-        self._streams: dict[str, set[asyncio.Queue[Event]]] = {}
+        self.max_per_owner = max_per_owner
+        self.max_seconds = max_seconds
+        self.recheck_seconds = recheck_seconds
+        # Each owner's streams, oldest first.
+        self._streams: dict[str, dict[asyncio.Queue[Event], None]] = {}
         self._task: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
         self._closed = False
@@ -53,7 +79,12 @@ class Hub:
         """A new stream for `owner`; answers once the listener is up (or failing)."""
         self._loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Event] = asyncio.Queue(_BUFFER)
-        self._streams.setdefault(owner, set()).add(queue)
+        streams = self._streams.setdefault(owner, {})
+        while len(streams) >= self.max_per_owner:
+            oldest = next(iter(streams))
+            del streams[oldest]
+            self._offer(oldest, _REPLACED, force=True)
+        streams[queue] = None
         if self._closed:
             queue.put_nowait(None)
         elif self._task is None:
@@ -67,7 +98,7 @@ class Hub:
     def unsubscribe(self, owner: str, queue: asyncio.Queue[Event]) -> None:
         streams = self._streams.get(owner)
         if streams is not None:
-            streams.discard(queue)
+            streams.pop(queue, None)
             if not streams:
                 del self._streams[owner]
 
@@ -88,23 +119,47 @@ class Hub:
             with contextlib.suppress(RuntimeError):  # the loop already ended: nothing open
                 self._loop.call_soon_threadsafe(self.close)
 
-    async def stream(self, owner: str) -> AsyncIterator[str]:
-        """The text/event-stream body for one page of `owner`."""
+    async def stream(self, owner: str,
+                     still_valid: Callable[[], Awaitable[bool]] | None = None
+                     ) -> AsyncIterator[str]:
+        """The text/event-stream body for one page of `owner`; `still_valid` answers
+        whether the key it was opened with is still good."""
+        loop = asyncio.get_running_loop()
         queue = await self.subscribe(owner)
+        now = loop.time()
+        ends = now + self.max_seconds
+        next_ping = now + self.ping_seconds
+        next_check = now + self.recheck_seconds
         try:
             # A reconnecting EventSource-style client waits this long before retrying.
             yield "retry: 2000\nevent: open\ndata: {}\n\n"
             while True:
-                try:
-                    event = await asyncio.wait_for(queue.get(), self.ping_seconds)
-                except TimeoutError:
+                now = loop.time()
+                if now >= ends:
+                    yield _end("max_age")
+                    return
+                if still_valid is not None and now >= next_check:
+                    if not await _valid(still_valid):
+                        yield _end("revoked")
+                        return
+                    next_check = loop.time() + self.recheck_seconds
+                    continue
+                if now >= next_ping:
                     # Keeps proxies from closing an idle stream, and lets a page see that
                     # the stream is alive without asking anything.
                     yield "event: ping\ndata: {}\n\n"
+                    next_ping = now + self.ping_seconds
+                    continue
+                wake = min(ends, next_ping, next_check if still_valid else ends)
+                try:
+                    event = await asyncio.wait_for(queue.get(), max(0.0, wake - now))
+                except TimeoutError:
                     continue
                 if event is None:
                     return
                 yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+                if event["type"] == "end":
+                    return
         finally:
             self.unsubscribe(owner, queue)
 

@@ -7,6 +7,7 @@ looked up and before FastAPI parses a body.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import time
@@ -25,6 +26,20 @@ MAX_JSON_BYTES = 16 * 1024
 DOCS_PATHS = ("/docs", "/docs/oauth2-redirect")
 # What Swagger UI needs when /docs is enabled: its CDN and the inline script that starts it.
 _DOCS_CDN = "https://cdn.jsdelivr.net"
+
+
+def client_bucket(host: str) -> str:
+    """The name a client address is counted by: an IPv6 address by its /64 (what one
+    subscriber is usually given, so hopping within it gains nothing), an IPv4 one whole."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return host
 
 
 def content_security_policy(store_origin: str | None) -> str:

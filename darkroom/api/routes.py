@@ -64,7 +64,7 @@ from darkroom.card import Priority
 from darkroom.card import Status as CardStatus
 from darkroom.config import Settings
 from darkroom.errors import ObjectMissing, StorageError, StorageUnavailable
-from darkroom.keys import key_name
+from darkroom.keys import find_key_hash, key_name
 from darkroom.queue import ClaimPause as PauseRow
 from darkroom.queue import Confirmation, ConfirmOutcome, Queue, QuotaExceeded, original_key
 from darkroom.retry import RetryOutcome, retry_card
@@ -689,7 +689,10 @@ async def derivative(
         200: {
             "description": "A server-sent event stream: `open` once, then `status` "
             "(`{id, status}`) for each status change of the caller's cards, `resync` when "
-            "changes may have been missed (re-read what you show), and `ping` when idle.",
+            "changes may have been missed (re-read what you show), `ping` when idle, and "
+            "`end` (`{reason}`) last when the server ends it: `max_age` or `revoked` "
+            "(reconnect at once, then re-read), `replaced` (the owner opened a newer one "
+            "past the per-owner limit: do not reconnect).",
             "content": {"text/event-stream": {"schema": {"type": "string"}}},
         },
         **problems(401),
@@ -699,8 +702,15 @@ async def derivative(
 )
 async def events(who: Caller, request: Request) -> StreamingResponse:
     hub: Hub = request.app.state.hub
+    db = request.app.state.db
+    key_hash: str = request.state.key_hash
+
+    async def still_valid() -> bool:
+        found = await find_key_hash(db, key_hash)
+        return found is not None and found.owner == who.owner
+
     return StreamingResponse(
-        hub.stream(who.owner),
+        hub.stream(who.owner, still_valid),
         media_type="text/event-stream",
         # No proxy may buffer or cache a live stream.
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},

@@ -5,23 +5,37 @@ request no database lookup and no parsing:
 - a request's head (request line and headers) must arrive whole within the read timeout
   and be at most `MAX_HEADER_BYTES` (431 past it); a body may pause no longer than the
   read timeout between two pieces (a slow client is cut off, as nginx's
-  `client_header_timeout` and `client_body_timeout` do);
-- each process holds at most `api_max_connections` connections; past it a request is
-  answered 503 (uvicorn's `limit_concurrency`);
+  `client_header_timeout` and `client_body_timeout` do), and must arrive, all told, at
+  `min_body_bytes_per_second` at least once the read timeout has passed: trickling a few
+  bytes just often enough holds a connection no longer than an honest slow upload;
+- each process holds at most `max_connections` request connections; past it a request
+  is answered 503 (uvicorn's `limit_concurrency`, counted here). Event streams
+  (`GET /v1/events`) live long and are counted apart, in a pool of the same size, so
+  open pages never take the place of anyone's requests;
+- one client address (an IPv6 /64) holds at most `max_connections_per_client`
+  connections; past it a new one is answered 503 and closed at once, before it is
+  counted or timed. A trusted proxy's connections are not capped (its clients are many);
+- at most `MAX_PIPELINED` requests wait behind the one being answered on a connection;
+  past that the queued ones are answered, the rest is dropped unread and the connection
+  closed, so pipelined requests cannot pile up in memory;
 - the answers this layer writes itself carry the same security headers as the app's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import socket
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from darkroom.api.limits import client_bucket
 from darkroom.api.problems import PROBLEM_MEDIA_TYPE, problem_body
 
 # The request line plus every header, in bytes. Browsers send a few KiB at most; large
@@ -32,6 +46,11 @@ MAX_HEADER_BYTES = 16 * 1024
 SMALL_BODY_BYTES = 64 * 1024
 # After an answer, an idle keep-alive connection is closed this soon.
 KEEP_ALIVE_SECONDS = 5
+# Requests that may wait, parsed, behind the one being answered on one connection.
+# Browsers do not pipeline at all; a client that does gains nothing past a few.
+MAX_PIPELINED = 8
+# Long-lived answers, counted apart from requests (see the module's docstring).
+STREAM_PATHS = frozenset({b"/v1/events"})
 
 _REASONS = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large",
             503: "Service Unavailable"}
@@ -43,6 +62,7 @@ _DETAILS = {
     431: f"The request's headers are larger than {MAX_HEADER_BYTES} bytes.",
     503: "The server is at its connection limit; try again later.",
 }
+_CLIENT_FULL = "This client address holds too many connections; close some and try again."
 
 
 class _Refused(Exception):
@@ -56,6 +76,40 @@ class Wire:
     read_timeout: float
     max_header_bytes: int = MAX_HEADER_BYTES
     headers: tuple[tuple[str, str], ...] = ()
+    max_connections: int = 1_000
+    max_connections_per_client: int = 64
+    min_body_bytes_per_second: int = 16 * 1024
+    trusted_proxies: tuple[str, ...] = ()
+
+    @cached_property
+    def _trusted(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        return tuple(ipaddress.ip_network(net, strict=False) for net in self.trusted_proxies)
+
+    def trusts(self, host: str) -> bool:
+        """Whether a connection from `host` comes from a trusted proxy."""
+        if not self.trusted_proxies:
+            return False
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return any(address in net for net in self._trusted)
+
+
+class _Counts:
+    """What the connections of one server count together."""
+
+    def __init__(self) -> None:
+        self.per_client: Counter[str] = Counter()
+        self.streams: set[GuardedProtocol] = set()
+
+
+def _counts(server_state: Any) -> _Counts:
+    counts: _Counts | None = getattr(server_state, "darkroom_counts", None)
+    if counts is None:
+        counts = _Counts()
+        server_state.darkroom_counts = counts
+    return counts
 
 
 class GuardedProtocol(HttpToolsProtocol):
@@ -75,6 +129,14 @@ class GuardedProtocol(HttpToolsProtocol):
         self._in_body = False
         self._lingering = False
         self._declared_length: int | None = None
+        self._chunked = False
+        self._counts = _counts(self.server_state)
+        self._client_name: str | None = None
+        self._streaming = False
+        self._overflow = False
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._body_start = 0.0
+        self._body_received = 0
 
     # --- timers ---------------------------------------------------------------------
 
@@ -101,19 +163,63 @@ class GuardedProtocol(HttpToolsProtocol):
             return
         self._answer(408)
 
+    def _arm_body(self) -> None:
+        """Wakes when the body falls behind its minimum rate, if nothing more comes."""
+        rate = self.wire.min_body_bytes_per_second
+        due = self._body_start + self.wire.read_timeout + (self._body_received + 1) / rate
+        self._body_timer = self.loop.call_at(due, self._body_check)
+
+    def _disarm_body(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_check(self) -> None:
+        self._body_timer = None
+        if not self._in_body or self.transport.is_closing():
+            return
+        now = self.loop.time()
+        rate = self.wire.min_body_bytes_per_second
+        if self.flow.read_paused:
+            # The application is behind, not the client: the time it takes is not held
+            # against the client, who is deemed on time as of now.
+            self._body_start = now - self.wire.read_timeout - self._body_received / rate
+        elif self._body_received < (now - self._body_start - self.wire.read_timeout) * rate:
+            # An answer may already be under way; all that is left is to hang up.
+            self.transport.close()
+            return
+        self._arm_body()
+
     # --- connection and parser callbacks ----------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        host = self.client[0] if self.client else None
+        if host is not None and not self.wire.trusts(host):
+            name = client_bucket(host)
+            if self._counts.per_client[name] >= self.wire.max_connections_per_client:
+                # Refused before it costs anything more: neither counted nor timed.
+                self._answer(503, _CLIENT_FULL)
+                return
+            self._counts.per_client[name] += 1
+            self._client_name = name
         self._arm()  # the first request's head must come in time, even its first byte
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._disarm_body()
+        if self._client_name is not None:
+            per_client = self._counts.per_client
+            per_client[self._client_name] -= 1
+            if per_client[self._client_name] <= 0:
+                del per_client[self._client_name]
+            self._client_name = None
+        self._counts.streams.discard(self)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._refusal is not None or self._lingering:
-            return  # answered: the rest of the request is dropped unparsed
+        if self._refusal is not None or self._lingering or self._overflow:
+            return  # answered (or too far ahead): the rest is dropped unparsed
         if self._in_body and self._read_timer is not None:
             self._arm()  # the body moved: its pause starts again
         super().data_received(data)
@@ -122,6 +228,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._in_body = False
         self._declared_length = None
+        self._chunked = False
         if self._read_timer is None:  # a keep-alive connection's next request begins
             self._arm()
         super().on_message_begin()
@@ -140,26 +247,60 @@ class GuardedProtocol(HttpToolsProtocol):
         self._count(len(name) + len(value) + 4)
         if name.lower() == b"content-length" and value.strip().isdigit():
             self._declared_length = int(value)
+        elif name.lower() == b"transfer-encoding":
+            self._chunked = True
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
-        limit = self.limit_concurrency
-        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
-            # uvicorn's own check (limit_concurrency) would answer a bare text/plain 503;
-            # the same decision, answered like every other error of this API.
+        if (self.cycle is not None and not self.cycle.response_complete
+                and len(self.pipeline) >= MAX_PIPELINED):
+            # Far ahead of its answers: the queued requests are answered, the last of
+            # them with `connection: close`, and nothing more is read.
+            self.pipeline[0][0].keep_alive = False
+            self._overflow = True
+            self.flow.pause_reading()
+            raise _Refused
+        streams = self._counts.streams
+        limit = self.wire.max_connections
+        stream = (self.parser.get_method() == b"GET"
+                  and self.url.split(b"?", 1)[0] in STREAM_PATHS)
+        if stream:
+            full = len(streams) >= limit
+        else:
+            full = (len(self.connections) - len(streams) >= limit
+                    or len(self.tasks) - len(streams) >= limit)
+        if full:
+            # uvicorn's own check (limit_concurrency) would answer a bare text/plain 503
+            # and count streams as requests; the same decision, answered like every
+            # other error of this API.
             self._refusal = 503
             raise _Refused
+        if stream:
+            self._streaming = True
+            streams.add(self)
         super().on_headers_complete()
         self._in_body = True
         self._arm()
+        if self._chunked or (self._declared_length or 0) > 0:
+            self._body_start = self.loop.time()
+            self._body_received = 0
+            self._arm_body()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_received += len(body)
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._in_body = False
         self._disarm()
+        self._disarm_body()
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
         answered_early = self._in_body
+        if self._streaming:
+            self._streaming = False
+            self._counts.streams.discard(self)
         super().on_response_complete()
         self._disarm()  # idle now, or lingering: uvicorn's keep-alive timer takes over
         small = (self._declared_length is not None
@@ -182,12 +323,16 @@ class GuardedProtocol(HttpToolsProtocol):
 
     # uvicorn answers 400 here for any parser error, ours included.
     def send_400_response(self, msg: str) -> None:
+        if self._overflow:
+            return  # the queued requests are still to be answered, in order
         self._answer(self._refusal or 400)
 
-    def _answer(self, status: int) -> None:
+    def _answer(self, status: int, detail: str | None = None) -> None:
         self._refusal = status
         self._disarm()
-        body = json.dumps(problem_body(status, _SLUGS[status], _DETAILS[status])).encode()
+        self._disarm_body()
+        body = json.dumps(problem_body(status, _SLUGS[status],
+                                       detail or _DETAILS[status])).encode()
         head = [f"HTTP/1.1 {status} {_REASONS[status]}",
                 f"content-type: {PROBLEM_MEDIA_TYPE}",
                 f"content-length: {len(body)}",
@@ -210,11 +355,16 @@ def uvicorn_config(app: Any, *, wire: Wire, max_connections: int,
         app,
         host=host,
         port=port,
-        http=protocol_class(wire),
+        http=protocol_class(replace(wire, max_connections=max_connections)),
         log_config=None,
         access_log=False,
-        proxy_headers=True,
-        limit_concurrency=max_connections,
+        # X-Forwarded-For names the client only when a trusted proxy sent it; from any
+        # other peer it is the client's own word, and would aim per-address limits at
+        # whoever it names.
+        proxy_headers=bool(wire.trusted_proxies),
+        forwarded_allow_ips=list(wire.trusted_proxies),
+        # Counted by the protocol itself (streams apart): see GuardedProtocol.
+        limit_concurrency=None,
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
         timeout_graceful_shutdown=10,
         lifespan="on",

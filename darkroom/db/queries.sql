@@ -403,6 +403,60 @@ SELECT id FROM deferred
 UNION ALL
 SELECT id FROM repeated;
 
+-- name: defer_counted
+-- A store error while the store served other files between this file's tries: handed
+-- back like defer, its attempt given back, but the deferral is counted on the card, and
+-- the max_deferrals-th ends it rejected with the store's code (event 'exhausted'), or a
+-- re-derive of a ready photo ready again, as fail does (event 'rederive_failed'). Its
+-- backoff doubles with the count (jittered by %(jitter)s in [0, 1]). Repeats are
+-- recognized by the settled token, like fail's.
+WITH deferred AS (
+    UPDATE archive_files f
+    SET deferrals = f.deferrals + 1,
+        status = CASE WHEN f.deferrals + 1 < %(max_deferrals)s THEN 'queued'
+                      WHEN f.derived_key IS NOT NULL THEN 'ready' ELSE 'rejected' END,
+        error_code = CASE WHEN f.deferrals + 1 < %(max_deferrals)s OR f.derived_key IS NOT NULL
+                          THEN NULL ELSE %(error_code)s END,
+        rederive_error = CASE WHEN f.deferrals + 1 >= %(max_deferrals)s
+                                   AND f.derived_key IS NOT NULL
+                              THEN %(error_code)s ELSE f.rederive_error END,
+        attempts = CASE WHEN f.deferrals + 1 < %(max_deferrals)s THEN f.attempts - 1
+                        ELSE f.attempts END,
+        available_at = now() + make_interval(secs => %(jitter)s::float8 * least(
+            %(cap)s::float8, %(base)s::float8 * power(2, least(f.deferrals, 60)))),
+        finished_at = CASE WHEN f.deferrals + 1 < %(max_deferrals)s THEN NULL ELSE now() END,
+        lease_token = NULL, lease_until = NULL, settled_token = %(token)s, updated_at = now()
+    WHERE f.id = %(id)s AND f.lease_token = %(token)s AND f.status = 'processing'
+    RETURNING f.id, f.status, f.attempts, f.deferrals, f.owner
+), notified AS (
+    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, status))) AS n
+    FROM deferred
+), current AS (
+    -- Read locked, only when the update above changed nothing (see complete).
+    SELECT f.status, f.deferrals, f.settled_token FROM archive_files f
+    WHERE f.id = %(id)s AND NOT EXISTS (SELECT 1 FROM deferred)
+    FOR UPDATE
+), repeated AS (
+    -- The same deferral recorded before, whose answer was lost: answer what it did.
+    SELECT CASE WHEN f.status IN ('rejected', 'ready') THEN f.status ELSE 'queued' END
+               AS status,
+           f.deferrals
+    FROM current f
+    WHERE f.settled_token = %(token)s
+), logged AS (
+    INSERT INTO archive_events (file_id, kind, attempt, token, worker, error_code)
+    SELECT id, CASE status WHEN 'queued' THEN 'deferred_counted'
+                           WHEN 'ready' THEN 'rederive_failed' ELSE 'exhausted' END,
+           attempts, %(token)s, %(worker)s, %(error_code)s
+    FROM deferred LEFT JOIN notified ON true  -- see claim
+    UNION ALL
+    SELECT %(id)s, 'lease_lost', NULL, %(token)s, %(worker)s, %(error_code)s
+    WHERE NOT EXISTS (SELECT 1 FROM deferred) AND NOT EXISTS (SELECT 1 FROM repeated)
+)
+SELECT status, deferrals FROM deferred
+UNION ALL
+SELECT status, deferrals FROM repeated;
+
 -- name: release
 -- Graceful hand-back: queued and due now, so no one waits for the lease to run out.
 -- The attempt still counts: a file is never started more than max_attempts times.
@@ -501,7 +555,7 @@ WITH picked AS (
     RETURNING c.stamp
 ), moved AS (
     UPDATE archive_files f
-    SET status = 'queued', priority = 'bulk', attempts = 0, error_code = NULL,
+    SET status = 'queued', priority = 'bulk', attempts = 0, deferrals = 0, error_code = NULL,
         finished_at = NULL, available_at = now(), updated_at = now(),
         fair_stamp = (SELECT stamp FROM stamped) - (r.n - 1 - r.k) / (SELECT w FROM head)
     FROM ranked r
@@ -576,7 +630,8 @@ WITH picked AS (
     RETURNING c.stamp
 ), moved AS (
     UPDATE archive_files f
-    SET status = 'queued', priority = %(priority)s::text, attempts = 0, error_code = NULL,
+    SET status = 'queued', priority = %(priority)s::text, attempts = 0, deferrals = 0,
+        error_code = NULL,
         finished_at = NULL, available_at = now(), updated_at = now(),
         retried_by = %(run)s::uuid,
         fair_stamp = (SELECT stamp FROM stamped) - (r.n - 1 - r.k) / (SELECT w FROM head)

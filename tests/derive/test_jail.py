@@ -1,20 +1,24 @@
 """The decoder jail, proven against the real child: one test per protection.
 
 The state tests read what the kernel says about the live child (`/proc/<child>/status`,
-`limits`, `environ`, `ns/net`, `fd`, `cwd`). The hostile tests turn the child into a
-compromised decoder (DARKROOM_SANDBOX_TEST_HOSTILE): instead of decoding it tries an
-attack and answers what happened, and the parent must record an ordinary outcome for the
-file (`processing_failed`) and go on decoding.
+`limits`, `environ`, `ns/net`, `fd`, `cwd`). The hostile tests run a compromised decoder
+through the same jail (`tests/derive/hostile_child.py`, given as the child program):
+instead of decoding it tries an attack and answers what happened, and the parent must
+record an ordinary outcome for the file (`processing_failed`) and go on decoding.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,15 +27,16 @@ import pytest
 from darkroom.config import load_settings
 from darkroom.derive import Limits, _vips, derive
 from darkroom.errors import DeriveError, ErrorCode
-from darkroom.jail import KILLED, PROTECTIONS, SYSCALLS
+from darkroom.jail import KILLED, OWN_UID_BASE, PROTECTIONS, SYSCALLS
 from darkroom.sandbox import (
-    TEST_HOSTILE_ENV,
+    DECODER,
     DecoderProcess,
     child_environment,
     jail_log_fields,
     probe_jail,
 )
 from tests.derive import images as im
+from tests.derive.hostile_child import hostile
 
 DUNE = (im.CORPUS / "Dune.jpg").read_bytes()
 LIMITS = Limits.from_settings(load_settings())
@@ -58,6 +63,14 @@ def jailed(secrets: dict[str, str]) -> Iterator[DecoderProcess]:
         yield proc
 
 
+@pytest.fixture
+def sibling() -> Iterator[DecoderProcess]:
+    """A live decoder child of the same worker, as another slot's would be."""
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) as proc:
+        proc.derive(DUNE)
+        yield proc
+
+
 def child_pid(proc: DecoderProcess) -> int:
     assert proc.pid is not None
     return proc.pid
@@ -76,11 +89,9 @@ def limit(pid: int, name: str) -> tuple[str, str]:
     raise AssertionError(f"no {name} in limits")
 
 
-def hostile(monkeypatch: pytest.MonkeyPatch, action: str, **extra: str) -> DecoderProcess:
-    monkeypatch.setenv(TEST_HOSTILE_ENV, action)
-    for key, value in extra.items():
-        monkeypatch.setenv(f"{TEST_HOSTILE_ENV}_{key.upper()}", value)
-    return DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024)
+def compromised(action: str, *args: str) -> DecoderProcess:
+    """A decoder child that an image has taken over: it tries `action` on every job."""
+    return DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024, program=hostile(action, *args))
 
 
 def attack(proc: DecoderProcess) -> DeriveError:
@@ -131,12 +142,19 @@ def test_environment_is_empty_of_secrets(jailed: DecoderProcess,
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="the uid drop applies to a child started as root")
-def test_started_as_root_runs_as_nobody(jailed: DecoderProcess) -> None:
-    st = status(child_pid(jailed))
-    assert st["Uid"].split() == ["65534"] * 4
-    assert st["Gid"].split() == ["65534"] * 4
-    assert st["Groups"] == ""
-    assert st["CapEff"] == "0000000000000000"
+def test_started_as_root_each_child_runs_as_a_uid_of_its_own(
+        jailed: DecoderProcess, sibling: DecoderProcess) -> None:
+    uids = set()
+    for proc in (jailed, sibling):
+        st = status(child_pid(proc))
+        uid = OWN_UID_BASE + child_pid(proc)
+        assert st["Uid"].split() == [str(uid)] * 4
+        assert st["Gid"].split() == [str(uid)] * 4
+        assert st["Groups"] == ""
+        assert st["CapEff"] == "0000000000000000"
+        uids.add(uid)
+    assert len(uids) == 2  # siblings cannot signal, trace or read each other by uid
+    assert not uids & {os.getuid(), 65534}
 
 
 def test_own_network_namespace(jailed: DecoderProcess) -> None:
@@ -214,9 +232,8 @@ def test_every_decode_path_works_inside_the_jail(jailed: DecoderProcess) -> None
 # -- a compromised decoder: each attack is refused, the file gets an ordinary outcome ----
 
 
-def test_hostile_reading_secrets_finds_none(monkeypatch: pytest.MonkeyPatch,
-                                            secrets: dict[str, str]) -> None:
-    with hostile(monkeypatch, "environ") as proc:
+def test_hostile_reading_secrets_finds_none(secrets: dict[str, str]) -> None:
+    with compromised("environ") as proc:
         detail = attack(proc).detail
         pid = proc.pid
         assert "parent environ: refused" in detail
@@ -227,13 +244,13 @@ def test_hostile_reading_secrets_finds_none(monkeypatch: pytest.MonkeyPatch,
         assert proc.pid == pid
 
 
-def test_hostile_tcp_socket_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hostile_tcp_socket_is_refused() -> None:
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         listener.setblocking(False)
         port = listener.getsockname()[1]
-        with hostile(monkeypatch, "socket", port=str(port)) as proc:
+        with compromised("socket", str(port)) as proc:
             detail = attack(proc).detail
         assert "socket: refused (EPERM)" in detail
         assert "connect: refused" in detail
@@ -241,10 +258,9 @@ def test_hostile_tcp_socket_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
             listener.accept()  # no connection ever arrived
 
 
-def test_hostile_file_write_is_refused(monkeypatch: pytest.MonkeyPatch,
-                                       open_dir: Path) -> None:
+def test_hostile_file_write_is_refused(open_dir: Path) -> None:
     target = open_dir / "pwned"
-    with hostile(monkeypatch, "write", path=str(target)) as proc:
+    with compromised("write", str(target)) as proc:
         detail = attack(proc).detail
     assert "write: refused (EPERM)" in detail
     assert "write cwd: refused (EPERM)" in detail
@@ -252,27 +268,27 @@ def test_hostile_file_write_is_refused(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_hostile_exec_kills_the_child_and_the_next_file_is_fine(
-        monkeypatch: pytest.MonkeyPatch, open_dir: Path) -> None:
+        open_dir: Path) -> None:
     target = open_dir / "pwned-by-sh"
-    with hostile(monkeypatch, "exec", path=str(target)) as proc:
+    with compromised("exec", str(target)) as proc:
         detail = attack(proc).detail
         first = proc.pid
         assert "SIGSYS" in detail  # KILL_PROCESS: no shell ever ran
         assert not target.exists()
-        monkeypatch.delenv(TEST_HOSTILE_ENV)
+        proc.program = DECODER
         assert proc.derive(DUNE).width > 0  # a fresh child took over
         assert proc.pid != first
 
 
-def test_hostile_ptrace_of_the_worker_kills_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
-    with hostile(monkeypatch, "ptrace") as proc:
+def test_hostile_ptrace_of_the_worker_kills_the_child() -> None:
+    with compromised("ptrace") as proc:
         detail = attack(proc).detail
     assert "SIGSYS" in detail
     assert status(os.getpid())["TracerPid"] == "0"
 
 
-def test_hostile_fork_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    with hostile(monkeypatch, "fork") as proc:
+def test_hostile_fork_is_refused() -> None:
+    with compromised("fork") as proc:
         detail = attack(proc).detail
     assert detail == "fork: refused (EPERM)"
 
@@ -354,3 +370,232 @@ def test_an_exposed_worker_makes_itself_non_dumpable() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.split() == ["True", "0"]
+
+
+# -- a compromised decoder against its siblings, the worker and the files around it -----
+
+
+class _LineSeen(logging.Handler):
+    """Set when the worker's drain thread has read `text` from a child's stderr."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.seen = text, threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+
+def test_hostile_f_setown_cannot_make_the_worker_kill_a_sibling(
+        sibling: DecoderProcess) -> None:
+    # F_SETOWN + F_SETSIG(SIGKILL) + O_ASYNC on its stderr pipe: when the worker reads the
+    # next line, the kernel would send SIGKILL to the named process with the child's rights.
+    victim = child_pid(sibling)
+    line = _LineSeen("hostile: the worker reads this line")
+    child_log = logging.getLogger("darkroom.sandbox.child")
+    child_log.addHandler(line)
+    try:
+        with compromised("setown", str(victim)) as proc:
+            detail = attack(proc).detail
+            assert line.seen.wait(10), "the worker never read the child's line"
+    finally:
+        child_log.removeHandler(line)
+    assert "F_SETOWN: refused (EPERM)" in detail
+    assert "F_SETSIG: refused (EPERM)" in detail
+    assert "O_ASYNC: refused (EPERM)" in detail
+    assert sibling.derive(DUNE).width == 1680  # the same sibling, alive, answers
+    assert child_pid(sibling) == victim
+
+
+def test_hostile_kill_reaches_no_sibling_nor_the_worker(sibling: DecoderProcess) -> None:
+    victim = child_pid(sibling)
+    with compromised("kill", str(victim), str(os.getpid())) as proc:
+        detail = attack(proc).detail
+    assert f"kill {victim}: refused (EPERM)" in detail
+    assert f"kill {os.getpid()}: refused (EPERM)" in detail
+    assert sibling.derive(DUNE).width == 1680 and child_pid(sibling) == victim
+
+
+def test_hostile_cannot_map_executable_memory() -> None:
+    with compromised("exec-memory") as proc:
+        detail = attack(proc).detail
+    assert "mmap rwx: refused (EPERM)" in detail
+    assert "mprotect rwx: refused (EPERM)" in detail
+
+
+def test_hostile_sees_no_process() -> None:
+    with compromised("proc") as proc:
+        detail = attack(proc).detail
+    assert "list /proc: done 0" in detail or "list /proc: refused" in detail
+    assert "parent status: refused" in detail
+
+
+def service_files(root: Path, owner: int | None = None) -> dict[str, Path]:
+    """What lies around a worker: its data directory (0700) with the admin key file and
+    the local store's originals of several owners, PostgreSQL's data directory (0700),
+    and a world-readable file beside them."""
+    data, pgdata = root / "data", root / "pgdata"
+    files = {
+        "key file": data / "admin.key",
+        "another owner's original": data / "store" / "owner-b" / "original.jpg",
+        "data dir": data,
+        "postgres file": pgdata / "PG_VERSION",
+        "world-readable file": root / "public.txt",
+    }
+    for path in (data / "store" / "owner-b", pgdata):
+        path.mkdir(parents=True, exist_ok=True)
+    files["key file"].write_text("admin-key-hunter2")
+    files["another owner's original"].write_bytes(DUNE[:100])
+    files["postgres file"].write_text("16")
+    files["world-readable file"].write_text("public-hunter2")
+    for path in (data, data / "store", data / "store" / "owner-b", pgdata):
+        path.chmod(0o700)
+    for path in (files["key file"], files["postgres file"]):
+        path.chmod(0o600)
+    files["another owner's original"].chmod(0o644)
+    files["world-readable file"].chmod(0o644)
+    root.chmod(0o755)
+    if owner is not None:
+        for path in (root, *root.rglob("*")):
+            os.chown(path, owner, owner)
+    return files
+
+
+@pytest.fixture
+def host_dir() -> Iterator[Path]:
+    """A directory every user may traverse, as the parents of a service's files are."""
+    path = Path(tempfile.mkdtemp(prefix="darkroom-host-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def test_hostile_reads_nothing_around_it(host_dir: Path) -> None:
+    root = host_dir
+    files = service_files(root)
+    targets = [*map(str, files.values()), "/etc/passwd", str(Path(__file__))]
+    with compromised("read", *targets) as proc:
+        detail = attack(proc).detail
+    for i, target in enumerate(targets):
+        assert f"read #{i}: refused" in detail, (target, detail)
+    assert "hunter2" not in detail and "root:" not in detail
+
+
+def test_hostile_gets_no_path_handle(host_dir: Path) -> None:
+    files = service_files(host_dir)
+    targets = [str(files["key file"]), "/etc/passwd", "/"]
+    with compromised("o_path", *targets) as proc:
+        detail = attack(proc).detail
+    for i, target in enumerate(targets):
+        assert f"O_PATH #{i}: refused (EPERM)" in detail, (target, detail)
+
+
+NON_ROOT_UID = 4242
+NON_ROOT_SCRIPT = """
+import os, sys
+from darkroom.config import load_settings
+from darkroom.derive import Limits
+from darkroom.errors import DeriveError
+from darkroom.sandbox import DecoderProcess
+from tests.derive.hostile_child import hostile
+limits = Limits.from_settings(load_settings())
+# The worker's own user reads all of them: only the jail may stand in the way.
+for path in sys.argv[2:]:
+    if not os.path.isdir(path):
+        open(path, "rb").close()
+with DecoderProcess(limits, timeout=30.0, memory_mb=1024,
+                    program=hostile("read", *sys.argv[2:])) as proc:
+    try:
+        proc.derive(open(sys.argv[1], "rb").read())
+    except DeriveError as exc:
+        print(exc.detail)
+"""
+
+
+def non_root_env(home: Path) -> dict[str, str]:
+    # This checkout and its packages, importable by an interpreter outside the venv.
+    paths = [str(Path(__file__).resolve().parents[2]), sysconfig.get_paths()["purelib"]]
+    return {"PATH": os.environ.get("PATH", ""), "HOME": str(home),
+            "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def python_for(as_user: list[str]) -> str:
+    """An interpreter of this version that the other user may run (a venv's may live in a
+    private home), able to start a child as the worker does."""
+    spawn = "import subprocess, sys, pyvips; subprocess.run([sys.executable, '-c', ''], check=True)"
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for python in (sys.executable, shutil.which(version, path="/usr/local/bin:/usr/bin")):
+        if python and not subprocess.run([*as_user, python, "-c", spawn], capture_output=True,
+                                         cwd="/", env=non_root_env(Path("/")),
+                                         check=False).returncode:
+            return python
+    pytest.skip("no Python of this version that another user may start")
+
+
+@pytest.mark.skipif(not AS_ROOT or not shutil.which("setpriv"),
+                    reason="needs root and setpriv to start a worker as another user")
+def test_hostile_of_a_non_root_worker_reads_none_of_its_users_files(host_dir: Path) -> None:
+    # A worker that does not run as root: its child keeps the worker's uid, so only the
+    # jail's filesystem layer stands between it and every file of that user.
+    as_user = ["setpriv", f"--reuid={NON_ROOT_UID}", f"--regid={NON_ROOT_UID}", "--clear-groups"]
+    python = python_for(as_user)
+    root = host_dir
+    files = service_files(root, owner=NON_ROOT_UID)
+    targets = [*map(str, files.values()), "/etc/passwd"]
+    done = subprocess.run(
+        [*as_user, python, "-c", NON_ROOT_SCRIPT, str(im.CORPUS / "Dune.jpg"), *targets],
+        capture_output=True, text=True, timeout=120, cwd="/", env=non_root_env(root),
+    )
+    assert done.returncode == 0, done.stderr
+    for i, target in enumerate(targets):
+        assert f"read #{i}: refused" in done.stdout, (target, done.stdout)
+    assert "hunter2" not in done.stdout
+
+
+@pytest.mark.parametrize("kind", ["file", "png", "dimensions", "edge", "padded", "thumbhash",
+                                  "oversized"])
+def test_a_forged_derivative_kills_the_child_and_stores_nothing(kind: str) -> None:
+    with compromised("forge", kind) as proc:
+        with pytest.raises(DeriveError) as info:
+            proc.derive(DUNE)
+        assert info.value.code == ErrorCode.PROCESSING_FAILED
+        if kind == "oversized":  # refused by its frame, before a byte of it is read
+            assert info.value.detail == "child killed by SIGKILL"
+        else:
+            assert info.value.detail == "invalid child output"
+        assert proc.pid is None  # killed and forgotten, never asked again
+        proc.program = DECODER
+        assert proc.derive(DUNE) == derive(DUNE, LIMITS)
+
+
+def test_a_child_never_serves_a_second_owner() -> None:
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) as proc:
+        proc.derive(DUNE, owner="alice")
+        first = child_pid(proc)
+        proc.derive(DUNE, owner="alice")
+        assert child_pid(proc) == first  # the same owner keeps the warm child
+        proc.derive(DUNE, owner="bob")
+        second = child_pid(proc)
+        assert second != first
+        proc.derive(DUNE, owner="alice")
+        assert child_pid(proc) not in (first, second)
+
+
+def test_the_worker_gives_a_job_to_a_child_that_already_holds_its_owners_images() -> None:
+    from darkroom.worker import pick_decoder
+
+    decoders = [DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) for _ in range(3)]
+    try:
+        decoders[0].derive(DUNE, owner="alice")
+        decoders[1].derive(DUNE, owner="bob")
+        assert [d.owner for d in decoders] == ["alice", "bob", None]
+        assert pick_decoder(decoders, "alice") == 0  # no start-up: its child is warm
+        assert pick_decoder(decoders, "bob") == 1
+        assert pick_decoder(decoders, "carol") == 2  # a child that has seen nobody's
+        assert pick_decoder(decoders[:2], "carol") == 1  # else any: it is replaced
+        decoders[0].kill()
+        assert decoders[0].owner is None  # no child, nothing held
+    finally:
+        for decoder in decoders:
+            decoder.close()

@@ -1,9 +1,9 @@
 """The child-process sandbox: crashes, hangs and blow-ups end in a code, never in the parent.
 
-Tests that need a job to be *in flight* use the child's test hook: with
-DARKROOM_SANDBOX_TEST_HANG naming a FIFO, the child writes one byte to it when a job
-arrives and then hangs. Reading the FIFO blocks until that moment, so no test sleeps or
-polls to wait for the child.
+Tests that need a job to be *in flight* run a test child program through the same jail
+(`tests/derive/hostile_child.py`, action `hang`): given a FIFO, the child writes one byte
+to it when a job arrives and then hangs. Reading the FIFO blocks until that moment, so no
+test sleeps or polls to wait for the child.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 
 from darkroom.config import Settings, load_settings
-from darkroom.derive import Derivative, Limits, cli, derive
+from darkroom.derive import Derivative, Limits, derive
 from darkroom.errors import DeriveError, ErrorCode
-from darkroom.sandbox import TEST_HANG_ENV, Cancelled, DecoderProcess
+from darkroom.sandbox import DECODER, Cancelled, DecoderProcess, cli
 from tests.derive import images as im
+from tests.derive.hostile_child import hostile
 
 DUNE = (im.CORPUS / "Dune.jpg").read_bytes()
 LIMITS = Limits.from_settings(load_settings())
@@ -37,10 +38,9 @@ def proc() -> Iterator[DecoderProcess]:
 
 
 @pytest.fixture
-def hang_fifo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def hang_fifo(tmp_path: Path) -> Path:
     fifo = tmp_path / "job-started"
     os.mkfifo(fifo)
-    monkeypatch.setenv(TEST_HANG_ENV, str(fifo))
     return fifo
 
 
@@ -135,9 +135,8 @@ def test_bomb_rejected_fast_through_the_child(proc: DecoderProcess) -> None:
     assert info.value.code == ErrorCode.IMAGE_TOO_LARGE
 
 
-def test_kill_mid_job_cancels_and_next_job_works(
-    proc: DecoderProcess, hang_fifo: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_kill_mid_job_cancels_and_next_job_works(proc: DecoderProcess, hang_fifo: Path) -> None:
+    proc.program = hostile("hang", str(hang_fifo))
     job = Background(lambda: proc.derive(DUNE))
     wait_until_in_flight(hang_fifo)
     pid = proc.pid
@@ -148,15 +147,14 @@ def test_kill_mid_job_cancels_and_next_job_works(
     assert job.error.code == ErrorCode.PROCESSING_FAILED
     assert not alive(pid)
 
-    monkeypatch.delenv(TEST_HANG_ENV)
+    proc.program = DECODER
     result = proc.derive(DUNE)
     assert result.width == 1680
     assert proc.pid != pid
 
 
-def test_child_crash_is_processing_failed(
-    proc: DecoderProcess, hang_fifo: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_child_crash_is_processing_failed(proc: DecoderProcess, hang_fifo: Path) -> None:
+    proc.program = hostile("hang", str(hang_fifo))
     job = Background(lambda: proc.derive(DUNE))
     wait_until_in_flight(hang_fifo)
     pid = proc.pid
@@ -167,17 +165,18 @@ def test_child_crash_is_processing_failed(
     assert job.error.code == ErrorCode.PROCESSING_FAILED
     assert "SIGSEGV" in job.error.detail
 
-    monkeypatch.delenv(TEST_HANG_ENV)
+    proc.program = DECODER
     assert proc.derive(DUNE).width == 1680
 
 
-def test_hang_hits_the_time_limit(hang_fifo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with DecoderProcess(LIMITS, timeout=0.5, memory_mb=1024) as proc:
+def test_hang_hits_the_time_limit(hang_fifo: Path) -> None:
+    with DecoderProcess(LIMITS, timeout=0.5, memory_mb=1024,
+                        program=hostile("hang", str(hang_fifo))) as proc:
         proc.start()
         with pytest.raises(DeriveError) as info:
             proc.derive(DUNE)
         assert info.value.code == ErrorCode.PROCESSING_TIMEOUT
-        monkeypatch.delenv(TEST_HANG_ENV)
+        proc.program = DECODER
         proc.timeout = 30.0
         assert proc.derive(DUNE).width == 1680
 
@@ -197,7 +196,7 @@ def big_progressive_jpeg() -> bytes:
 def test_memory_limit_gives_a_bounded_code(big_progressive_jpeg: bytes) -> None:
     # After an out-of-memory answer the child is replaced (its heap is left fragmented),
     # so the small job after it runs in a fresh one.
-    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=120) as proc:
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=150) as proc:
         proc.derive(DUNE)  # small jobs fit
         with pytest.raises(DeriveError) as info:
             proc.derive(big_progressive_jpeg)
@@ -288,7 +287,7 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_in_a_fresh_interpreter(tmp_path: Path) -> None:
-    code = "import sys; from darkroom.derive import cli; from darkroom.config import Settings; "
+    code = "import sys; from darkroom.sandbox import cli; from darkroom.config import Settings; "
     code += "sys.exit(cli(sys.argv[1], None, Settings()))"
     done = subprocess.run(
         [sys.executable, "-c", code, str(im.CORPUS / "Flow.png")],
@@ -308,12 +307,14 @@ def test_child_exits_when_the_worker_dies_mid_job(hang_fifo: Path) -> None:
     helper = (
         "import sys; from pathlib import Path; from darkroom.config import load_settings; "
         "from darkroom.derive import Limits; from darkroom.sandbox import DecoderProcess; "
+        "from tests.derive.hostile_child import hostile; "
         "limits = Limits.from_settings(load_settings()); "
-        "p = DecoderProcess(limits, timeout=300, memory_mb=1024); p.start(); "
+        "p = DecoderProcess(limits, timeout=300, memory_mb=1024, "
+        "program=hostile('hang', sys.argv[2])); p.start(); "
         "print(p.pid, flush=True); p.derive(Path(sys.argv[1]).read_bytes())"
     )
     worker = subprocess.Popen(
-        [sys.executable, "-c", helper, str(im.CORPUS / "Dune.jpg")],
+        [sys.executable, "-c", helper, str(im.CORPUS / "Dune.jpg"), str(hang_fifo)],
         stdout=subprocess.PIPE,
         cwd=Path(__file__).resolve().parents[2],
     )

@@ -507,3 +507,49 @@ async def test_a_heartbeat_racing_an_open_completion_loses_nothing(
     lost = await _racing_the_original(db_url, lease, lambda: q.heartbeat([lease]))
     assert lost == set()
     assert events(db_url, fid) == ["claimed", "ready"]
+
+
+async def test_counted_deferrals_give_the_attempt_back_until_the_bound_rejects(
+        pool: Any, db_url: str) -> None:
+    """A file the store fails while it serves others: each deferral gives its attempt
+    back and is counted on the card; the max_deferrals-th rejects it storage_unavailable.
+    A repeat of a counted deferral answers what it did and counts nothing more."""
+    q = make_queue(pool, max_deferrals=4)
+    [fid] = await new_queued(q)
+    code = ErrorCode.STORAGE_UNAVAILABLE
+    for n in (1, 2, 3):
+        [lease] = await q.claim(1)
+        assert lease.attempt == 1
+        assert await q.defer_counted(lease, code) == (Status.QUEUED, n)
+        assert await q.defer_counted(lease, code) == (Status.QUEUED, n)
+        # An uncounted deferral (the store down) between tries counts nothing.
+        [lease] = await q.claim(1)
+        await q.defer(lease, code, 0.0)
+    [lease] = await q.claim(1)
+    assert await q.defer_counted(lease, code) == (Status.REJECTED, 4)
+    assert await q.defer_counted(lease, code) == (Status.REJECTED, 4)
+    row = card(db_url, fid)
+    assert (row["status"], row["error_code"], row["attempts"], row["deferrals"]) == (
+        "rejected", "storage_unavailable", 1, 4)
+    assert row["finished_at"] is not None
+    assert events(db_url, fid) == (["claimed", "deferred_counted", "claimed", "deferred"] * 3
+                                   + ["claimed", "exhausted"])
+    with pytest.raises(LeaseLost):  # an attempt that does not hold the lease
+        await q.defer_counted(dataclasses.replace(lease, token=uuid.uuid4()), code)
+    assert events(db_url, fid)[-1] == "lease_lost"
+    assert card(db_url, fid)["deferrals"] == 4
+    with psycopg.connect(db_url) as conn, pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("UPDATE archive_files SET deferrals = -1 WHERE id = %s", (fid,))
+
+
+async def test_a_counted_deferral_waits_a_growing_backoff(pool: Any, db_url: str) -> None:
+    q = make_queue(pool, retry_base_seconds=100.0, retry_cap_seconds=1000.0,
+                   rng=random.Random(1))
+    [fid] = await new_queued(q)
+    [lease] = await q.claim(1)
+    assert await q.defer_counted(lease, ErrorCode.STORAGE_UNAVAILABLE) == (Status.QUEUED, 1)
+    assert await q.claim(1) == []  # not due before its backoff
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute("SELECT extract(epoch FROM available_at - updated_at) FROM"
+                           " archive_files WHERE id = %s", (fid,)).fetchone()
+    assert row is not None and 0 < float(row[0]) <= 100.0

@@ -294,3 +294,35 @@ def test_the_retry_command_line() -> None:
     assert retry.parse_codes(None, everyone=False) == CODES
     with pytest.raises(ConfigError, match="either --all or --code"):
         retry.parse_codes(["invalid_image"], everyone=True)
+
+
+async def test_a_card_rejected_at_the_deferral_bound_is_retried_with_a_fresh_count(
+        pool: Any, db_url: str) -> None:
+    q = make_queue(pool, max_deferrals=2)
+    fid = await queued(q)
+    for _ in range(2):
+        [lease] = await q.claim(1)
+        await q.defer_counted(lease, ErrorCode.STORAGE_UNAVAILABLE)
+    assert (row(db_url, fid)["status"], row(db_url, fid)["deferrals"]) == ("rejected", 2)
+    assert await q.retry("alice", run=uuid.uuid4(), actor="a", codes=CODES) == [fid]
+    r = row(db_url, fid)
+    assert (r["status"], r["attempts"], r["deferrals"]) == ("queued", 0, 0)
+    # One counted deferral now only queues it again.
+    [lease] = await q.claim(1)
+    assert (await q.defer_counted(lease, ErrorCode.STORAGE_UNAVAILABLE))[0] == "queued"
+
+
+async def test_a_rederive_at_the_deferral_bound_keeps_the_photo_ready(
+        pool: Any, db_url: str) -> None:
+    fid, first = await ready_card(make_queue(pool, fingerprint="old"), "ef" * 32)
+    q = make_queue(pool, fingerprint="new", max_deferrals=1)
+    assert await q.rederive("alice", "new") == 1
+    [lease] = await q.claim(1)
+    assert (await q.defer_counted(lease, ErrorCode.STORAGE_UNAVAILABLE))[0] == "ready"
+    assert (await q.defer_counted(lease, ErrorCode.STORAGE_UNAVAILABLE))[0] == "ready"
+    r = row(db_url, fid)
+    assert (r["status"], r["error_code"], r["rederive_error"]) == (
+        "ready", None, "storage_unavailable")
+    assert r["derived_key"] == derived_key(first)
+    kinds = [k for k, _, _ in events(db_url, fid)]
+    assert kinds[-1] == "rederive_failed" and "lease_lost" not in kinds

@@ -16,6 +16,11 @@ real component does on demand:
 - `stall()`: connections stay open but nothing moves, new ones included;
 - `reset()`: every connection is reset (RST), new ones at once;
 - `refuse()`: nothing listens (connection refused);
+- `throttle()` (HTTP): every request is answered `503 SlowDown` with S3's XML error body,
+  as a store that sheds load does, and never reaches the server; `throttle(match)` only
+  the requests whose request line holds `match` (one object's key, say): a store that
+  fails one file's requests and serves the rest; with `knock_over=s`, such a request
+  also makes every request fail for s seconds: a request that knocks the store over;
 - `heal()`: back to forwarding.
 
 Counters say how many faults of each kind were injected, so a test can assert that its
@@ -41,6 +46,13 @@ from tests.support.services import free_port
 _STATEMENT_END = {ord("S"), ord("Q")}
 _UNPROMPTED = {ord("A"), ord("N")}
 _READY = ord("Z")
+_METHODS = (b"GET ", b"PUT ", b"POST ", b"HEAD ", b"DELETE ")
+_SLOW_DOWN_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+                   b"<Message>Please reduce your request rate.</Message>"
+                   b"<RequestId>fault-proxy</RequestId></Error>")
+SLOW_DOWN = (b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+             b"Content-Length: " + str(len(_SLOW_DOWN_BODY)).encode() + b"\r\n"
+             b"Connection: close\r\n\r\n" + _SLOW_DOWN_BODY)
 
 
 @dataclass
@@ -49,10 +61,13 @@ class Counters:
     cut_before: int = 0
     cut_after: int = 0
     reset: int = 0
+    throttled: int = 0
+    knocked_over: int = 0
 
     def __str__(self) -> str:
         return (f"connections={self.connections} cut_before={self.cut_before} "
-                f"cut_after={self.cut_after} reset={self.reset}")
+                f"cut_after={self.cut_after} reset={self.reset} throttled={self.throttled} "
+                f"knocked_over={self.knocked_over}")
 
 
 @dataclass(eq=False)
@@ -90,6 +105,9 @@ class FaultProxy:
         self.cut_after_rate = 0.0
         self._answers_to_cut = 0
         self._cut_prefix: bytes | None = None
+        self._throttle_match: bytes | None = None
+        self._knock_over = 0.0
+        self._knocked: asyncio.TimerHandle | None = None
         self.counters = Counters()
         self._mode = "forward"
         self._links: set[_Link] = set()
@@ -135,6 +153,18 @@ class FaultProxy:
     def stall(self) -> None:
         self._call(lambda: self._set_mode("stall"))
 
+    def throttle(self, match: bytes | None = None, *, knock_over: float = 0.0) -> None:
+        """Answer requests 503 SlowDown: every one, or those whose request line holds
+        `match` (forwarding the rest; with `knock_over`, failing all for that long)."""
+        assert not self.postgres, "throttling answers HTTP requests"
+
+        def apply() -> None:
+            self._throttle_match = match
+            self._knock_over = knock_over
+            self._set_mode("forward" if match else "throttle")
+
+        self._call(apply)
+
     def reset(self) -> None:
         def apply() -> None:
             self._set_mode("reset")
@@ -157,6 +187,9 @@ class FaultProxy:
 
     def heal(self) -> None:
         async def apply() -> None:
+            self._throttle_match = None
+            if self._knocked is not None:
+                self._knocked.cancel()
             self._set_mode("forward")
             if self._server is None:
                 await self._listen()
@@ -193,7 +226,7 @@ class FaultProxy:
 
     def _set_mode(self, mode: str) -> None:
         self._mode = mode
-        if mode == "forward":
+        if mode in ("forward", "throttle"):
             self._healed.set()
         else:
             self._healed.clear()
@@ -201,7 +234,7 @@ class FaultProxy:
     async def _listen(self) -> None:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port,
                                                   reuse_address=True)
-        if self._mode == "forward":
+        if self._mode in ("forward", "throttle"):
             self._healed.set()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -241,9 +274,13 @@ class FaultProxy:
             if not data:
                 return
             await self._healed.wait()
-            if self._mode != "forward":
+            if self._mode not in ("forward", "throttle"):
                 return
             if frames is None:
+                if from_client and self._throttled(data):
+                    self.counters.throttled += 1
+                    await self._slow_down(reader, link)
+                    return
                 if from_client and not link.answer_lost and self._take_answer_cut(data):
                     link.answer_lost = True
                 elif not from_client and link.answer_lost:
@@ -280,6 +317,38 @@ class FaultProxy:
                     held.clear()
             await writer.drain()
 
+
+    def _throttled(self, data: bytes) -> bool:
+        if not data.startswith(_METHODS):
+            return False  # not the start of a request: a body's later bytes
+        if self._mode == "throttle":
+            return True
+        line = data.split(b"\r\n", 1)[0]
+        if self._throttle_match is None or self._throttle_match not in line:
+            return False
+        if self._knock_over > 0:
+            self.counters.knocked_over += 1
+            self._set_mode("throttle")
+            self._knocked = asyncio.get_running_loop().call_later(
+                self._knock_over, self._stand_up)
+        return True
+
+    def _stand_up(self) -> None:
+        if self._mode == "throttle":
+            self._set_mode("forward")
+
+    async def _slow_down(self, reader: asyncio.StreamReader, link: _Link) -> None:
+        """Answer 503 SlowDown and close; the rest of the request (a body) is read and
+        dropped until the client closes, so it hears the answer rather than a reset."""
+        link.client.write(SLOW_DOWN)
+        with contextlib.suppress(OSError):
+            await link.client.drain()
+        with contextlib.suppress(TimeoutError, OSError):
+            async with asyncio.timeout(5):
+                while await reader.read(65536):
+                    pass
+        with contextlib.suppress(Exception):
+            link.client.close()
 
     def _take_answer_cut(self, request: bytes) -> bool:
         if self._answers_to_cut > 0 and (

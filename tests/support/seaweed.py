@@ -5,6 +5,11 @@ temporary directory, with telemetry off and one S3 identity from a JSON config. 
 a process group of its own, so `freeze()` can stop the whole server at once (an outage
 that looks like a hung network peer), and every process it started is killed at exit even
 when a test fails or the interpreter is interrupted.
+
+With `split_volume=True` the volume server (where the bytes live) runs as a process of its
+own beside `weed server` (master, filer, S3 gateway): `stop_volume()` takes the data path
+down while the S3 front still answers metadata (bucket versioning, listings), as a store
+whose data servers failed does, and `start_volume()` brings it back with its data.
 """
 
 from __future__ import annotations
@@ -116,13 +121,17 @@ class SeaweedServer:
         self._scratch = scratch
         self._stopped = False
         self._admin: S3Client | None = None
+        self.volume: subprocess.Popen[bytes] | None = None
+        self._volume_args: list[str] = []
+        self._env: dict[str, str] = {}
         atexit.register(self.stop)
 
     @classmethod
     def start(cls, tmp: Path, *, timeout: float = 60.0, ip: str = "127.0.0.1",
-              wrap: Sequence[str] = ()) -> SeaweedServer:
+              wrap: Sequence[str] = (), split_volume: bool = False) -> SeaweedServer:
         """`ip`: the address to serve on; `wrap`: a command prefix for the server, such as
-        `ip netns exec NAME` (bench/hosts.py runs the store on a host of its own)."""
+        `ip netns exec NAME` (bench/hosts.py runs the store on a host of its own);
+        `split_volume`: the volume server in a process of its own (see above)."""
         tmp = Path(tmp).resolve()
         # Sockets and the server's own temp files go here, not in a shared /tmp.
         runtime = tmp / "run"
@@ -157,6 +166,9 @@ class SeaweedServer:
         (master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc) = _free_ports(
             8, taken
         )
+        if split_volume:
+            return cls._start_split(tmp, runtime, data, scratch, s3_config, access_key,
+                                    secret_key, taken, ip, timeout)
         args = [
             *wrap,
             weed_binary(),
@@ -218,6 +230,85 @@ class SeaweedServer:
             server.stop()
             raise
         return server
+
+    @classmethod
+    def _start_split(cls, tmp: Path, runtime: Path, data: Path, scratch: Path | None,
+                     s3_config: Path, access_key: str, secret_key: str, taken: set[int],
+                     ip: str, timeout: float) -> SeaweedServer:
+        (master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc) = _free_ports(
+            8, taken)
+        volume_dir = tmp / "volume"
+        volume_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            weed_binary(), "server", f"-dir={data}", f"-ip={ip}", f"-ip.bind={ip}",
+            "-master.telemetry=false", "-master.volumeSizeLimitMB=64",
+            f"-master.port={master}", f"-master.port.grpc={master_grpc}",
+            "-volume=false",
+            "-filer", f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
+            f"-filer.localSocket={runtime}/filer.sock",
+            "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3_grpc}",
+            f"-s3.localSocket={runtime}/s3.sock", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            f"-s3.config={s3_config}", "-webdav=false",
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_", "WEED_"))}
+        env["TMPDIR"] = str(runtime)
+        log_path = tmp / "weed.log"
+        with open(log_path, "ab") as log_file:
+            process = subprocess.Popen(
+                args, cwd=data, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
+                stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_die_with_parent)
+        server = cls(
+            process, endpoint_url=f"http://{ip}:{s3}", access_key=access_key,
+            secret_key=secret_key, root=tmp, log_path=log_path,
+            ports=taken | {master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3,
+                           s3_grpc},
+            scratch=scratch)
+        server._env = env
+        server._volume_args = [
+            weed_binary(), "volume", f"-dir={volume_dir}", f"-ip={ip}", f"-ip.bind={ip}",
+            f"-port={volume}", f"-port.grpc={volume_grpc}",
+            # Room for many buckets: each is a collection of 7 volumes, created empty.
+            f"-mserver={ip}:{master}.{master_grpc}", "-max=200",
+        ]
+        try:
+            server._wait_ready(timeout)
+            server.start_volume(timeout)
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    def start_volume(self, timeout: float = 60.0) -> None:
+        """(Re)start the separate volume server and wait until objects can be written and
+        read again through S3."""
+        assert self._volume_args, "only a server started with split_volume has one"
+        with open(self.root / "weed-volume.log", "ab") as log_file:
+            self.volume = subprocess.Popen(
+                self._volume_args, cwd=self.root, env=self._env, stdin=subprocess.DEVNULL,
+                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_die_with_parent)
+        client = self.client(connect_timeout=1, read_timeout=5, max_attempts=1)
+        bucket = "data-path-check"
+        with contextlib.suppress(Exception):
+            client.create_bucket(Bucket=bucket)
+
+        def writable() -> bool:
+            assert self.volume is not None and self.volume.poll() is None, self.log_tail()
+            try:
+                client.put_object(Bucket=bucket, Key="check", Body=b"check")
+                return client.get_object(Bucket=bucket, Key="check")["Body"].read() == b"check"
+            except Exception:  # not serving data yet, whatever the form
+                return False
+
+        wait_for(writable, timeout=timeout, interval=0.2, what="the SeaweedFS data path")
+
+    def stop_volume(self) -> None:
+        """Kill the volume server: the S3 front and the filer stay up, the bytes do not."""
+        if self.volume is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.volume.pid, signal.SIGKILL)
+            self.volume.wait(timeout=30)
 
     def _wait_ready(self, timeout: float) -> None:
         """Poll until S3 answers a signed request; the port opens before S3 can serve."""
@@ -295,13 +386,16 @@ class SeaweedServer:
     # -- outages and shutdown ---------------------------------------------------------
 
     def _signal_group(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, sig)
+        for process in (self.process, self.volume):
+            if process is not None and process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, sig)
 
     def _threads_stopped(self) -> bool | None:
         """Whether every thread of the server is stopped; None if that cannot be read."""
         states: list[str] = []
-        for stat in Path(f"/proc/{self.process.pid}/task").glob("*/stat"):
+        pids = [p.pid for p in (self.process, self.volume) if p is not None]
+        for stat in (s for pid in pids for s in Path(f"/proc/{pid}/task").glob("*/stat")):
             with contextlib.suppress(OSError):
                 # The state follows the parenthesised command name, which may hold spaces.
                 states.append(stat.read_text().rsplit(")", 1)[1].split()[0])

@@ -98,11 +98,12 @@ class DarkroomProcess:
     assertion, a timeout, a Ctrl-C), so a run never leaves a worker or an API behind.
     """
 
-    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path,
+                 module: str = "darkroom.cli") -> None:
         self.log_path = log_path
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "darkroom.cli", *args], env=env,
+            [sys.executable, "-m", module, *args], env=env,
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         _running.add(self)
 
@@ -171,17 +172,24 @@ class Harness:
         self.processes: list[DarkroomProcess] = []
         self.db = psycopg.connect(db_url, autocommit=True, row_factory=dict_row)
 
-    def start(self, *args: str, env: dict[str, str] | None = None) -> DarkroomProcess:
+    def start(self, *args: str, env: dict[str, str] | None = None,
+              child: tuple[str, ...] = ()) -> DarkroomProcess:
         name = f"{args[0]}-{len(self.processes)}"
+        if child:  # a test's decoder child (tests/support/child_worker.py)
+            args = (*child, "--", *args)
         proc = DarkroomProcess(list(args), {**self.env, **(env or {})},
-                               self.tmp / f"{name}.log")
+                               self.tmp / f"{name}.log",
+                               "tests.support.child_worker" if child else "darkroom.cli")
         self.processes.append(proc)
         return proc
 
-    def worker(self, concurrency: int = 2, **env: str) -> DarkroomProcess:
+    def worker(self, concurrency: int = 2, child: tuple[str, ...] = (),
+               **env: str) -> DarkroomProcess:
+        """A worker; `child` names a test decoder child (hostile_child.py) and its args."""
         name = f"w{len(self.processes)}"
         return self.start("worker", "--concurrency", str(concurrency), "--name", name,
-                          env={f"DARKROOM_{k.upper()}": v for k, v in env.items()})
+                          env={f"DARKROOM_{k.upper()}": v for k, v in env.items()},
+                          child=child)
 
     def close(self) -> None:
         for proc in self.processes:

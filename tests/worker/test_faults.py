@@ -172,7 +172,7 @@ def test_an_attempt_outliving_its_timeout_goes_back_to_the_queue(
     is far longer) is given up: transient, retried, then rejected with that code."""
     [file_id] = harness.upload_many(small_photos(1))
     marker = tmp_path / "hang"
-    harness.worker(concurrency=1, sandbox_test_hang=str(marker), attempt_timeout_seconds="2",
+    harness.worker(concurrency=1, child=("hang", str(marker)), attempt_timeout_seconds="2",
                    derive_timeout_seconds="600", lease_seconds="60")
     wait_for(lambda: harness.card(file_id)["status"] == "rejected", timeout=120,
              what="every attempt timed out")
@@ -189,7 +189,7 @@ def test_sigterm_with_the_database_unreachable_still_ends(harness: Harness,
     try:
         ids = harness.upload_many(small_photos(2))
         marker = tmp_path / "hang"
-        w = harness.worker(concurrency=2, database_url=url, sandbox_test_hang=str(marker),
+        w = harness.worker(concurrency=2, database_url=url, child=("hang", str(marker)),
                            shutdown_grace_seconds="1")
         wait_for(lambda: harness.statuses(ids).get("processing", 0) == 2, what="2 leases")
         proxy.stall()

@@ -70,7 +70,7 @@ def test_kill9_mid_job_another_worker_finishes_after_expiry(
         harness: Harness, tmp_path: Path) -> None:
     marker = tmp_path / "hang"
     ids = [harness.upload(photo(i)) for i in range(3)]
-    doomed = harness.worker(concurrency=3, sandbox_test_hang=str(marker))
+    doomed = harness.worker(concurrency=3, child=("hang", str(marker)))
     wait_for(marker.exists, what="a decode in progress")
     wait_for(lambda: harness.statuses(ids).get("processing", 0) == 3, what="3 leases")
     doomed.kill9()
@@ -115,7 +115,7 @@ def test_killed_in_every_attempt_ends_attempts_exhausted(harness: Harness,
     file_id = harness.upload(photo(1))
     for attempt in (1, 2, 3):
         marker = tmp_path / f"hang-{attempt}"
-        w = harness.worker(concurrency=1, sandbox_test_hang=str(marker))
+        w = harness.worker(concurrency=1, child=("hang", str(marker)))
         wait_for(marker.exists, what=f"attempt {attempt} decoding")
         assert harness.card(file_id)["attempts"] == attempt
         w.kill9()
@@ -131,7 +131,7 @@ def test_sigterm_hands_back_long_jobs_and_exits_zero(harness: Harness,
                                                      tmp_path: Path) -> None:
     marker = tmp_path / "hang"
     ids = [harness.upload(photo(i)) for i in range(2)]
-    w = harness.worker(concurrency=2, sandbox_test_hang=str(marker),
+    w = harness.worker(concurrency=2, child=("hang", str(marker)),
                        shutdown_grace_seconds="1")
     wait_for(lambda: harness.statuses(ids).get("processing", 0) == 2, what="2 leases")
     w.signal(signal.SIGTERM)
@@ -161,7 +161,7 @@ def test_delete_during_processing_publishes_nothing_and_is_purged(
         harness: Harness, tmp_path: Path) -> None:
     marker = tmp_path / "hang"
     file_id = harness.upload(photo(2))
-    w = harness.worker(concurrency=1, sandbox_test_hang=str(marker))
+    w = harness.worker(concurrency=1, child=("hang", str(marker)))
     wait_for(marker.exists, what="decoding")
     harness.revoke(file_id)
     wait_for(lambda: harness.events(file_id, "lease_lost"), timeout=30,
@@ -211,7 +211,7 @@ def test_compromised_decoder_is_an_ordinary_failure_and_the_jail_is_logged_once(
         harness: Harness, attack: str) -> None:
     """A decoder that tries to steal secrets or run a shell fails the file, not the worker."""
     ids = [harness.upload(photo(i)) for i in range(2)]
-    w = harness.worker(concurrency=1, sandbox_test_hostile=attack)
+    w = harness.worker(concurrency=1, child=(attack, str(harness.tmp / "pwned")))
     wait_for(lambda: harness.all_finished(ids), timeout=120, what="hostile files finished")
     assert harness.statuses(ids) == {"rejected": 2}
     assert {harness.card(i)["error_code"] for i in ids} == {"processing_failed"}
@@ -232,6 +232,23 @@ def test_compromised_decoder_is_an_ordinary_failure_and_the_jail_is_logged_once(
         assert all("SIGSYS" in entry["detail"] for entry in failed)
     else:
         assert all("parent environ: refused" in entry["detail"] for entry in failed)
+
+
+@pytest.mark.parametrize("forgery", ["file", "oversized"])
+def test_a_forged_derivative_is_never_stored(harness: Harness, forgery: str) -> None:
+    """A compromised decoder answering another file, or a huge blob, as a derivative."""
+    ids = [harness.upload(photo(i)) for i in range(2)]
+    w = harness.worker(concurrency=1, child=("forge", forgery))
+    wait_for(lambda: harness.all_finished(ids), timeout=120, what="forged files finished")
+    assert harness.statuses(ids) == {"rejected": 2}
+    for file_id in ids:
+        card = harness.card(file_id)
+        assert card["error_code"] == "processing_failed"
+        assert card["derived_key"] is None
+        # Only the original: no forged derivative (nor thumb) was ever put in the store.
+        assert harness.object_keys(file_id) == [
+            f"{card['original_key']}@{card['original_version']}"]
+    assert w.proc.poll() is None
 
 
 def test_two_owners_share_the_workers_and_a_rederive_replaces_every_derivative(

@@ -66,6 +66,7 @@ const state = {
   generation: 0,             // bumps on key or filter change: late answers are dropped
   stream: null,              // AbortController of the event stream
   streamFailures: 0,
+  streamEnd: null,           // why the server ended the stream (its `end` event)
   thumbs: null,              // IntersectionObserver for lazy thumbs
   thumbsWanted: new Set(),   // ids near the viewport whose thumb waits for a connection
   thumbsFetching: 0,
@@ -420,6 +421,7 @@ async function openStream() {
   if (!state.key) return;
   const controller = new AbortController();
   state.stream = controller;
+  state.streamEnd = null;
   window.darkroomStats.streams += 1;
   try {
     const response = await fetch("/v1/events", { headers: authHeaders(), signal: controller.signal });
@@ -442,6 +444,19 @@ async function openStream() {
     if (controller.signal.aborted) return;
   }
   if (state.stream !== controller) return;
+  if (state.streamEnd === "replaced") {
+    // The owner opened more pages than the server keeps streams for: this, the oldest,
+    // gives way rather than push another out in turn. A reload brings it back.
+    state.stream = null;
+    return;
+  }
+  if (state.streamEnd) {
+    // Ended by the server on purpose (its age limit, or the key's check): back at once;
+    // the cards stay shown, and the ones on their way are re-read once it is open.
+    state.streamFailures = 1;
+    openStream();
+    return;
+  }
   // Ended (a server restart, a network blip): come back, a little later each time, and
   // re-read what may have changed meanwhile.
   const wait = STREAM_RETRY_MS[Math.min(state.streamFailures, STREAM_RETRY_MS.length - 1)];
@@ -469,6 +484,7 @@ function handleEvent(block) {
     return;
   }
   if (kind === "resync") { resync(); return; }
+  if (kind === "end") { state.streamEnd = JSON.parse(data).reason || "end"; return; }
   if (kind !== "status") return;
   const event = JSON.parse(data);
   const entry = state.cards.get(event.id);

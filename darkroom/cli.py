@@ -112,7 +112,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_reconcile(args: argparse.Namespace) -> int:
     from darkroom.sweeper import reconcile_main
 
-    return reconcile_main(_settings(args), dry_run=args.dry_run)
+    return reconcile_main(_settings(args), dry_run=args.dry_run, restore=args.restore,
+                          delete_originals=args.delete_originals, owner=args.owner)
 
 
 def cmd_api(args: argparse.Namespace) -> int:
@@ -191,8 +192,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true", help="one pass, then exit")
 
     p = add("reconcile", cmd_reconcile,
-            "delete stored objects that no card or orphan record accounts for")
-    p.add_argument("--dry-run", action="store_true", help="list them; delete nothing")
+            "delete stored derivatives that no card or orphan record accounts for, and"
+            " report such originals (never deleted unless asked)")
+    p.add_argument("--dry-run", action="store_true", help="list them; change nothing")
+    originals = p.add_mutually_exclusive_group()
+    originals.add_argument("--restore", action="store_true",
+                           help="make a card for each original no card holds")
+    originals.add_argument("--delete-originals", action="store_true",
+                           help="delete unaccounted originals too (the user's bytes)")
+    p.add_argument("--owner", help="owner of restored cards (default: the one owner with"
+                                   " API keys, when there is exactly one)")
 
     p = add("stats", cmd_stats, "queue health")
     p.add_argument("--json", action="store_true")

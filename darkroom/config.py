@@ -23,8 +23,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DARKROOM_", extra="ignore", frozen=True)
 
     database_url: str | None = Field(None,
-        description=("PostgreSQL URL (a libpq host list may name several hosts); unset: a "
-                     "private one in `$DARKROOM_DATA_DIR/pg` (password, socket only)"),
+        description=("PostgreSQL URL (with a standby: every host and "
+                     "`target_session_attrs=read-write`, docs/OPERATIONS.md \"Database high "
+                     "availability\"); unset: a private one in `$DARKROOM_DATA_DIR/pg` "
+                     "(password, socket only)"),
         json_schema_extra={"shown": "embedded"})
     storage_url: str | None = Field(None,
         description="`file:///abs/dir` or `s3://bucket/prefix`",

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from darkroom.config import Settings
 
 __all__ = ["STATUSES", "Card", "ClaimPause", "ClaimUnknown", "ConfirmOutcome", "Confirmation",
-           "Derived", "Event", "HistoryEntry", "Lease", "LeaseLost", "Priority", "Queue",
-           "Status", "backoff_delay", "derived_key", "original_key", "thumb_key"]
+           "Derived", "Event", "HistoryEntry", "Lease", "LeaseLost", "PendingCard", "Priority",
+           "Queue", "Status", "backoff_delay", "derived_key", "original_key", "thumb_key"]
 
 NOTIFY_CHANNEL = "darkroom_jobs"
 # Owners listed by name in the backlog figures (stats, /v1/queue, /metrics): the rest are
@@ -82,6 +82,17 @@ class Lease:
     @property
     def token_prefix(self) -> str:
         return str(self.token)[:8]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingCard:
+    """A card left pending past the TTL, as the sweeper checks the store for its upload."""
+
+    id: uuid.UUID
+    owner: str
+    original_key: str
+    size_bytes: int
+    original_sha256: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,16 +350,39 @@ class Queue:
         """Any state -> deleting; the lease (if any) is revoked so nothing can publish."""
         return bool(await self._rows("revoke", {"id": file_id, "owner": owner}))
 
-    async def expire_pending(self, *, ttl_seconds: float, limit: int) -> list[uuid.UUID]:
-        """pending -> deleting for a batch of cards unconfirmed for `ttl_seconds`.
+    async def pending_due(self, *, ttl_seconds: float, limit: int) -> list[PendingCard]:
+        """A batch of cards left pending past `ttl_seconds`, oldest first (reads only)."""
+        return await self.db.typed("pending_due", {"ttl_seconds": ttl_seconds, "limit": limit},
+                                   PendingCard)
 
-        The sweeper's purge of deleted cards then removes their bytes and rows, after its
-        guard interval. Safe to repeat and to race a confirm: whichever commits first
-        decides, and the other changes nothing.
+    async def confirm_found_upload(self, card: PendingCard, *, ttl_seconds: float,
+                                   version: str, sha256: str | None) -> bool:
+        """pending -> queued for a card past the TTL whose upload `version` is in the store
+        with the declared size (and `sha256`, its digest, when the card claimed one).
+        Answers whether this call moved it; a repeat, or a confirm that won, moves nothing."""
+        rows = await self._rows("pending_found_upload", {
+            "id": card.id, "ttl_seconds": ttl_seconds, "size": card.size_bytes,
+            "version": version, "sha256": sha256, "worker": self.worker})
+        return bool(rows)
+
+    async def expire_pending(self, ids: Sequence[uuid.UUID], *,
+                             ttl_seconds: float) -> list[uuid.UUID]:
+        """pending -> deleting for these cards, if they are still pending past `ttl_seconds`.
+
+        For cards whose upload the sweeper did not find (`pending_due` first): the purge of
+        deleted cards then removes their bytes and rows, after its guard interval. Safe to
+        repeat and to race a confirm: whichever commits first decides, and the other
+        changes nothing.
         """
+        if not ids:
+            return []
         rows = await self._rows("expire_pending", {
-            "ttl_seconds": ttl_seconds, "limit": limit, "worker": self.worker})
+            "ids": list(ids), "ttl_seconds": ttl_seconds, "worker": self.worker})
         return [r["id"] for r in rows]
+
+    async def record_restored(self, file_id: uuid.UUID) -> None:
+        """The card's history: `darkroom reconcile --restore` made it."""
+        await self._rows("restored_card", {"id": file_id})
 
     # --- attempts --------------------------------------------------------------------
 

@@ -158,6 +158,37 @@ def test_pause_resume_and_show_answer_in_one_line_and_are_safe_to_repeat(
     assert "last resumed           bulk cards by cli:" in darkroom("stats", env=env).stdout
 
 
+def test_reconcile_keeps_an_original_without_a_card_and_restore_gives_it_one(
+        db_url: str, tmp_path: Path) -> None:
+    import uuid
+
+    import psycopg
+
+    from darkroom.storage import open_store
+
+    storage = (tmp_path / "objects").as_uri()
+    env = {"DARKROOM_DATABASE_URL": db_url, "DARKROOM_STORAGE_URL": storage,
+           "DARKROOM_DATA_DIR": str(tmp_path / "data"), "DARKROOM_SWEEP_GUARD_SECONDS": "0"}
+    assert darkroom("keys", "create", "--owner", "alice", env=env).returncode == 0
+    file_id = uuid.uuid4()  # an upload whose card a failover lost
+    version = open_store(storage).put(f"originals/{file_id}", b"\xff\xd8\xff" + b"\0" * 61)
+    plain = darkroom("reconcile", env=env)
+    assert plain.returncode == 0, plain.stderr
+    assert f"kept original originals/{file_id}@{version}: no card holds it" in plain.stdout
+    assert plain.stdout.strip().endswith("originals kept: 1, restored: 0, deleted: 0")
+    both = darkroom("reconcile", "--restore", "--delete-originals", env=env)
+    assert both.returncode == 2 and "not allowed with" in both.stderr
+    restore = darkroom("reconcile", "--restore", env=env)
+    assert restore.returncode == 0, restore.stderr
+    assert f"restored originals/{file_id}@{version} for alice" in restore.stdout
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute("SELECT owner, status, original_version, size_bytes FROM"
+                           " archive_files WHERE id = %s", (file_id,)).fetchone()
+    assert row == ("alice", "queued", version, 64)
+    again = darkroom("reconcile", env=env)
+    assert again.stdout.strip().endswith("originals kept: 0, restored: 0, deleted: 0")
+
+
 def test_retry_takes_back_rejected_cards_once(db_url: str) -> None:
     import psycopg
 

@@ -823,16 +823,62 @@ SELECT ((%(quota_files)s::bigint = 0 OR count(*) + 1 <= %(quota_files)s::bigint)
 FROM archive_files
 WHERE owner = %(owner)s AND status <> 'deleting';
 
+-- name: pending_due
+-- Pending cards past the TTL, oldest first: the sweeper looks in the store for each one's
+-- upload before it decides (pending_found_upload or expire_pending). Reads only.
+SELECT id, owner, original_key, size_bytes, original_sha256 FROM archive_files
+WHERE status = 'pending'
+  AND created_at < now() - make_interval(secs => %(ttl_seconds)s::float8)
+ORDER BY created_at
+LIMIT %(limit)s;
+
+-- name: pending_found_upload
+-- pending -> queued, by the sweeper, for a card past the TTL whose upload is in the store
+-- with the declared size (and the claimed digest, if one was claimed): its confirm was
+-- never made or was lost (a failover that lost acknowledged commits), and purging it
+-- would delete a stored upload. The card joins its class at the head of the line (no
+-- owner's clock moves: it is one card the owner already waited for). A confirm that
+-- commits first wins, and a repeat finds the card no longer pending: both change nothing.
+WITH target AS (
+    SELECT id, priority FROM archive_files
+    WHERE id = %(id)s AND status = 'pending'
+      AND created_at < now() - make_interval(secs => %(ttl_seconds)s::float8)
+      AND size_bytes = %(size)s::bigint
+      AND (original_sha256 IS NULL OR original_sha256 = %(sha256)s::text)
+    FOR UPDATE
+), moved AS (
+    UPDATE archive_files f
+    SET status = 'queued', original_version = %(version)s, available_at = now(),
+        fair_stamp = coalesce((SELECT h.fair_stamp FROM archive_files h
+                               WHERE h.status = 'queued' AND h.priority = t.priority
+                               ORDER BY h.fair_stamp LIMIT 1), 0),
+        updated_at = now()
+    FROM target t
+    WHERE f.id = t.id
+    RETURNING f.id, f.owner, f.attempts, f.original_sha256
+), known AS (
+    INSERT INTO known_originals (file_id, owner, sha256)
+    SELECT id, owner, original_sha256 FROM moved WHERE original_sha256 IS NOT NULL
+    ON CONFLICT (file_id) DO NOTHING
+), notified AS (
+    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'queued'))) AS n
+    FROM moved
+), logged AS (
+    INSERT INTO archive_events (file_id, kind, attempt, worker)
+    SELECT id, 'upload_found', attempts, %(worker)s
+    FROM moved LEFT JOIN notified ON true  -- see claim
+)
+SELECT id, pg_notify('darkroom_jobs', '') IS NULL AS notified FROM moved;
+
 -- name: expire_pending
--- pending -> deleting for cards left unconfirmed past the TTL; the purge of deleted cards
--- then removes their bytes and rows. A confirm that commits first wins: the re-checked
--- status no longer matches, and the card is not touched.
+-- pending -> deleting for cards left unconfirmed past the TTL whose upload the sweeper
+-- did not find in the store; the purge of deleted cards then removes their bytes and
+-- rows. A confirm that commits first wins: the re-checked status no longer matches, and
+-- the card is not touched.
 WITH due AS (
     SELECT id FROM archive_files
-    WHERE status = 'pending'
+    WHERE id = ANY (%(ids)s::uuid[]) AND status = 'pending'
       AND created_at < now() - make_interval(secs => %(ttl_seconds)s::float8)
-    ORDER BY created_at
-    LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), expired AS (
     UPDATE archive_files f
@@ -845,6 +891,12 @@ WITH due AS (
     SELECT id, 'expired', attempts, %(worker)s FROM expired
 )
 SELECT id FROM expired;
+
+-- name: restored_card
+-- `darkroom reconcile --restore` made this card (create_file, then confirm, as the API
+-- does) for an original no card held: its history says so.
+INSERT INTO archive_events (file_id, kind, attempt)
+SELECT id, 'restored', attempts FROM archive_files WHERE id = %(id)s;
 
 -- name: worker_demand
 -- Worker slots the queue could use right now: cards being processed plus cards claimable

@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     retry_base_seconds: float = Field(30.0, ge=0, le=86_400,
         description="transient failures back off `base·2^(n-1)`, full jitter …")
     retry_cap_seconds: float = Field(3_600.0, ge=0, le=7 * 86_400, description="… capped here")
+    # So that an import always moves (the rest of the claims go to interactive work first).
+    bulk_share: float = Field(0.1, ge=0, le=1,
+        description=("while interactive and bulk work are both due, bulk work gets at least "
+                     "this share of the claims (0: only slots no interactive card wants)"))
     max_upload_bytes: int = Field(25_000_000, ge=1, description="larger uploads are refused (413)")
     max_pixels: int = Field(50_000_000, ge=1,
         description="larger images are rejected from their header (`image_too_large`)")

@@ -183,6 +183,7 @@ class Queue:
         rng: random.Random | None = None,
         fingerprint: str | None = None,
         max_deferrals: int = 10,
+        bulk_share: float = 0.1,
     ) -> None:
         self.db = db
         self.lease_seconds = lease_seconds
@@ -195,6 +196,8 @@ class Queue:
         # The derivative settings this process derives with (recipe.settings_fingerprint),
         # stored with every derivative it publishes.
         self.fingerprint = fingerprint
+        # The least share of claims bulk work gets while interactive work is also due.
+        self.bulk_share = bulk_share
 
     @classmethod
     def from_settings(cls, db: Database, settings: Settings, worker: str = "") -> Queue:
@@ -207,6 +210,7 @@ class Queue:
             worker=worker,
             fingerprint=settings_fingerprint(settings),
             max_deferrals=settings.max_deferrals,
+            bulk_share=settings.bulk_share,
         )
 
     async def _rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -402,6 +406,7 @@ class Queue:
             return await self._leases("claim", {
                 "n": n, "max_attempts": self.max_attempts, "claim": claim_id,
                 "lease_seconds": self.lease_seconds, "worker": self.worker,
+                "bulk_share": self.bulk_share,
             })
         except CONNECTION_ERRORS as exc:
             raise ClaimUnknown(claim_id) from exc

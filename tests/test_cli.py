@@ -67,6 +67,7 @@ def test_migrate_and_stats_on_an_external_database(empty_db_url: str) -> None:
     ("DARKROOM_STORAGE_URL", "ftp://example/bucket"),
     ("DARKROOM_DATABASE_URL", "mysql://nope"),
     ("DARKROOM_MAX_UPLOAD_BYTES", "-5"),
+    ("DARKROOM_BULK_SHARE", "1.5"),
 ])
 def test_bad_configuration_is_one_line_and_exit_2(name: str, value: str) -> None:
     out = darkroom("stats", env={name: value})

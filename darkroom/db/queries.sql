@@ -31,7 +31,7 @@ RETURNING id, owner, filename, content_type, size_bytes, original_key, original_
 -- computed from the stored bytes and it is the claimed one: an unverified or lying
 -- digest never reaches the queue, and only verified ones enter known_originals.
 -- With a stored size, only an upload of exactly the declared size moves the card.
--- The card is stamped with its place in its owner's line (fair share, migration 0008):
+-- The card is stamped with its place in its owner's line (fair share, migration 0012):
 -- the owner's clock row is locked, so an owner's concurrent confirms get distinct stamps.
 -- A repeated (or refused) confirm moves nothing and stamps nothing.
 WITH target AS (
@@ -42,31 +42,9 @@ WITH target AS (
     FROM archive_files
     WHERE id = %(id)s AND owner = %(owner)s AND status <> 'deleting'
     FOR UPDATE
-), head AS (
-    -- The class's virtual time: the smallest waiting stamp (one probe of the claim index).
-    SELECT (SELECT h.fair_stamp FROM archive_files h
-             WHERE h.status = 'queued' AND h.priority = t.priority
-             ORDER BY h.fair_stamp LIMIT 1) AS v,
-           coalesce((SELECT w.weight FROM owner_weights w WHERE w.owner = t.owner), 1) AS w
-    FROM target t WHERE t.moves
 ), stamped AS (
-    INSERT INTO owner_clocks AS c (owner, priority, stamp, last_file)
-    SELECT t.owner, t.priority, coalesce(h.v, 0), t.id
-    FROM target t, head h WHERE t.moves
-    ON CONFLICT (owner, priority) DO UPDATE SET
-        stamp = coalesce(
-            -- The owner's previous card still waits: continue the owner's line. (Pending
-            -- here means it was confirmed by a transaction this statement cannot see yet;
-            -- a confirmed card never returns to pending.)
-            CASE WHEN EXISTS (SELECT 1 FROM archive_files l WHERE l.id = c.last_file
-                                AND l.status IN ('pending', 'queued'))
-                 THEN c.stamp + 1 / (SELECT w FROM head) END,
-            -- Otherwise join the class at its head: past work is neither credit nor debt.
-            (SELECT v FROM head),
-            -- Nothing waits in the class at all.
-            c.stamp + 1 / (SELECT w FROM head)),
-        last_file = excluded.last_file
-    RETURNING c.stamp
+    -- Its place in its owner's line (darkroom_fair_stamp, migration 0012).
+    SELECT darkroom_fair_stamp(t.owner, t.priority) AS stamp FROM target t WHERE t.moves
 ), moved AS (
     UPDATE archive_files f
     SET status = 'queued', original_version = %(version)s, available_at = now(),
@@ -93,9 +71,10 @@ SELECT m.id, m.owner, m.filename, m.content_type, m.size_bytes, m.original_key,
 FROM target t LEFT JOIN moved m ON m.id = t.id;
 
 -- name: claim
--- Expired leases first (rescue), then due queued rows (interactive, then bulk). A row that has already been
--- started max_attempts times is not started again: it ends rejected/attempts_exhausted,
--- or, a re-derive of a ready photo, ready again with its previous derivative (see fail).
+-- Expired leases first (rescue), then due queued rows: bulk's owed share, interactive, and
+-- bulk on the slots left over. A row that has already been started max_attempts times is
+-- not started again: it ends rejected/attempts_exhausted, or, a re-derive of a ready
+-- photo, ready again with its previous derivative (see fail).
 WITH expired AS (
     SELECT id FROM archive_files
     WHERE status = 'processing' AND lease_until < now()
@@ -107,23 +86,21 @@ WITH expired AS (
     ORDER BY lease_until
     LIMIT %(n)s
     FOR UPDATE SKIP LOCKED
-), interactive AS (
-    -- Then due interactive cards in fair-share stamp order (migration 0008), then bulk
-    -- cards with the slots left over. Each is one range of archive_files_due; a LIMIT of
-    -- 0 reads nothing.
-    SELECT id FROM archive_files
-    WHERE status = 'queued' AND priority = 'interactive' AND available_at <= now()
-      -- Not while paused (claim_pauses): a pause of the whole class is one probe before
-      -- the scan, which then reads nothing; a paused owner's cards are passed over.
-      AND NOT EXISTS (SELECT 1 FROM claim_pauses p WHERE p.owner IS NULL
-                      AND coalesce(p.priority, 'interactive') = 'interactive')
-      AND owner <> ALL (ARRAY(SELECT p.owner FROM claim_pauses p WHERE p.owner IS NOT NULL
-                              AND coalesce(p.priority, 'interactive') = 'interactive'))
-    ORDER BY fair_stamp, available_at
-    LIMIT greatest(%(n)s - (SELECT count(*) FROM expired), 0)
-    FOR UPDATE SKIP LOCKED
-), bulk AS (
-    SELECT id FROM archive_files
+), clock AS (
+    SELECT bulk_credit FROM fair_clock
+), slots AS (
+    SELECT greatest(%(n)s - (SELECT count(*) FROM expired), 0) AS k
+), owed AS (
+    -- The whole claims bulk work is owed (DARKROOM_BULK_SHARE of the slots, counted in
+    -- fair_clock.bulk_credit): deterministic, so one claim in 1/share goes to bulk while
+    -- both classes have work due.
+    SELECT least(floor(coalesce((SELECT bulk_credit FROM clock), 0)
+                       + s.k * %(bulk_share)s::numeric), s.k)::bigint AS m
+    FROM slots s
+), bulk_owed AS (
+    -- Each part is one range of archive_files_due in fair-share order (migration 0012);
+    -- a LIMIT of 0 reads nothing.
+    SELECT id, owner, fair_stamp FROM archive_files
     WHERE status = 'queued' AND priority = 'bulk' AND available_at <= now()
       -- Not while paused (claim_pauses): a pause of the whole class is one probe before
       -- the scan, which then reads nothing; a paused owner's cards are passed over.
@@ -131,12 +108,71 @@ WITH expired AS (
                       AND coalesce(p.priority, 'bulk') = 'bulk')
       AND owner <> ALL (ARRAY(SELECT p.owner FROM claim_pauses p WHERE p.owner IS NOT NULL
                               AND coalesce(p.priority, 'bulk') = 'bulk'))
-    ORDER BY fair_stamp, available_at
-    LIMIT greatest(%(n)s - (SELECT count(*) FROM expired)
-                        - (SELECT count(*) FROM interactive), 0)
+    ORDER BY fair_stamp, owner
+    LIMIT (SELECT m FROM owed)
     FOR UPDATE SKIP LOCKED
+), interactive AS (
+    SELECT id, owner, fair_stamp FROM archive_files
+    WHERE status = 'queued' AND priority = 'interactive' AND available_at <= now()
+      -- Not while paused (claim_pauses): a pause of the whole class is one probe before
+      -- the scan, which then reads nothing; a paused owner's cards are passed over.
+      AND NOT EXISTS (SELECT 1 FROM claim_pauses p WHERE p.owner IS NULL
+                      AND coalesce(p.priority, 'interactive') = 'interactive')
+      AND owner <> ALL (ARRAY(SELECT p.owner FROM claim_pauses p WHERE p.owner IS NOT NULL
+                              AND coalesce(p.priority, 'interactive') = 'interactive'))
+    ORDER BY fair_stamp, owner
+    LIMIT greatest((SELECT k FROM slots) - (SELECT count(*) FROM bulk_owed), 0)
+    FOR UPDATE SKIP LOCKED
+), bulk AS (
+    SELECT id, owner, fair_stamp FROM archive_files
+    WHERE status = 'queued' AND priority = 'bulk' AND available_at <= now()
+      -- Not while paused (claim_pauses): a pause of the whole class is one probe before
+      -- the scan, which then reads nothing; a paused owner's cards are passed over.
+      AND NOT EXISTS (SELECT 1 FROM claim_pauses p WHERE p.owner IS NULL
+                      AND coalesce(p.priority, 'bulk') = 'bulk')
+      AND owner <> ALL (ARRAY(SELECT p.owner FROM claim_pauses p WHERE p.owner IS NOT NULL
+                              AND coalesce(p.priority, 'bulk') = 'bulk'))
+      AND id <> ALL (ARRAY(SELECT id FROM bulk_owed))
+    ORDER BY fair_stamp, owner
+    LIMIT greatest((SELECT k FROM slots) - (SELECT count(*) FROM bulk_owed)
+                   - (SELECT count(*) FROM interactive), 0)
+    FOR UPDATE SKIP LOCKED
+), bulk_all AS (
+    SELECT * FROM bulk_owed UNION ALL SELECT * FROM bulk
 ), picked AS (
-    SELECT id FROM expired UNION ALL SELECT id FROM interactive UNION ALL SELECT id FROM bulk
+    SELECT id FROM expired UNION ALL SELECT id FROM bulk_all UNION ALL SELECT id FROM interactive
+), ticked AS (
+    -- In the same statement as the claim, so a claim that commits with its answer lost
+    -- has moved the clock exactly once, and one that never arrived not at all. Each
+    -- class's virtual time moves to the last card claimed in it, never back (concurrent
+    -- claims wait for this row and re-read it). Bulk's credit grows by its share of the
+    -- slots claimed and shrinks by its claims, while both classes have work due; when bulk
+    -- runs on idle slots it is owed nothing more. An idle claim writes nothing.
+    UPDATE fair_clock c SET
+        interactive_vtime = CASE WHEN (i.fair_stamp, i.owner)
+                                      > (c.interactive_vtime, c.interactive_vowner)
+                                 THEN i.fair_stamp ELSE c.interactive_vtime END,
+        interactive_vowner = CASE WHEN (i.fair_stamp, i.owner)
+                                       > (c.interactive_vtime, c.interactive_vowner)
+                                  THEN i.owner ELSE c.interactive_vowner END,
+        bulk_vtime = CASE WHEN (b.fair_stamp, b.owner) > (c.bulk_vtime, c.bulk_vowner)
+                          THEN b.fair_stamp ELSE c.bulk_vtime END,
+        bulk_vowner = CASE WHEN (b.fair_stamp, b.owner) > (c.bulk_vtime, c.bulk_vowner)
+                           THEN b.owner ELSE c.bulk_vowner END,
+        bulk_credit = CASE
+            WHEN n.bulk > 0 OR EXISTS (SELECT 1 FROM archive_files
+                                        WHERE status = 'queued' AND priority = 'bulk'
+                                          AND available_at <= now())
+            THEN greatest(least(c.bulk_credit + (n.bulk + n.inter) * %(bulk_share)s::numeric
+                                - n.bulk, 1), 0)
+            ELSE c.bulk_credit END
+    FROM (SELECT (SELECT count(*) FROM bulk_all) AS bulk,
+                 (SELECT count(*) FROM interactive) AS inter) n
+    LEFT JOIN LATERAL (SELECT fair_stamp, owner FROM interactive
+                       ORDER BY fair_stamp DESC, owner DESC LIMIT 1) i ON true
+    LEFT JOIN LATERAL (SELECT fair_stamp, owner FROM bulk_all
+                       ORDER BY fair_stamp DESC, owner DESC LIMIT 1) b ON true
+    WHERE n.bulk + n.inter > 0
 ), claimed AS (
     UPDATE archive_files f
     SET status       = CASE WHEN f.attempts < %(max_attempts)s THEN 'processing'
@@ -334,6 +370,9 @@ WITH failed AS (
         available_at = now() + make_interval(secs => %(delay)s::float8),
         finished_at = CASE WHEN %(transient)s AND f.attempts < %(max_attempts)s
                            THEN NULL ELSE now() END,
+        -- Queued again: a new place in its owner's line, by the rule of every stamp.
+        fair_stamp = CASE WHEN %(transient)s AND f.attempts < %(max_attempts)s
+                          THEN darkroom_fair_stamp(f.owner, f.priority) ELSE f.fair_stamp END,
         lease_token = NULL, lease_until = NULL, settled_token = %(token)s, updated_at = now()
     WHERE f.id = %(id)s AND f.lease_token = %(token)s AND f.status = 'processing'
     RETURNING f.id, f.status, f.attempts, f.owner
@@ -377,6 +416,7 @@ WITH deferred AS (
     UPDATE archive_files f
     SET status = 'queued', attempts = f.attempts - 1,
         available_at = now() + make_interval(secs => %(delay)s::float8),
+        fair_stamp = darkroom_fair_stamp(f.owner, f.priority),
         lease_token = NULL, lease_until = NULL, settled_token = %(token)s, updated_at = now()
     WHERE f.id = %(id)s AND f.lease_token = %(token)s
     RETURNING f.id, f.attempts, f.owner
@@ -425,6 +465,9 @@ WITH deferred AS (
         available_at = now() + make_interval(secs => %(jitter)s::float8 * least(
             %(cap)s::float8, %(base)s::float8 * power(2, least(f.deferrals, 60)))),
         finished_at = CASE WHEN f.deferrals + 1 < %(max_deferrals)s THEN NULL ELSE now() END,
+        -- Queued again: stamped like any card that becomes claimable (fair share).
+        fair_stamp = CASE WHEN f.deferrals + 1 < %(max_deferrals)s
+                          THEN darkroom_fair_stamp(f.owner, f.priority) ELSE f.fair_stamp END,
         lease_token = NULL, lease_until = NULL, settled_token = %(token)s, updated_at = now()
     WHERE f.id = %(id)s AND f.lease_token = %(token)s AND f.status = 'processing'
     RETURNING f.id, f.status, f.attempts, f.deferrals, f.owner
@@ -465,6 +508,7 @@ WITH held AS (
 ), released AS (
     UPDATE archive_files f
     SET status = 'queued', available_at = now(), lease_token = NULL, lease_until = NULL,
+        fair_stamp = darkroom_fair_stamp(f.owner, f.priority),
         settled_token = h.token, updated_at = now()
     FROM held h
     -- The token is the fence (see complete).
@@ -521,7 +565,7 @@ ORDER BY owner;
 -- derivative was made with other settings. The card keeps its derivative (readable) until
 -- the fenced commit publishes the new one and leaves the old one to the sweeper. A repeat
 -- takes only what is still ready and stale, so nothing is queued twice. Stamps continue
--- the owner's bulk line exactly as `confirm` does, one step per card.
+-- the owner's bulk line by the rule of every stamp (darkroom_fair_stamps), one per card.
 WITH picked AS (
     SELECT id, created_at FROM archive_files
     WHERE owner = %(owner)s AND status = 'ready'
@@ -531,33 +575,16 @@ WITH picked AS (
     FOR UPDATE SKIP LOCKED
 ), ranked AS (
     -- Stamped oldest first, as picked.
-    SELECT id, row_number() OVER (ORDER BY created_at, id) - 1 AS k, count(*) OVER () AS n
-    FROM picked
-), head AS (
-    SELECT (SELECT h.fair_stamp FROM archive_files h
-             WHERE h.status = 'queued' AND h.priority = 'bulk'
-             ORDER BY h.fair_stamp LIMIT 1) AS v,
-           coalesce((SELECT w.weight FROM owner_weights w WHERE w.owner = %(owner)s), 1) AS w
+    SELECT id, row_number() OVER (ORDER BY created_at, id) - 1 AS k FROM picked
 ), stamped AS (
-    -- The clock ends at the batch's last stamp; excluded.stamp carries the batch's span.
-    INSERT INTO owner_clocks AS c (owner, priority, stamp, last_file)
-    SELECT %(owner)s, 'bulk', coalesce(h.v, 0) + (r.n - 1) / h.w, r.id
-    FROM ranked r, head h WHERE r.k = r.n - 1
-    ON CONFLICT (owner, priority) DO UPDATE SET
-        stamp = coalesce(
-            CASE WHEN EXISTS (SELECT 1 FROM archive_files l WHERE l.id = c.last_file
-                                AND l.status IN ('pending', 'queued'))
-                 THEN c.stamp + 1 / (SELECT w FROM head) END,
-            (SELECT v FROM head),
-            c.stamp + 1 / (SELECT w FROM head))
-          + (excluded.stamp - coalesce((SELECT v FROM head), 0)),
-        last_file = excluded.last_file
-    RETURNING c.stamp
+    -- The batch's places in the owner's bulk line, one stamp per card, in one call.
+    SELECT darkroom_fair_stamps(%(owner)s, 'bulk', (SELECT count(*)::int FROM picked))
+           AS stamps
 ), moved AS (
     UPDATE archive_files f
     SET status = 'queued', priority = 'bulk', attempts = 0, deferrals = 0, error_code = NULL,
         finished_at = NULL, available_at = now(), updated_at = now(),
-        fair_stamp = (SELECT stamp FROM stamped) - (r.n - 1 - r.k) / (SELECT w FROM head)
+        fair_stamp = (SELECT stamps FROM stamped)[r.k + 1]
     FROM ranked r
     WHERE f.id = r.id
     RETURNING f.id
@@ -591,8 +618,9 @@ ORDER BY owner, error_code;
 -- still rejected are taken, so nothing that is not rejected is touched. Each card records
 -- the run that re-queued it (`run`): the same run repeated after its answer was lost
 -- passes over what it re-queued, even a card that was rejected again since, so a run
--- queues nothing twice. Stamped in the owner's line of `priority` exactly as `rederive`
--- stamps bulk work. The event names who asked (`actor`) and the code the card had.
+-- queues nothing twice. Stamped in the owner's line of `priority` by the rule of every
+-- stamp (darkroom_fair_stamps), as re-derives are. The event names who asked (`actor`)
+-- and the code the card had.
 WITH picked AS (
     SELECT id, error_code, finished_at FROM archive_files
     WHERE owner = %(owner)s AND status = 'rejected'
@@ -605,36 +633,18 @@ WITH picked AS (
     FOR UPDATE SKIP LOCKED
 ), ranked AS (
     -- Stamped in the order they were rejected.
-    SELECT id, error_code, row_number() OVER (ORDER BY finished_at, id) - 1 AS k,
-           count(*) OVER () AS n
+    SELECT id, error_code, row_number() OVER (ORDER BY finished_at, id) - 1 AS k
     FROM picked
-), head AS (
-    SELECT (SELECT h.fair_stamp FROM archive_files h
-             WHERE h.status = 'queued' AND h.priority = %(priority)s::text
-             ORDER BY h.fair_stamp LIMIT 1) AS v,
-           coalesce((SELECT w.weight FROM owner_weights w WHERE w.owner = %(owner)s), 1) AS w
 ), stamped AS (
-    -- As in rederive: the clock ends at the batch's last stamp.
-    INSERT INTO owner_clocks AS c (owner, priority, stamp, last_file)
-    SELECT %(owner)s, %(priority)s::text, coalesce(h.v, 0) + (r.n - 1) / h.w, r.id
-    FROM ranked r, head h WHERE r.k = r.n - 1
-    ON CONFLICT (owner, priority) DO UPDATE SET
-        stamp = coalesce(
-            CASE WHEN EXISTS (SELECT 1 FROM archive_files l WHERE l.id = c.last_file
-                                AND l.status IN ('pending', 'queued'))
-                 THEN c.stamp + 1 / (SELECT w FROM head) END,
-            (SELECT v FROM head),
-            c.stamp + 1 / (SELECT w FROM head))
-          + (excluded.stamp - coalesce((SELECT v FROM head), 0)),
-        last_file = excluded.last_file
-    RETURNING c.stamp
+    -- The batch's places in the owner's line, one stamp per card, in one call.
+    SELECT darkroom_fair_stamps(%(owner)s, %(priority)s::text,
+                                (SELECT count(*)::int FROM picked)) AS stamps
 ), moved AS (
     UPDATE archive_files f
     SET status = 'queued', priority = %(priority)s::text, attempts = 0, deferrals = 0,
-        error_code = NULL,
-        finished_at = NULL, available_at = now(), updated_at = now(),
+        error_code = NULL, finished_at = NULL, available_at = now(), updated_at = now(),
         retried_by = %(run)s::uuid,
-        fair_stamp = (SELECT stamp FROM stamped) - (r.n - 1 - r.k) / (SELECT w FROM head)
+        fair_stamp = (SELECT stamps FROM stamped)[r.k + 1]
     FROM ranked r
     WHERE f.id = r.id
     RETURNING f.id, f.owner, r.error_code AS previous_code

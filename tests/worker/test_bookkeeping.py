@@ -176,7 +176,8 @@ async def test_a_lost_claim_that_commits_after_its_lookup_is_still_adopted(
             claim_id = uuid.uuid4()
             await asyncio.to_thread(late.execute, QUERIES["claim"], {
                 "n": n, "max_attempts": self.max_attempts, "claim": claim_id,
-                "lease_seconds": self.lease_seconds, "worker": self.worker})
+                "lease_seconds": self.lease_seconds, "worker": self.worker,
+                "bulk_share": self.bulk_share})
             raise ClaimUnknown(claim_id)
 
         async def adopt_claim(self, claim_id: uuid.UUID) -> list[Lease]:

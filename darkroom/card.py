@@ -74,6 +74,9 @@ class Card:
     thumb_height: int | None
     thumb_bytes: int | None
     thumbhash: str | None
+    # Why the last re-derive failed (a public code): the card stayed ready with its
+    # previous derivative. Cleared when a re-derive publishes.
+    rederive_error: str | None
     created_at: datetime
     updated_at: datetime
 

@@ -73,6 +73,13 @@ def cmd_rederive(args: argparse.Namespace) -> int:
                 wait=args.wait)
 
 
+def cmd_retry(args: argparse.Namespace) -> int:
+    from darkroom.retry import main
+
+    return main(_settings(args), owner=args.owner, codes=args.code, everyone=args.all,
+                since=args.since, dry_run=args.dry_run, wait=args.wait)
+
+
 def cmd_owners_weight(args: argparse.Namespace) -> int:
     from darkroom.stats import set_weight
 
@@ -221,6 +228,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="count them; queue nothing")
     p.add_argument("--wait", action="store_true",
                    help="show a progress bar until every re-derive is published")
+
+    p = add("retry", cmd_retry,
+            "re-queue rejected cards with a fresh attempt budget, as bulk work "
+            "(by default those rejected for storage_unavailable, processing_timeout or "
+            "attempts_exhausted)")
+    p.add_argument("--owner", default=None, help="only this owner's cards")
+    p.add_argument("--code", action="append", default=None, metavar="C",
+                   help="only cards rejected with this code (any code; repeatable)")
+    p.add_argument("--since", default=None, metavar="TIME",
+                   help="only cards rejected at or after TIME (ISO 8601; UTC if no zone)")
+    p.add_argument("--all", action="store_true", help="every rejected card, whatever its code")
+    p.add_argument("--dry-run", action="store_true", help="count them; queue nothing")
+    p.add_argument("--wait", action="store_true",
+                   help="show a progress bar until every retried card is final again")
 
     owners = sub.add_parser("owners", help="owners' shares of the workers").add_subparsers(
         dest="owners_command", required=True)

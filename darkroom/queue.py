@@ -270,7 +270,7 @@ class Queue:
             rows = await self._cards("create_file", params)
             return rows[0] if rows else None
         async with self.db.transaction() as tx:
-            if not await _within_quota(tx, owner, size, quota_files, quota_bytes):
+            if not await _within_quota(tx, owner, size, quota_files, quota_bytes, key_hash):
                 raise QuotaExceeded(owner)
             rows = await tx.typed("create_file", params, Card)
         return rows[0] if rows else None
@@ -470,11 +470,13 @@ class Queue:
             raise LeaseLost(lease.file_id, lease.token)
 
     async def fail(self, lease: Lease, code: ErrorCode) -> Status:
-        """Record a failed attempt; answers the card's new status (`queued` or `rejected`).
+        """Record a failed attempt; answers the card's new status (`queued` or `rejected`,
+        or `ready` for a re-derive that failed for good: the photo keeps its derivative).
 
         Transient codes requeue with backoff and full jitter while attempts remain; a
         transient failure of the last attempt rejects with that code. A repeat of a failure
-        that was recorded answers what it did. Raises `LeaseLost`.
+        that was recorded answers what it did, and an attempt that already published
+        answers `ready`. Raises `LeaseLost`.
         """
         transient = code in TRANSIENT_CODES
         delay = (
@@ -604,6 +606,38 @@ class Queue:
         rows = await self._rows("rederive_pending", {"owner": owner})
         return int(rows[0]["n"])
 
+    # --- retry ------------------------------------------------------------------------
+
+    async def retry_candidates(
+        self, *, owner: str | None, codes: Sequence[str] | None, since: datetime | None,
+    ) -> dict[tuple[str, str], int]:
+        """Rejected cards a retry would take, by (owner, code). `codes` None: any code."""
+        rows = await self._rows("retry_candidates", {
+            "owner": owner, "codes": None if codes is None else list(codes), "since": since})
+        return {(r["owner"], r["error_code"]): int(r["n"]) for r in rows}
+
+    async def retry(
+        self, owner: str, *, run: uuid.UUID, actor: str, codes: Sequence[str] | None,
+        since: datetime | None = None, file_id: uuid.UUID | None = None,
+        priority: Priority = Priority.BULK, limit: int = 500,
+    ) -> list[uuid.UUID]:
+        """rejected -> queued with a fresh attempt budget, for up to `limit` of `owner`'s
+        rejected cards (only `file_id`, when given) with a code in `codes` (None: any);
+        answers the ids moved. Fenced by `run`: repeated with the same run (its answer
+        lost), it re-queues nothing it re-queued before."""
+        rows = await self._rows("retry", {
+            "owner": owner, "id": file_id, "codes": None if codes is None else list(codes),
+            "since": since, "run": run, "actor": actor, "priority": str(Priority(priority)),
+            "limit": limit})
+        return list(rows[0]["ids"])
+
+    async def retry_waiting(self, ids: Sequence[uuid.UUID]) -> int:
+        """How many of `ids` are queued or processing."""
+        if not ids:
+            return 0
+        rows = await self._rows("retry_waiting", {"ids": list(ids)})
+        return int(rows[0]["n"])
+
     async def set_owner_weight(self, owner: str, weight: float) -> None:
         """An owner's share of the workers against others with work waiting (default 1).
         It applies to cards stamped from now on."""
@@ -651,10 +685,12 @@ class Queue:
 
 
 async def _within_quota(tx: Statements, owner: str, size: int, quota_files: int,
-                        quota_bytes: int) -> bool:
+                        quota_bytes: int, key_hash: bytes | None = None) -> bool:
     """In the caller's transaction: take the owner's quota lock (so two creates cannot
-    both fit into the last free place), then answer whether one more card of `size` fits."""
+    both fit into the last free place), then answer whether one more card of `size` fits,
+    or the owner already holds `key_hash` (the create then makes no card: a replay)."""
     await tx.rows("lock_owner_quota", {"owner": owner})
     fits = await tx.row("owner_within_quota", {
-        "owner": owner, "size": size, "quota_files": quota_files, "quota_bytes": quota_bytes})
+        "owner": owner, "size": size, "quota_files": quota_files, "quota_bytes": quota_bytes,
+        "key_hash": key_hash})
     return bool(fits and fits["fits"])

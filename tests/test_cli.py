@@ -188,3 +188,43 @@ def test_reconcile_keeps_an_original_without_a_card_and_restore_gives_it_one(
     assert row == ("alice", "queued", version, 64)
     again = darkroom("reconcile", env=env)
     assert again.stdout.strip().endswith("originals kept: 0, restored: 0, deleted: 0")
+
+
+def test_retry_takes_back_rejected_cards_once(db_url: str) -> None:
+    import psycopg
+
+    # Rejected: two of alice for a passing fault (one long ago), one of bob for his bytes.
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
+            " original_key, original_version, status, attempts, error_code, finished_at)"
+            " SELECT o, 'f.jpg', 'image/jpeg', 1, 'originals/' || i, 'v1', 'rejected', 3,"
+            " c, now() - make_interval(days => d)"
+            " FROM unnest(ARRAY['alice', 'alice', 'bob'],"
+            "             ARRAY['storage_unavailable', 'attempts_exhausted', 'invalid_image'],"
+            "             ARRAY[0, 30, 0]) WITH ORDINALITY AS t(o, c, d, i)")
+    env = {"DARKROOM_DATABASE_URL": db_url}
+    bad = darkroom("retry", "--code", "nope", env=env)
+    assert bad.returncode == 2 and "--code 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+    dry = darkroom("retry", "--dry-run", env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert "2 rejected card(s) of all owners" in dry.stdout
+    from datetime import UTC, datetime, timedelta
+
+    # Only what was rejected in the last ten days (UTC without a zone): not the old one.
+    since = (datetime.now(UTC) - timedelta(days=10)).strftime("%Y-%m-%dT%H:%M")
+    recent = darkroom("retry", "--since", since, env=env)
+    assert recent.returncode == 0 and "queued 1 retry(s)" in recent.stdout, recent.stderr
+    rest = darkroom("retry", "--all", "--wait", "--owner", "nobody", env=env)
+    assert rest.returncode == 0 and "queued 0 retry(s)" in rest.stdout
+    every = darkroom("retry", "--all", env=env)  # the old one, and bob's whatever its code
+    assert every.returncode == 0 and "queued 2 retry(s)" in every.stdout
+    again = darkroom("retry", "--all", env=env)
+    assert "queued 0 retry(s)" in again.stdout
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute("SELECT f.status, f.attempts, f.priority, e.worker"
+                            " FROM archive_files f JOIN archive_events e ON e.file_id = f.id"
+                            " WHERE e.kind = 'retried'").fetchall()
+    assert len(rows) == 3
+    assert {(s, a, p) for s, a, p, _ in rows} == {("queued", 0, "bulk")}
+    assert all(w.startswith("cli:") for *_, w in rows)

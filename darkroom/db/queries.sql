@@ -23,7 +23,7 @@ RETURNING id, owner, filename, content_type, size_bytes, original_key, original_
           original_sha256, status, priority, attempts, error_code, derived_key,
           derived_version, sha256, width, height, derived_bytes, thumb_key,
           thumb_version, thumb_sha256, thumb_width, thumb_height, thumb_bytes,
-          thumbhash, created_at, updated_at;
+          thumbhash, rederive_error, created_at, updated_at;
 
 -- name: confirm
 -- pending -> queued for exactly this version; the NOTIFY is delivered at COMMIT.
@@ -62,7 +62,8 @@ SELECT m.id, m.owner, m.filename, m.content_type, m.size_bytes, m.original_key,
        m.original_version, m.original_sha256, m.status, m.priority, m.attempts,
        m.error_code, m.derived_key, m.derived_version, m.sha256, m.width, m.height,
        m.derived_bytes, m.thumb_key, m.thumb_version, m.thumb_sha256, m.thumb_width,
-       m.thumb_height, m.thumb_bytes, m.thumbhash, m.created_at, m.updated_at,
+       m.thumb_height, m.thumb_bytes, m.thumbhash, m.rederive_error, m.created_at,
+       m.updated_at,
        t.status AS previous_status, t.original_version AS previous_version,
        t.original_sha256 AS claimed_sha256, t.size_bytes AS declared_size,
        m.id IS NOT NULL AS moved,
@@ -72,7 +73,8 @@ FROM target t LEFT JOIN moved m ON m.id = t.id;
 -- name: claim
 -- Expired leases first (rescue), then due queued rows: bulk's owed share, interactive, and
 -- bulk on the slots left over. A row that has already been started max_attempts times is
--- not started again: it ends rejected/attempts_exhausted.
+-- not started again: it ends rejected/attempts_exhausted, or, a re-derive of a ready
+-- photo, ready again with its previous derivative (see fail).
 WITH expired AS (
     SELECT id FROM archive_files
     WHERE status = 'processing' AND lease_until < now()
@@ -173,8 +175,12 @@ WITH expired AS (
     WHERE n.bulk + n.inter > 0
 ), claimed AS (
     UPDATE archive_files f
-    SET status       = CASE WHEN f.attempts >= %(max_attempts)s THEN 'rejected' ELSE 'processing' END,
-        error_code   = CASE WHEN f.attempts >= %(max_attempts)s THEN 'attempts_exhausted' END,
+    SET status       = CASE WHEN f.attempts < %(max_attempts)s THEN 'processing'
+                            WHEN f.derived_key IS NOT NULL THEN 'ready' ELSE 'rejected' END,
+        error_code   = CASE WHEN f.attempts >= %(max_attempts)s AND f.derived_key IS NULL
+                            THEN 'attempts_exhausted' END,
+        rederive_error = CASE WHEN f.attempts >= %(max_attempts)s AND f.derived_key IS NOT NULL
+                              THEN 'attempts_exhausted' ELSE f.rederive_error END,
         attempts     = CASE WHEN f.attempts >= %(max_attempts)s THEN f.attempts ELSE f.attempts + 1 END,
         -- One strong random draw per claim, not per row: the worker draws the claim id,
         -- and a token is that id hashed with the card's id, so it is as unguessable and as
@@ -191,14 +197,17 @@ WITH expired AS (
     -- from a guess and could scan the whole table when the backlog is large.
     WHERE f.id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING f.id, f.owner, f.status, f.attempts, f.lease_token, f.lease_until,
-              f.original_key, f.original_version, f.error_code
+              f.original_key, f.original_version,
+              coalesce(f.error_code, CASE WHEN f.status = 'ready' THEN f.rederive_error END)
+                  AS error_code
 ), notified AS (
     -- Open pages see the change (GET /v1/events): one notification per statement.
     SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, status))) AS n
     FROM claimed
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker, error_code)
-    SELECT id, CASE WHEN status = 'rejected' THEN 'exhausted' ELSE 'claimed' END,
+    SELECT id, CASE status WHEN 'rejected' THEN 'exhausted' WHEN 'ready' THEN 'rederive_failed'
+                           ELSE 'claimed' END,
            attempts, lease_token, %(worker)s, error_code
     -- Joined in a data-modifying CTE, which always runs to completion, so that the
     -- notification is sent whatever the main query reads.
@@ -280,7 +289,7 @@ WITH done AS (
         thumb_key = d.thumb_key, thumb_version = d.thumb_version,
         thumb_sha256 = d.thumb_sha256, thumb_width = d.thumb_width,
         thumb_height = d.thumb_height, thumb_bytes = d.thumb_bytes, thumbhash = d.thumbhash,
-        derive_fingerprint = %(fingerprint)s::text,
+        derive_fingerprint = %(fingerprint)s::text, rederive_error = NULL,
         lease_token = NULL, lease_until = NULL, finished_at = now(), updated_at = now()
     FROM done d
     -- The token is the fence: CHECK lease_iff_processing makes a matching token imply
@@ -344,13 +353,20 @@ SELECT id, token FROM lost;
 
 -- name: fail
 -- Transient errors requeue with a backoff until max_attempts; anything else, or the last
--- attempt, ends rejected. Zero rows: the lease was already lost.
+-- attempt, ends rejected. A re-derive of a ready photo that fails for good does not reject
+-- it: the photo goes back to ready with its previous derivative and fingerprint (so the
+-- next `darkroom rederive` takes it again), the code kept in rederive_error.
+-- Zero rows: the lease was already lost.
 WITH failed AS (
     UPDATE archive_files f
-    SET status = CASE WHEN %(transient)s AND f.attempts < %(max_attempts)s
-                      THEN 'queued' ELSE 'rejected' END,
-        error_code = CASE WHEN %(transient)s AND f.attempts < %(max_attempts)s
+    SET status = CASE WHEN %(transient)s AND f.attempts < %(max_attempts)s THEN 'queued'
+                      WHEN f.derived_key IS NOT NULL THEN 'ready' ELSE 'rejected' END,
+        error_code = CASE WHEN (%(transient)s AND f.attempts < %(max_attempts)s)
+                               OR f.derived_key IS NOT NULL
                           THEN NULL ELSE %(error_code)s END,
+        rederive_error = CASE WHEN (%(transient)s AND f.attempts < %(max_attempts)s)
+                                   OR f.derived_key IS NULL
+                              THEN f.rederive_error ELSE %(error_code)s END,
         available_at = now() + make_interval(secs => %(delay)s::float8),
         finished_at = CASE WHEN %(transient)s AND f.attempts < %(max_attempts)s
                            THEN NULL ELSE now() END,
@@ -369,14 +385,18 @@ WITH failed AS (
     WHERE f.id = %(id)s AND NOT EXISTS (SELECT 1 FROM failed)
     FOR UPDATE
 ), repeated AS (
-    -- The same failure recorded before, whose answer was lost: answer what it did.
-    SELECT CASE WHEN f.status = 'rejected' THEN 'rejected' ELSE 'queued' END AS status
+    -- The attempt already ended by its own statement: this same failure recorded before,
+    -- whose answer was lost, or its own commit, which a timeout raced. Answer what it did;
+    -- nothing was lost.
+    SELECT CASE WHEN f.status IN ('rejected', 'ready') THEN f.status ELSE 'queued' END
+               AS status
     FROM current f
-    WHERE f.settled_token = %(token)s AND f.status <> 'ready'
+    WHERE f.settled_token = %(token)s
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker, error_code)
     SELECT id,
            CASE WHEN status = 'queued' THEN 'retry_scheduled'
+                WHEN status = 'ready' THEN 'rederive_failed'
                 WHEN %(transient)s THEN 'exhausted' ELSE 'rejected' END,
            attempts, %(token)s, %(worker)s, %(error_code)s
     FROM failed LEFT JOIN notified ON true  -- see claim
@@ -426,15 +446,20 @@ SELECT id FROM repeated;
 -- name: defer_counted
 -- A store error while the store served other files between this file's tries: handed
 -- back like defer, its attempt given back, but the deferral is counted on the card, and
--- the max_deferrals-th ends it rejected with the store's code (event 'exhausted'). Its
+-- the max_deferrals-th ends it rejected with the store's code (event 'exhausted'), or a
+-- re-derive of a ready photo ready again, as fail does (event 'rederive_failed'). Its
 -- backoff doubles with the count (jittered by %(jitter)s in [0, 1]). Repeats are
 -- recognized by the settled token, like fail's.
 WITH deferred AS (
     UPDATE archive_files f
     SET deferrals = f.deferrals + 1,
-        status = CASE WHEN f.deferrals + 1 < %(max_deferrals)s THEN 'queued' ELSE 'rejected' END,
-        error_code = CASE WHEN f.deferrals + 1 < %(max_deferrals)s THEN NULL
-                          ELSE %(error_code)s END,
+        status = CASE WHEN f.deferrals + 1 < %(max_deferrals)s THEN 'queued'
+                      WHEN f.derived_key IS NOT NULL THEN 'ready' ELSE 'rejected' END,
+        error_code = CASE WHEN f.deferrals + 1 < %(max_deferrals)s OR f.derived_key IS NOT NULL
+                          THEN NULL ELSE %(error_code)s END,
+        rederive_error = CASE WHEN f.deferrals + 1 >= %(max_deferrals)s
+                                   AND f.derived_key IS NOT NULL
+                              THEN %(error_code)s ELSE f.rederive_error END,
         attempts = CASE WHEN f.deferrals + 1 < %(max_deferrals)s THEN f.attempts - 1
                         ELSE f.attempts END,
         available_at = now() + make_interval(secs => %(jitter)s::float8 * least(
@@ -456,13 +481,15 @@ WITH deferred AS (
     FOR UPDATE
 ), repeated AS (
     -- The same deferral recorded before, whose answer was lost: answer what it did.
-    SELECT CASE WHEN f.status = 'rejected' THEN 'rejected' ELSE 'queued' END AS status,
+    SELECT CASE WHEN f.status IN ('rejected', 'ready') THEN f.status ELSE 'queued' END
+               AS status,
            f.deferrals
     FROM current f
-    WHERE f.settled_token = %(token)s AND f.status <> 'ready'
+    WHERE f.settled_token = %(token)s
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker, error_code)
-    SELECT id, CASE WHEN status = 'queued' THEN 'deferred_counted' ELSE 'exhausted' END,
+    SELECT id, CASE status WHEN 'queued' THEN 'deferred_counted'
+                           WHEN 'ready' THEN 'rederive_failed' ELSE 'exhausted' END,
            attempts, %(token)s, %(worker)s, %(error_code)s
     FROM deferred LEFT JOIN notified ON true  -- see claim
     UNION ALL
@@ -540,14 +567,15 @@ ORDER BY owner;
 -- takes only what is still ready and stale, so nothing is queued twice. Stamps continue
 -- the owner's bulk line by the rule of every stamp (darkroom_fair_stamps), one per card.
 WITH picked AS (
-    SELECT id FROM archive_files
+    SELECT id, created_at FROM archive_files
     WHERE owner = %(owner)s AND status = 'ready'
       AND derive_fingerprint IS DISTINCT FROM %(fingerprint)s::text
     ORDER BY created_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), ranked AS (
-    SELECT id, row_number() OVER (ORDER BY id) - 1 AS k FROM picked
+    -- Stamped oldest first, as picked.
+    SELECT id, row_number() OVER (ORDER BY created_at, id) - 1 AS k FROM picked
 ), stamped AS (
     -- The batch's places in the owner's bulk line, one stamp per card, in one call.
     SELECT darkroom_fair_stamps(%(owner)s, 'bulk', (SELECT count(*)::int FROM picked))
@@ -572,6 +600,70 @@ FROM moved;
 SELECT count(*) AS n FROM archive_files
 WHERE status IN ('queued', 'processing') AND derived_key IS NOT NULL
   AND (%(owner)s::text IS NULL OR owner = %(owner)s::text);
+
+-- name: retry_candidates
+-- Rejected cards a retry would take, per owner and code (through the partial index of
+-- rejected cards). `codes` NULL: any code.
+SELECT owner, error_code, count(*) AS n FROM archive_files
+WHERE status = 'rejected'
+  AND (%(owner)s::text IS NULL OR owner = %(owner)s::text)
+  AND (%(codes)s::text[] IS NULL OR error_code = ANY (%(codes)s::text[]))
+  AND (%(since)s::timestamptz IS NULL OR finished_at >= %(since)s::timestamptz)
+GROUP BY owner, error_code
+ORDER BY owner, error_code;
+
+-- name: retry
+-- rejected -> queued with a fresh attempt budget, for up to `limit` of one owner's
+-- rejected cards (or the one card `id`) whose code is in `codes` (NULL: any). Only cards
+-- still rejected are taken, so nothing that is not rejected is touched. Each card records
+-- the run that re-queued it (`run`): the same run repeated after its answer was lost
+-- passes over what it re-queued, even a card that was rejected again since, so a run
+-- queues nothing twice. Stamped in the owner's line of `priority` by the rule of every
+-- stamp (darkroom_fair_stamps), as re-derives are. The event names who asked (`actor`)
+-- and the code the card had.
+WITH picked AS (
+    SELECT id, error_code, finished_at FROM archive_files
+    WHERE owner = %(owner)s AND status = 'rejected'
+      AND (%(id)s::uuid IS NULL OR id = %(id)s::uuid)
+      AND (%(codes)s::text[] IS NULL OR error_code = ANY (%(codes)s::text[]))
+      AND (%(since)s::timestamptz IS NULL OR finished_at >= %(since)s::timestamptz)
+      AND retried_by IS DISTINCT FROM %(run)s::uuid
+    ORDER BY finished_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), ranked AS (
+    -- Stamped in the order they were rejected.
+    SELECT id, error_code, row_number() OVER (ORDER BY finished_at, id) - 1 AS k
+    FROM picked
+), stamped AS (
+    -- The batch's places in the owner's line, one stamp per card, in one call.
+    SELECT darkroom_fair_stamps(%(owner)s, %(priority)s::text,
+                                (SELECT count(*)::int FROM picked)) AS stamps
+), moved AS (
+    UPDATE archive_files f
+    SET status = 'queued', priority = %(priority)s::text, attempts = 0, deferrals = 0,
+        error_code = NULL, finished_at = NULL, available_at = now(), updated_at = now(),
+        retried_by = %(run)s::uuid,
+        fair_stamp = (SELECT stamps FROM stamped)[r.k + 1]
+    FROM ranked r
+    WHERE f.id = r.id
+    RETURNING f.id, f.owner, r.error_code AS previous_code
+), shown AS (
+    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'queued'))) AS n
+    FROM moved
+), logged AS (
+    INSERT INTO archive_events (file_id, kind, attempt, worker, error_code)
+    SELECT id, 'retried', 0, %(actor)s::text, previous_code
+    FROM moved LEFT JOIN shown ON true  -- see claim
+)
+SELECT coalesce(array_agg(id), '{}') AS ids,
+       CASE WHEN count(*) > 0 THEN pg_notify('darkroom_jobs', '') END AS notified
+FROM moved;
+
+-- name: retry_waiting
+-- Of the cards a retry re-queued, those not yet final.
+SELECT count(*) AS n FROM archive_files
+WHERE id = ANY (%(ids)b::uuid[]) AND status IN ('queued', 'processing');
 
 -- name: set_owner_weight
 INSERT INTO owner_weights (owner, weight) VALUES (%(owner)s, %(weight)s)
@@ -606,8 +698,8 @@ DELETE FROM orphan_objects WHERE file_id IN (SELECT id FROM card);
 SELECT id, owner, filename, content_type, size_bytes, original_key, original_version,
        original_sha256, status, priority, attempts, error_code, derived_key,
        derived_version, sha256, width, height, derived_bytes, thumb_key, thumb_version,
-       thumb_sha256, thumb_width, thumb_height, thumb_bytes, thumbhash, created_at,
-       updated_at
+       thumb_sha256, thumb_width, thumb_height, thumb_bytes, thumbhash, rederive_error,
+       created_at, updated_at
 FROM archive_files WHERE id = %(id)s AND owner = %(owner)s AND status <> 'deleting';
 
 -- name: list_files
@@ -635,8 +727,8 @@ WITH page AS (
 SELECT id, owner, filename, content_type, size_bytes, original_key, original_version,
        original_sha256, status, priority, attempts, error_code, derived_key,
        derived_version, sha256, width, height, derived_bytes, thumb_key, thumb_version,
-       thumb_sha256, thumb_width, thumb_height, thumb_bytes, thumbhash, created_at,
-       updated_at
+       thumb_sha256, thumb_width, thumb_height, thumb_bytes, thumbhash, rederive_error,
+       created_at, updated_at
 FROM page
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
@@ -730,10 +822,14 @@ SELECT pg_advisory_xact_lock(hashtextextended('darkroom.quota:' || %(owner)s, 0)
 -- name: owner_within_quota
 -- Whether one more card of `size` declared bytes keeps the owner within the quotas (0:
 -- none). Live cards count, pending ones included: their bytes are stored or about to be.
--- Run after lock_owner_quota, in the same transaction as the creation.
-SELECT (%(quota_files)s::bigint = 0 OR count(*) + 1 <= %(quota_files)s::bigint)
-   AND (%(quota_bytes)s::bigint = 0
-        OR coalesce(sum(size_bytes), 0) + %(size)s::bigint <= %(quota_bytes)s::bigint) AS fits
+-- Run after lock_owner_quota, in the same transaction as the creation. A create whose
+-- idempotency key the owner already holds needs no room: it makes no card, and answers
+-- the key's card (a replay of a create that committed while this one waited for the lock).
+SELECT ((%(quota_files)s::bigint = 0 OR count(*) + 1 <= %(quota_files)s::bigint)
+        AND (%(quota_bytes)s::bigint = 0
+             OR coalesce(sum(size_bytes), 0) + %(size)s::bigint <= %(quota_bytes)s::bigint))
+       OR EXISTS (SELECT 1 FROM idempotency_keys k
+                  WHERE k.owner = %(owner)s AND k.key_hash = %(key_hash)s::bytea) AS fits
 FROM archive_files
 WHERE owner = %(owner)s AND status <> 'deleting';
 

@@ -1,9 +1,12 @@
 """A Hypothesis state machine drives several simulated workers against the real queue.
 
 The clock is controlled by moving a lease's `lease_until` into the past ("expire"), so
-every interleaving of claim, heartbeat, commit, failure, expiry, release, revoke and
-re-derive that Hypothesis finds is checked against the protocol's invariants after every
-step. Unknown outcomes are rules too: a statement repeated after it committed (its answer
+every interleaving of claim, heartbeat, commit, failure, expiry, release, revoke,
+re-derive and retry that Hypothesis finds is checked against the protocol's invariants
+after every step. A re-derive that fails for good (a failure, or attempts exhausted at a
+claim) leaves the photo ready with its previous derivative; a retry takes back only
+rejected cards, and a retry repeated after its answer was lost queues nothing twice.
+Unknown outcomes are rules too: a statement repeated after it committed (its answer
 lost) must be recognized as the same success, and a claim whose answer was lost is
 adopted. Commits come one by one and in batches; the sweeper's orphan unit and
 reconciliation run between any two steps against a real local store, and no object a card
@@ -39,7 +42,7 @@ from psycopg.rows import dict_row
 from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
 from darkroom.db.queries import QUERIES
-from darkroom.errors import ErrorCode
+from darkroom.errors import RETRYABLE_CODES, TRANSIENT_CODES, ErrorCode
 from darkroom.queue import Derived, Lease, LeaseLost, Priority, Queue, derived_key
 from darkroom.storage import open_store
 from darkroom.sweeper import Orphans, Reconcile
@@ -90,6 +93,11 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             self.derived: dict[uuid.UUID, Derived] = {}
             # Statements that went through, to be repeated as if their answer was lost.
             self.finished: list[tuple[int, Lease, str, ErrorCode | None]] = []
+            # Retry runs whose answer was lost: (owner, run, codes, the cards it moved),
+            # and the run that re-queued each card last.
+            self.lost_retries: list[tuple[str, uuid.UUID, list[str] | None,
+                                          set[uuid.UUID]]] = []
+            self.retried_by: dict[uuid.UUID, uuid.UUID] = {}
 
         def run(self, coro: Any) -> Any:
             return self.loop.run_until_complete(coro)
@@ -165,9 +173,20 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 self.starts[lease.file_id] = self.starts.get(lease.file_id, 0) + 1
                 assert lease.attempt == self.starts[lease.file_id]
             self.held[w].extend(leases)
+            self.settle_failed_rederives()
             # What the claim took of the due cards: leased, or ended as attempts_exhausted.
             still = {r["id"] for r in self.due()}
             self.check_fair(due, [r["id"] for r in due if r["id"] not in still], k, credit)
+
+        def settle_failed_rederives(self) -> None:
+            """A re-derive that ended for good without publishing: the photo is ready again
+            with the derivative it had, the failure on the card."""
+            for file_id, token in list(self.superseded.items()):
+                r = self.row(file_id)
+                if r["status"] == "ready" and file_id not in self.published:
+                    assert r["rederive_error"] is not None and r["error_code"] is None
+                    assert r["derived_key"] == f"derived/{file_id}/{token}.webp"
+                    self.published[file_id] = self.superseded.pop(file_id)
 
         def check_fair(self, due: list[dict[str, Any]], taken: list[uuid.UUID], k: int,
                        credit: Decimal) -> None:
@@ -226,6 +245,15 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 self.superseded[file_id] = self.published.pop(file_id)
                 self.starts[file_id] = 0  # a re-derive has max_attempts of its own
 
+        @precondition(lambda self: bool(self.published))
+        @rule(data=st.data())
+        def rederive_and_claim(self, data: st.DataObject) -> None:
+            """A re-derive of a ready card's owner, and a worker taking the work at once
+            (so that re-derives' attempts, and their failures, come up often)."""
+            owner = self.owner_of[data.draw(st.sampled_from(list(self.published)))]
+            self.rederive(owner)
+            self.claim(data.draw(st.integers(0, WORKERS - 1)), 4)
+
         @rule()
         def claim_pass(self) -> None:
             """A rescuer claims everything claimable: no expired lease survives it."""
@@ -273,7 +301,39 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 assert not expected
                 return
             assert expected
-            assert status in {"queued", "rejected"}
+            assert status in {"queued", "rejected", "ready"}
+            # Ready: a re-derive that failed for good, never a first derive.
+            assert (status == "ready") == (lease.file_id in self.superseded
+                                           and status != "queued")
+            self.settle_failed_rederives()
+            self.finished.append((w, lease, "fail", code))
+
+        def rederiving(self) -> list[tuple[int, int]]:
+            return [(w, i) for w, held in enumerate(self.held)
+                    for i, lease in enumerate(held) if lease.file_id in self.superseded]
+
+        @precondition(lambda self: bool(self.rederiving()))
+        @rule(data=st.data(), code=st.sampled_from(list(ErrorCode)))
+        def fail_a_rederive(self, data: st.DataObject, code: ErrorCode) -> None:
+            """A re-derive's attempt fails: queued again while it may retry, else the photo
+            is ready again with the derivative it had and the code on the card."""
+            w, i = data.draw(st.sampled_from(self.rederiving()))
+            lease = self.held[w].pop(i)
+            old_key = f"derived/{lease.file_id}/{self.superseded[lease.file_id]}.webp"
+            expected = self.holds_lease(lease)
+            try:
+                status = self.run(self.queues[w].fail(lease, code))
+            except LeaseLost:
+                assert not expected
+                return
+            assert expected
+            r = self.row(lease.file_id)
+            again = code in TRANSIENT_CODES and lease.attempt < MAX_ATTEMPTS
+            assert status == r["status"] == ("queued" if again else "ready")
+            assert r["derived_key"] == old_key and r["error_code"] is None
+            if not again:
+                assert r["rederive_error"] == code
+            self.settle_failed_rederives()
             self.finished.append((w, lease, "fail", code))
 
         @precondition(lambda self: any(self.held))
@@ -367,6 +427,71 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 self.starts[lease.file_id] = self.starts.get(lease.file_id, 0) + 1
                 assert lease.attempt == self.starts[lease.file_id]
             self.held[w].extend(leases)
+            self.settle_failed_rederives()
+
+        def rejected(self, owner: str, codes: list[str] | None) -> set[uuid.UUID]:
+            rows = self.db.execute(
+                "SELECT id, error_code FROM archive_files WHERE owner = %s"
+                " AND status = 'rejected'", (owner,)).fetchall()
+            return {r["id"] for r in rows if codes is None or r["error_code"] in codes}
+
+        def retried(self, moved: list[uuid.UUID], run: uuid.UUID) -> None:
+            for file_id in moved:
+                r = self.row(file_id)
+                assert (r["status"], r["attempts"], r["error_code"], r["priority"]) == (
+                    "queued", 0, None, "bulk")
+                assert file_id not in self.published  # a rejected card never published
+                self.starts[file_id] = 0  # a fresh attempt budget
+                self.retried_by[file_id] = run
+
+        def rejected_owners(self) -> list[str]:
+            return [r["owner"] for r in self.db.execute(
+                "SELECT DISTINCT owner FROM archive_files WHERE status = 'rejected'"
+                " ORDER BY owner").fetchall()]
+
+        @precondition(lambda self: bool(self.files))
+        @rule(data=st.data(), every=st.booleans(), lost=st.booleans())
+        def retry(self, data: st.DataObject, every: bool, lost: bool) -> None:
+            """`darkroom retry` for one owner (mostly one with rejected cards): takes exactly
+            the owner's rejected cards with a retryable code (any code with --all); run
+            again, it queues nothing."""
+            owner = data.draw(st.sampled_from(self.rejected_owners() or list(OWNERS)))
+            codes = None if every else sorted(RETRYABLE_CODES)
+            expected = self.rejected(owner, codes)
+            others = {r["id"]: r["status"] for r in self.db.execute(
+                "SELECT id, status FROM archive_files").fetchall() if r["id"] not in expected}
+            run = uuid.uuid4()
+            if lost:  # committed, its answer never read
+                self.db.execute(QUERIES["retry"], {
+                    "owner": owner, "id": None, "codes": codes, "since": None, "run": run,
+                    "actor": "cli:test", "priority": "bulk", "limit": 500})
+                moved = list(expected - self.rejected(owner, codes))
+            else:
+                moved = self.run(self.queues[0].retry(owner, run=run, actor="cli:test",
+                                                      codes=codes))
+            assert set(moved) == expected
+            self.retried(moved, run)
+            # Nothing that was not rejected (with such a code) changed status.
+            now = {r["id"]: r["status"] for r in self.db.execute(
+                "SELECT id, status FROM archive_files").fetchall()}
+            assert {i: now[i] for i in others if i in now} == {
+                i: st for i, st in others.items() if i in now}
+            assert self.run(self.queues[0].retry(owner, run=run, actor="cli:test",
+                                                 codes=codes)) == []
+            if lost:
+                self.lost_retries.append((owner, run, codes, set(moved)))
+
+        @precondition(lambda self: bool(self.lost_retries))
+        @rule(data=st.data())
+        def repeat_lost_retry(self, data: st.DataObject) -> None:
+            """A retry whose answer was lost, sent again later: it re-queues none of the
+            cards it re-queued, even one that was rejected again since."""
+            owner, run, codes, moved_before = data.draw(st.sampled_from(self.lost_retries))
+            mine = {f for f in moved_before if self.retried_by.get(f) == run}
+            moved = self.run(self.queues[0].retry(owner, run=run, actor="cli:test",
+                                                  codes=codes))
+            assert not set(moved) & mine, "a retry run queued a card twice"
+            self.retried(moved, run)
 
         def lease_lost_count(self) -> int:
             found = self.db.execute("SELECT count(*) AS n FROM archive_events"

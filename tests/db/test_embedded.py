@@ -77,7 +77,7 @@ def assert_private(pgdata: Path, before: dict[Path, int]) -> None:
     # The socket is in the cluster's own directory and nowhere else; no TCP listener.
     server = postmaster(pgdata)
     assert server.net_connections(kind="inet") == []
-    sockets = [c.laddr for c in server.net_connections(kind="unix") if c.laddr]
+    sockets: list[object] = [c.laddr for c in server.net_connections(kind="unix") if c.laddr]
     assert sockets == [str(pgdata / ".s.PGSQL.5432")], sockets
     assert server.uids().real != 0
     # Shared memory: PostgreSQL's POSIX segments and its SysV one, its user's alone.

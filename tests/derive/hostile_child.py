@@ -131,7 +131,7 @@ def report(action: str, args: list[str]) -> str:
         attached = libc.ptrace(16, os.getppid(), None, None)  # PTRACE_ATTACH the worker
         return f"ptrace: {'attached' if attached == 0 else 'refused'}"
     if action == "kill":
-        return "; ".join(attempt(f"kill {pid}", lambda p=int(pid): os.kill(p, signal.SIGKILL))
+        return "; ".join(attempt(f"kill {pid}", lambda p=int(pid): os.kill(p, signal.SIGKILL))  # type: ignore[misc]
                          for pid in args)
     if action == "setown":
         return _set_owner(int(args[0]))
@@ -139,10 +139,10 @@ def report(action: str, args: list[str]) -> str:
         return attempt("mmap rwx", _mmap_exec) + "; " + attempt("mprotect rwx", _mprotect_exec)
     if action == "read":
         # By position: the parent bounds the detail, and paths are long.
-        return "; ".join(attempt(f"read #{i}", lambda p=path: _read(p))
+        return "; ".join(attempt(f"read #{i}", lambda p=path: _read(p))  # type: ignore[misc]
                          for i, path in enumerate(args))
     if action == "o_path":  # a handle without read rights: still a path's metadata
-        return "; ".join(attempt(f"O_PATH #{i}", lambda p=path: os.open(p, os.O_PATH))
+        return "; ".join(attempt(f"O_PATH #{i}", lambda p=path: os.open(p, os.O_PATH))  # type: ignore[misc]
                          for i, path in enumerate(args))
     if action == "proc":
         return attempt("list /proc", lambda: len(os.listdir("/proc"))) + "; " + attempt(

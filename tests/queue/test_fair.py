@@ -12,8 +12,7 @@ import pytest
 
 from darkroom.errors import ErrorCode
 from darkroom.queue import Derived, Lease, Priority, Queue, derived_key
-from tests.conftest import make_queue
-from tests.support.services import confirm
+from tests.support.services import confirm, make_queue
 
 
 async def add(q: Queue, owner: str, n: int = 1,
@@ -43,7 +42,8 @@ async def claim_order(q: Queue) -> list[uuid.UUID]:
 
 def owners_of(db_url: str, ids: list[uuid.UUID]) -> list[str]:
     with psycopg.connect(db_url) as conn:
-        rows = dict(conn.execute("SELECT id, owner FROM archive_files").fetchall())
+        rows: dict[uuid.UUID, str] = dict(
+            conn.execute("SELECT id, owner FROM archive_files").fetchall())
     return [rows[i] for i in ids]
 
 
@@ -125,7 +125,8 @@ async def test_repeated_confirm_stamps_once(pool: Any, db_url: str) -> None:
     await confirm(q, a, "a", "v1")
     [a2] = await add(q, "a")
     with psycopg.connect(db_url) as conn:
-        s = dict(conn.execute("SELECT id, fair_stamp FROM archive_files").fetchall())
+        s: dict[uuid.UUID, Any] = dict(
+            conn.execute("SELECT id, fair_stamp FROM archive_files").fetchall())
     assert s[a2] - s[a] == 1
 
 

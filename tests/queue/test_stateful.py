@@ -29,6 +29,7 @@ import math
 import shutil
 import tempfile
 import uuid
+from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             self.finished: list[tuple[int, Lease, str, ErrorCode | None]] = []
             # Retry runs whose answer was lost: (owner, run, codes, the cards it moved),
             # and the run that re-queued each card last.
-            self.lost_retries: list[tuple[str, uuid.UUID, list[str] | None,
+            self.lost_retries: list[tuple[str, uuid.UUID, Sequence[str] | None,
                                           set[uuid.UUID]]] = []
             self.retried_by: dict[uuid.UUID, uuid.UUID] = {}
 
@@ -123,7 +124,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
 
         def holds_lease(self, lease: Lease) -> bool:
             r = self.row(lease.file_id)
-            return r["status"] == "processing" and r["lease_token"] == lease.token
+            return bool(r["status"] == "processing" and r["lease_token"] == lease.token)
 
         @rule(owner=st.sampled_from(OWNERS), n=st.integers(1, 12),
               priority=st.sampled_from(list(Priority)))
@@ -429,7 +430,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             self.held[w].extend(leases)
             self.settle_failed_rederives()
 
-        def rejected(self, owner: str, codes: list[str] | None) -> set[uuid.UUID]:
+        def rejected(self, owner: str, codes: Sequence[str] | None) -> set[uuid.UUID]:
             rows = self.db.execute(
                 "SELECT id, error_code FROM archive_files WHERE owner = %s"
                 " AND status = 'rejected'", (owner,)).fetchall()

@@ -97,7 +97,7 @@ async def test_an_orphan_that_cannot_be_deleted_is_retried_and_holds_up_nothing(
     keys = [await orphan(q, store, lease) for lease in leases]
     for lease in leases:
         await q.release([lease])
-    unit = Orphans(q.db, RefusingStore(store, {keys[0]}), guard_seconds=0)  # type: ignore[arg-type]
+    unit = Orphans(q.db, RefusingStore(store, {keys[0]}), guard_seconds=0)
     assert await unit.run_once() == 2
     assert orphan_rows(db_url) == {keys[0]: 1}
     assert await unit.run_once() == 0  # not due again before its backoff
@@ -132,7 +132,7 @@ async def test_deleted_files_lose_every_byte_then_the_card(
     await orphan(q, store, lease)
     await q.revoke(file_id, "o")
     refusing = RefusingStore(store, {original_key(file_id)})
-    unit = DeletedFiles(q, refusing, guard_seconds=0)  # type: ignore[arg-type]
+    unit = DeletedFiles(q, refusing, guard_seconds=0)
     assert await unit.run_once() == 0  # refused: tried again later, the card stays
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("UPDATE archive_files SET available_at = now()")
@@ -180,6 +180,7 @@ async def test_reconcile_deletes_only_what_nothing_accounts_for(
     assert again.unaccounted == []
     card = await q.get_file(file_id, "o")
     assert card is not None
+    assert card.original_version is not None
     assert store.get(card.original_key, card.original_version) == b"abc"
     assert store.get(key, version) == b"webp2"
 

@@ -53,7 +53,7 @@ async def test_reclaiming_its_own_card_runs_one_attempt_and_keeps_the_slots(
         assert leases == []
         row = await queue.get_file(card.id, "o")
         assert row is not None and row.status == "ready" and row.attempts == 2
-        assert str(fresh.token) in row.derived_key
+        assert row.derived_key is not None and str(fresh.token) in row.derived_key
         kinds = [e.kind for e in await queue.events(fresh.file_id)]
         assert kinds == ["claimed", "claimed", "ready"]
     finally:
@@ -125,7 +125,7 @@ async def test_a_timeout_racing_the_attempts_own_commit_records_no_lost_lease(
     for decoder in worker.idle_decoders:
         decoder.start()
     completer = asyncio.create_task(worker.completer.run())
-    locker = await asyncio.to_thread(psycopg.connect, db_url)
+    locker: psycopg.Connection[Any] = await asyncio.to_thread(psycopg.connect, db_url)
     try:
         await asyncio.to_thread(locker.execute,
                                 "SELECT 1 FROM archive_files WHERE id = %s FOR UPDATE",

@@ -4,6 +4,7 @@ take from a client with a valid key of its own."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import subprocess
@@ -37,12 +38,14 @@ class LiveApi:
         return out.stdout.strip().split()[-1]
 
 
-@pytest.fixture
-def live_api(db_url: str, tmp_path: Path) -> Iterator[LiveApi]:
+@contextlib.contextmanager
+def running_api(db_url: str, tmp_path: Path, **settings: str) -> Iterator[LiveApi]:
+    """`darkroom api` with `settings` (DARKROOM_… names without the prefix)."""
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")},
            "DARKROOM_DATABASE_URL": db_url,
            "DARKROOM_STORAGE_URL": (tmp_path / "objects").as_uri(),
-           "DARKROOM_DATA_DIR": str(tmp_path / "data")}
+           "DARKROOM_DATA_DIR": str(tmp_path / "data"),
+           **{f"DARKROOM_{name.upper()}": value for name, value in settings.items()}}
     port = free_port()
     proc = DarkroomProcess(["api", "--port", str(port)], env, tmp_path / "api.log")
 
@@ -58,6 +61,12 @@ def live_api(db_url: str, tmp_path: Path) -> Iterator[LiveApi]:
         yield LiveApi(port, env, proc)
     finally:
         proc.stop()
+
+
+@pytest.fixture
+def live_api(db_url: str, tmp_path: Path) -> Iterator[LiveApi]:
+    with running_api(db_url, tmp_path) as api:
+        yield api
 
 
 async def _get(port: int, source: str, key: str, timeout: float = 30.0) -> int:
@@ -158,3 +167,38 @@ def test_idle_connections_from_a_few_addresses_do_not_deny_healthz(live_api: Liv
     held, status, answer = asyncio.run(attack())
     assert held == 17 * per_client
     assert status == 200, answer
+
+
+@pytest.mark.parametrize("target", ["/v1/%65vents", "http://darkroom/v1/events"])
+def test_streams_spelled_otherwise_are_still_counted_as_streams(
+        db_url: str, tmp_path: Path, target: str) -> None:
+    """An event stream asked for with its path percent-encoded, or in absolute form, is
+    the same stream: it is counted in the streams' pool, not in the requests' one, where
+    long-lived streams would take the place of everyone's requests."""
+    with running_api(db_url, tmp_path, api_max_connections="3") as api:
+        key = api.new_key("lurker")
+
+        async def attack() -> bytes:
+            writers: list[asyncio.StreamWriter] = []
+            try:
+                for n in range(2):
+                    reader, writer = await asyncio.open_connection(
+                        "127.0.0.1", api.port, local_addr=(f"127.0.10.{n + 2}", 0))
+                    writers.append(writer)
+                    writer.write(f"GET {target} HTTP/1.1\r\nHost: darkroom\r\n"
+                                 f"Authorization: Bearer {key}\r\n\r\n".encode())
+                    opened = await asyncio.wait_for(reader.readuntil(b"event: open"), 30)
+                    assert opened.startswith(b"HTTP/1.1 200 "), opened
+                reader, writer = await asyncio.open_connection(
+                    "127.0.0.1", api.port, local_addr=(VICTIM_ADDRESS, 0))
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: darkroom\r\n"
+                             b"Connection: close\r\n\r\n")
+                answer = await asyncio.wait_for(reader.read(), 30)
+                writer.close()
+                return answer
+            finally:
+                for w in writers:
+                    w.close()
+
+        answer = asyncio.run(attack())
+    assert answer.startswith(b"HTTP/1.1 200 "), answer

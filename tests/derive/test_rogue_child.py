@@ -1,0 +1,81 @@
+"""A compromised decoder attacking the parent through its answers and its idle time.
+
+Each child here is a real jailed child (`tests.derive.rogue_child`, served through the
+product's `decoder_child.main`); the parent is the product's `DecoderProcess`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from darkroom.config import load_settings
+from darkroom.derive import Limits
+from darkroom.errors import DeriveError, ErrorCode
+from darkroom.sandbox import DecoderProcess
+from tests.derive import images as im
+from tests.derive.rogue_child import rogue
+from tests.support.services import wait_for
+
+LIMITS = Limits.from_settings(load_settings())
+PNG = im.flat(64, 48, ".png")
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / 100
+
+
+@pytest.mark.parametrize("action", ["detail-list", "deep-json"])
+def test_malformed_answer_fails_the_file_and_replaces_the_child(action: str) -> None:
+    """An answer the parent cannot even parse is `processing_failed`, never an exception
+    out of `derive` (the worker would log a crash and leave the card leased), and the
+    child that sent it is never asked again."""
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024, program=rogue(action)) as proc:
+        proc.start()
+        first = proc.pid
+        with pytest.raises(DeriveError) as failed:
+            proc.derive(PNG, owner="alice")
+        assert failed.value.code == ErrorCode.PROCESSING_FAILED
+        assert proc.pid is None or proc.pid != first
+        # The slot still works: the next job gets a fresh child, which fails the same way.
+        with pytest.raises(DeriveError):
+            proc.derive(PNG, owner="alice")
+        assert proc.pid != first
+
+
+def test_child_burning_cpu_while_idle_is_replaced() -> None:
+    """A child that answers its job and then spins, out of its job's time, is ended: the
+    per-job CPU budget holds though the child ignores SIGXCPU and raises its soft limit."""
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024, program=rogue("spin")) as proc:
+        result = proc.derive(PNG, owner="alice")
+        assert (result.width, result.height) == (64, 48)
+        spinner = proc.pid
+        assert spinner is not None
+        wait_for(lambda: proc.pid != spinner, timeout=30.0,
+                 what="the idle, spinning child to be replaced")
+        # It was ended within a few seconds of CPU, not the hour its hard limit allows.
+        assert not Path(f"/proc/{spinner}").exists() or _cpu_seconds(spinner) < 15
+
+
+def test_stderr_flood_is_bounded_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    """A child's stderr reaches the worker's log, but a flood of it does not: past a small
+    budget its lines are counted and dropped, and one line says how many."""
+    caplog.set_level(logging.WARNING, logger="darkroom.sandbox.child")
+    lines = 20_000
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024,
+                        program=rogue("flood", str(lines))) as proc:
+        with pytest.raises(DeriveError):
+            proc.derive(PNG, owner="alice")
+
+    def summary() -> logging.LogRecord | None:
+        return next((r for r in caplog.records if "lines dropped" in r.getMessage()), None)
+
+    dropped = wait_for(summary, timeout=30.0, what="the dropped-lines summary")
+    kept = [r for r in caplog.records
+            if r.name == "darkroom.sandbox.child" and r.getMessage().startswith("xxx")]
+    assert len(kept) <= 200
+    assert getattr(dropped, "dropped", 0) == lines - len(kept)
+    assert caplog.records.index(dropped) > caplog.records.index(kept[-1])

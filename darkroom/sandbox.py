@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("darkroom.sandbox")
 # What the child answers when an allocation failed (see derive.py and decoder_child.py).
 _OUT_OF_MEMORY = frozenset({"oom", "out of memory"})
+_SIGNAL_NUMBERS = frozenset(int(number) for number in signal.Signals)
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 _cpu_budget = cpu_budget
 _cpu_lifetime = cpu_lifetime
@@ -412,7 +413,8 @@ class DecoderProcess:
                 timer.cancel()
                 with self._lock:
                     self._job = 0
-            if meta.get("detail") in _OUT_OF_MEMORY:
+            detail = meta.get("detail")
+            if isinstance(detail, str) and detail in _OUT_OF_MEMORY:
                 # A heap that ran out is left fragmented: the next job, however small,
                 # could run out too. It gets a fresh child.
                 with self._lock:
@@ -459,7 +461,9 @@ class DecoderProcess:
             log.warning("decoder child exceeded %.1fs; killed", self.timeout)
             return DeriveError(ErrorCode.PROCESSING_TIMEOUT, f"over {self.timeout}s")
         if code is not None and code < 0:
-            detail = f"child killed by {signal.Signals(-code).name}"
+            # A real-time signal (the child may send itself any) has no name.
+            name = signal.Signals(-code).name if -code in _SIGNAL_NUMBERS else str(-code)
+            detail = f"child killed by {name}"
         elif code is not None:
             detail = f"child exited {code} ({detail})"
         log.warning("decoder child failed: %s", detail)
@@ -467,11 +471,14 @@ class DecoderProcess:
 
     def _result(self, meta: dict[str, Any], payload: bytes) -> Derivative:
         if "error_code" in meta:
+            name, detail = meta["error_code"], meta.get("detail", "")
+            if not isinstance(name, str) or not isinstance(detail, str):
+                raise InvalidDerivative("error answer types")
             try:
-                code = ErrorCode(meta["error_code"])
+                code = ErrorCode(name)
             except ValueError:
                 code = ErrorCode.PROCESSING_FAILED
-            raise DeriveError(code, str(meta.get("detail", ""))[:500])
+            raise DeriveError(code, detail[:500])
         # Every field checked before anything is kept: a child that answers anything but a
         # derivative this parent could have asked for is treated as compromised.
         try:

@@ -7,6 +7,7 @@ job runs ACTION, a decoder already taken over by an image:
 
 - `detail-list`: answers an error whose detail is a JSON list, not a string.
 - `deep-json`: answers a frame whose meta is JSON nested past Python's recursion limit.
+- `rt-signal`: ends itself with a real-time signal, which has no name in `signal.Signals`.
 - `spin`: answers a real derivative, then keeps burning CPU in a thread of its own while
   the parent believes it idle (SIGXCPU ignored, soft CPU limit raised to the hard one).
 - `flood N`: writes N lines to stderr, then answers an error.
@@ -57,6 +58,8 @@ def run(argv: list[str]) -> int:
             os.write(_RESPONSES, FRAME.pack(len(meta), 0) + meta)
             while True:  # the parent has all it will get
                 signal.pause()
+        if action == "rt-signal":
+            os.kill(os.getpid(), signal.SIGRTMIN + 6)  # signals to itself are allowed
         if action == "spin":
             answer = decode_job(data, limits)
             signal.signal(signal.SIGXCPU, signal.SIG_IGN)  # only the main thread may

@@ -28,11 +28,11 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / 100
 
 
-@pytest.mark.parametrize("action", ["detail-list", "deep-json"])
+@pytest.mark.parametrize("action", ["detail-list", "deep-json", "rt-signal"])
 def test_malformed_answer_fails_the_file_and_replaces_the_child(action: str) -> None:
-    """An answer the parent cannot even parse is `processing_failed`, never an exception
-    out of `derive` (the worker would log a crash and leave the card leased), and the
-    child that sent it is never asked again."""
+    """An answer the parent cannot even parse, or a death it has no name for, is
+    `processing_failed`, never an exception out of `derive` (the worker would log a crash
+    and leave the card leased), and the child is never asked again."""
     with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024, program=rogue(action)) as proc:
         proc.start()
         first = proc.pid

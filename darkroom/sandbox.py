@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -498,16 +499,42 @@ class DecoderProcess:
                                            height=thumb.height, sha256=thumb.sha256))
 
 
+# A child's stderr lines reach the worker's log, a compromised child's as fast as the pipe
+# goes: the log keeps a burst of them, then one a second, and counts the rest unread.
+_STDERR_BURST = 100
+_STDERR_LINES_PER_SECOND = 1.0
+
+
 def _drain_stderr(proc: subprocess.Popen[bytes]) -> None:
-    """Forward the child's stderr lines to the worker's log until the child is gone."""
+    """Forward the child's stderr lines to the worker's log until the child is gone, within
+    `_STDERR_BURST` lines and `_STDERR_LINES_PER_SECOND` after; say how many were dropped."""
     stream = proc.stderr
     assert stream is not None
     child_log = logging.getLogger("darkroom.sandbox.child")
+    tokens, last, dropped = float(_STDERR_BURST), time.monotonic(), 0
     with contextlib.suppress(OSError, ValueError), stream:
-        for raw in iter(lambda: stream.readline(4096), b""):
+        while True:
+            now = time.monotonic()
+            tokens = min(_STDERR_BURST, tokens + (now - last) * _STDERR_LINES_PER_SECOND)
+            last = now
+            if tokens < 1:
+                # Over budget: read in bulk and only count, so a flood costs the worker
+                # one read per pipe-full rather than a log record per line.
+                chunk = stream.read1(65536)
+                if not chunk:
+                    break
+                dropped += chunk.count(b"\n")
+                continue
+            raw = stream.readline(4096)
+            if not raw:
+                break
             line = raw.decode("utf-8", "replace").rstrip()
             if line:
+                tokens -= 1
                 child_log.warning("%s", line, extra={"child_pid": proc.pid})
+    if dropped:
+        child_log.warning("decoder child wrote too much to stderr: %d lines dropped", dropped,
+                          extra={"child_pid": proc.pid, "dropped": dropped})
 
 
 def cli(path: str, out: str | None, settings: Settings) -> int:

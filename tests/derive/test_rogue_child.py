@@ -76,6 +76,8 @@ def test_stderr_flood_is_bounded_in_the_log(caplog: pytest.LogCaptureFixture) ->
     dropped = wait_for(summary, timeout=30.0, what="the dropped-lines summary")
     kept = [r for r in caplog.records
             if r.name == "darkroom.sandbox.child" and r.getMessage().startswith("xxx")]
-    assert len(kept) <= 200
-    assert getattr(dropped, "dropped", 0) == lines - len(kept)
+    assert 0 < len(kept) <= 200
+    # Dropped lines are counted by their newlines, read in bulk: a kept line may be the
+    # tail of one cut where the bulk read ended.
+    assert lines - len(kept) - 5 <= getattr(dropped, "dropped", 0) <= lines - len(kept)
     assert caplog.records.index(dropped) > caplog.records.index(kept[-1])

@@ -63,6 +63,10 @@ log = logging.getLogger("darkroom.sandbox")
 # What the child answers when an allocation failed (see derive.py and decoder_child.py).
 _OUT_OF_MEMORY = frozenset({"oom", "out of memory"})
 _SIGNAL_NUMBERS = frozenset(int(number) for number in signal.Signals)
+# A child between jobs computes next to nothing (its parent watch wakes twice a second):
+# more than this much CPU since its last answer, checked this often, retires it.
+_IDLE_CPU_SECONDS = 1.0
+_IDLE_CHECK_SECONDS = 2.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 _cpu_budget = cpu_budget
 _cpu_lifetime = cpu_lifetime
@@ -371,6 +375,31 @@ class DecoderProcess:
                 with contextlib.suppress(OSError):
                     stream.close()
 
+    def _watch_idle_locked(self, proc: subprocess.Popen[bytes], job: int,
+                           cpu_at_end: float) -> None:
+        """Check now and then, until its next job, that a child between jobs stays idle.
+
+        The job's time limit and CPU budget end with its answer; a compromised child can
+        go on computing in a thread of its own (ignoring SIGXCPU, its soft CPU limit raised
+        to the hard one) while its slot looks idle. Such a child is retired.
+        """
+        watch = threading.Timer(_IDLE_CHECK_SECONDS, self._check_idle,
+                                args=(proc, job, cpu_at_end))
+        watch.daemon = True
+        watch.start()
+
+    def _check_idle(self, proc: subprocess.Popen[bytes], job: int, cpu_at_end: float) -> None:
+        with self._lock:
+            if self._proc is not proc or self._job or self._next_job != job:
+                return  # retired, or a later job has started: its own watch follows it
+            used = _child_cpu_seconds(proc.pid) - cpu_at_end
+            if used <= _IDLE_CPU_SECONDS:
+                self._watch_idle_locked(proc, job, cpu_at_end)
+                return
+            self._retire_locked()
+        log.warning("decoder child used %.1fs of CPU between jobs; killed", used,
+                    extra={"child_pid": proc.pid})
+
     def _on_timeout(self, job: int) -> None:
         with self._lock:
             if self._job == job:
@@ -414,6 +443,8 @@ class DecoderProcess:
                 timer.cancel()
                 with self._lock:
                     self._job = 0
+                    if self._proc is proc:
+                        self._watch_idle_locked(proc, job, _child_cpu_seconds(proc.pid))
             detail = meta.get("detail")
             if isinstance(detail, str) and detail in _OUT_OF_MEMORY:
                 # A heap that ran out is left fragmented: the next job, however small,

@@ -35,6 +35,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -47,7 +48,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from darkroom.decoder_child import ENVIRONMENT_NAMES, VIPS_THREADS, cpu_budget, cpu_lifetime
 from darkroom.derive import Derivative, Limits, check_size
@@ -551,7 +552,7 @@ def _drain_stderr(proc: subprocess.Popen[bytes]) -> None:
             if tokens < 1:
                 # Over budget: read in bulk and only count, so a flood costs the worker
                 # one read per pipe-full rather than a log record per line.
-                chunk = stream.read1(65536)
+                chunk = cast(io.BufferedReader, stream).read1(65536)
                 if not chunk:
                     break
                 dropped += chunk.count(b"\n")

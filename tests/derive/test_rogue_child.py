@@ -66,9 +66,8 @@ def test_stderr_flood_is_bounded_in_the_log(caplog: pytest.LogCaptureFixture) ->
     caplog.set_level(logging.WARNING, logger="darkroom.sandbox.child")
     lines = 20_000
     with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024,
-                        program=rogue("flood", str(lines))) as proc:
-        with pytest.raises(DeriveError):
-            proc.derive(PNG, owner="alice")
+                        program=rogue("flood", str(lines))) as proc, pytest.raises(DeriveError):
+        proc.derive(PNG, owner="alice")
 
     def summary() -> logging.LogRecord | None:
         return next((r for r in caplog.records if "lines dropped" in r.getMessage()), None)

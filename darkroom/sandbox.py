@@ -63,6 +63,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("darkroom.sandbox")
 # What the child answers when an allocation failed (see derive.py and decoder_child.py).
 _OUT_OF_MEMORY = frozenset({"oom", "out of memory"})
+# What a decoder may say about an image; the other codes are the worker's to give.
+_DECODER_CODES = frozenset({ErrorCode.UNSUPPORTED_FORMAT, ErrorCode.INVALID_IMAGE,
+                            ErrorCode.IMAGE_TOO_LARGE, ErrorCode.PROCESSING_FAILED})
 _SIGNAL_NUMBERS = frozenset(int(number) for number in signal.Signals)
 # A child between jobs computes next to nothing (its parent watch wakes twice a second):
 # more than this much CPU since its last answer, checked this often, retires it.
@@ -507,11 +510,10 @@ class DecoderProcess:
             name, detail = meta["error_code"], meta.get("detail", "")
             if not isinstance(name, str) or not isinstance(detail, str):
                 raise InvalidDerivative("error answer types")
-            try:
-                code = ErrorCode(name)
-            except ValueError:
-                code = ErrorCode.PROCESSING_FAILED
-            raise DeriveError(code, detail[:500])
+            if name not in _DECODER_CODES:
+                # Storage, the clock, the queue: a decoder that blames them is lying.
+                raise InvalidDerivative("an error code no decoder answers")
+            raise DeriveError(ErrorCode(name), detail[:500])
         # Every field checked before anything is kept: a child that answers anything but a
         # derivative this parent could have asked for is treated as compromised.
         try:

@@ -7,6 +7,8 @@ job runs ACTION, a decoder already taken over by an image:
 
 - `detail-list`: answers an error whose detail is a JSON list, not a string.
 - `deep-json`: answers a frame whose meta is JSON nested past Python's recursion limit.
+- `blame CODE`: answers the error CODE, one a decoder never gives (`storage_unavailable`,
+  say), as if another component had failed.
 - `rt-signal`: ends itself with a real-time signal, which has no name in `signal.Signals`.
 - `spin`: answers a real derivative, then keeps burning CPU in a thread of its own while
   the parent believes it idle (SIGXCPU ignored, soft CPU limit raised to the hard one).
@@ -58,6 +60,8 @@ def run(argv: list[str]) -> int:
             os.write(_RESPONSES, FRAME.pack(len(meta), 0) + meta)
             while True:  # the parent has all it will get
                 signal.pause()
+        if action == "blame":
+            return {"error_code": args[0], "detail": "not my fault"}, b""
         if action == "rt-signal":
             os.kill(os.getpid(), signal.SIGRTMIN + 6)  # signals to itself are allowed
         if action == "spin":

@@ -80,3 +80,20 @@ def test_stderr_flood_is_bounded_in_the_log(caplog: pytest.LogCaptureFixture) ->
     # tail of one cut where the bulk read ended.
     assert lines - len(kept) - 5 <= getattr(dropped, "dropped", 0) <= lines - len(kept)
     assert caplog.records.index(dropped) > caplog.records.index(kept[-1])
+
+
+@pytest.mark.parametrize("code", [ErrorCode.STORAGE_UNAVAILABLE, ErrorCode.ORIGINAL_MISSING,
+                                  ErrorCode.PROCESSING_TIMEOUT, ErrorCode.ATTEMPTS_EXHAUSTED])
+def test_a_child_cannot_blame_another_component(code: ErrorCode) -> None:
+    """A decoder answers only what a decoder can say about the image (too large, invalid,
+    unsupported, failed). A code that blames the store, the clock or the queue would make
+    the worker retry the file or tell its owner the upload is gone: it is
+    `processing_failed`, and the child that said it is never asked again."""
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024,
+                        program=rogue("blame", str(code))) as proc:
+        proc.start()
+        first = proc.pid
+        with pytest.raises(DeriveError) as failed:
+            proc.derive(PNG, owner="alice")
+        assert failed.value.code == ErrorCode.PROCESSING_FAILED
+        assert proc.pid != first

@@ -9,6 +9,8 @@ job runs ACTION, a decoder already taken over by an image:
 - `deep-json`: answers a frame whose meta is JSON nested past Python's recursion limit.
 - `blame CODE`: answers the error CODE, one a decoder never gives (`storage_unavailable`,
   say), as if another component had failed.
+- `smuggle`: answers the real derivative with other bytes (here a stand-in for a key) added
+  to the end of its `VP8 ` bitstream, where a decoder never looks.
 - `rt-signal`: ends itself with a real-time signal, which has no name in `signal.Signals`.
 - `spin`: answers a real derivative, then keeps burning CPU in a thread of its own while
   the parent believes it idle (SIGXCPU ignored, soft CPU limit raised to the hard one).
@@ -19,6 +21,7 @@ Nothing in the product can start this module: only a test passes it as the child
 
 from __future__ import annotations
 
+import hashlib
 import os
 import resource
 import signal
@@ -49,6 +52,28 @@ def _spin() -> None:
         pass
 
 
+SECRET = b"-----BEGIN PRIVATE KEY-----\n" + b"A" * 2000 + b"\n-----END PRIVATE KEY-----\n"
+
+
+def _smuggled(meta: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
+    """The preview with `SECRET` inside its last chunk, sizes and sha256 made consistent."""
+    thumb_size = meta["thumb"]["bytes"]
+    preview, thumb = payload[:-thumb_size], payload[-thumb_size:]
+    pos = 12
+    while True:  # to the last chunk, the bitstream
+        size = int.from_bytes(preview[pos + 4:pos + 8], "little")
+        if pos + 8 + size + (size & 1) >= len(preview):
+            break
+        pos += 8 + size + (size & 1)
+    assert preview[pos:pos + 4] == b"VP8 ", preview[pos:pos + 4]
+    body = preview[pos + 8:pos + 8 + size] + SECRET
+    chunk = b"VP8 " + len(body).to_bytes(4, "little") + body + b"\0" * (len(body) & 1)
+    riff = preview[12:pos] + chunk
+    preview = b"RIFF" + (4 + len(riff)).to_bytes(4, "little") + b"WEBP" + riff
+    meta["sha256"] = hashlib.sha256(preview).hexdigest()
+    return meta, preview + thumb
+
+
 def run(argv: list[str]) -> int:
     action, args = argv[argv.index("--") + 1], argv[argv.index("--") + 2:]
 
@@ -62,6 +87,8 @@ def run(argv: list[str]) -> int:
                 signal.pause()
         if action == "blame":
             return {"error_code": args[0], "detail": "not my fault"}, b""
+        if action == "smuggle":
+            return _smuggled(*decode_job(data, limits))
         if action == "rt-signal":
             os.kill(os.getpid(), signal.SIGRTMIN + 6)  # signals to itself are allowed
         if action == "spin":

@@ -11,6 +11,7 @@ job runs ACTION, a decoder already taken over by an image:
   say), as if another component had failed.
 - `smuggle`: answers the real derivative with other bytes (here a stand-in for a key) added
   to the end of its `VP8 ` bitstream, where a decoder never looks.
+- `whoami`: answers the uid it runs as and its pid, as an error detail.
 - `rt-signal`: ends itself with a real-time signal, which has no name in `signal.Signals`.
 - `spin`: answers a real derivative, then keeps burning CPU in a thread of its own while
   the parent believes it idle (SIGXCPU ignored, soft CPU limit raised to the hard one).
@@ -89,6 +90,8 @@ def run(argv: list[str]) -> int:
             return {"error_code": args[0], "detail": "not my fault"}, b""
         if action == "smuggle":
             return _smuggled(*decode_job(data, limits))
+        if action == "whoami":
+            raise DeriveError(ErrorCode.PROCESSING_FAILED, f"uid {os.getuid()} pid {os.getpid()}")
         if action == "rt-signal":
             os.kill(os.getpid(), signal.SIGRTMIN + 6)  # signals to itself are allowed
         if action == "spin":

@@ -7,6 +7,10 @@ product's `decoder_child.main`); the parent is the product's `DecoderProcess`.
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -117,3 +121,47 @@ def test_bytes_hidden_in_the_bitstream_are_never_stored() -> None:
     shown = im.decode_webp(result.data)
     assert shown.size == (64, 48)
     raise AssertionError("a derivative carrying other bytes was accepted")
+
+
+# A worker in a PID namespace of its own, as in a container: its child says who it is and
+# stays alive until the worker's stdin closes.
+_CONTAINED_WORKER = """
+import sys
+from darkroom.config import load_settings
+from darkroom.derive import Limits
+from darkroom.errors import DeriveError
+from darkroom.sandbox import DecoderProcess
+from tests.derive import images as im
+from tests.derive.rogue_child import rogue
+with DecoderProcess(Limits.from_settings(load_settings()), timeout=30.0, memory_mb=1024,
+                    program=rogue("whoami")) as proc:
+    try:
+        proc.derive(im.flat(8, 8, ".png"), owner="x")
+    except DeriveError as exc:
+        print(exc.detail, flush=True)
+    sys.stdin.readline()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="a child takes a uid of its own only when started as root")
+@pytest.mark.xfail(strict=True, reason=(
+    "jail.own_uid is OWN_UID_BASE + the child's pid as its own PID namespace numbers it:"
+    " two root workers in two containers (PID namespaces, one user namespace: Docker's"
+    " default) give their children the same uid, sharing RLIMIT_NPROC's count. A uid"
+    " unique across PID namespaces needs an allocator the containers share"))
+def test_children_of_workers_in_two_pid_namespaces_have_uids_of_their_own() -> None:
+    """SECURITY.md: no other process on the host shares a child's uid."""
+    workers = [subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", _CONTAINED_WORKER],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+        for _ in range(2)]
+    try:
+        answers = [worker.stdout.readline().split() for worker in workers if worker.stdout]
+    finally:
+        for worker in workers:
+            worker.communicate("\n", timeout=30)
+    assert [answer[0] for answer in answers] == ["uid", "uid"]
+    # Both children were alive together: neither worker had let its child go.
+    assert answers[0][1] != answers[1][1], f"both children run as uid {answers[0][1]}"

@@ -13,6 +13,8 @@ job runs ACTION, a decoder already taken over by an image:
   to the end of its `VP8 ` bitstream, where a decoder never looks.
 - `whoami`: answers the uid it runs as and its pid, as an error detail.
 - `rt-signal`: ends itself with a real-time signal, which has no name in `signal.Signals`.
+- `huge-prefix`: a frame header announcing a 4 GiB payload, then silence.
+- `partial-frame`: a frame header and half its meta, then silence.
 - `spin`: answers a real derivative, then keeps burning CPU in a thread of its own while
   the parent believes it idle (SIGXCPU ignored, soft CPU limit raised to the hard one).
 - `flood N`: writes N lines to stderr, then answers an error.
@@ -81,9 +83,13 @@ def run(argv: list[str]) -> int:
     def job(data: bytes, limits: Limits) -> tuple[dict[str, Any], bytes]:
         if action == "detail-list":
             return {"error_code": str(ErrorCode.PROCESSING_FAILED), "detail": ["oom"]}, b""
-        if action == "deep-json":
+        if action in ("deep-json", "huge-prefix", "partial-frame"):
             meta = b"[" * 60_000
-            os.write(_RESPONSES, FRAME.pack(len(meta), 0) + meta)
+            os.write(_RESPONSES, {
+                "deep-json": FRAME.pack(len(meta), 0) + meta,
+                "huge-prefix": FRAME.pack(2, 0xFFFF_FFFF) + b"{}",
+                "partial-frame": FRAME.pack(len(meta), 0) + meta[:30_000],
+            }[action])
             while True:  # the parent has all it will get
                 signal.pause()
         if action == "blame":

@@ -32,7 +32,7 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / 100
 
 
-@pytest.mark.parametrize("action", ["detail-list", "deep-json", "rt-signal"])
+@pytest.mark.parametrize("action", ["detail-list", "deep-json", "rt-signal", "huge-prefix"])
 def test_malformed_answer_fails_the_file_and_replaces_the_child(action: str) -> None:
     """An answer the parent cannot even parse, or a death it has no name for, is
     `processing_failed`, never an exception out of `derive` (the worker would log a crash
@@ -47,6 +47,18 @@ def test_malformed_answer_fails_the_file_and_replaces_the_child(action: str) -> 
         # The slot still works: the next job gets a fresh child, which fails the same way.
         with pytest.raises(DeriveError):
             proc.derive(PNG, owner="alice")
+        assert proc.pid != first
+
+
+def test_a_frame_cut_short_times_out_and_replaces_the_child() -> None:
+    """Half a frame, then silence: the parent's time limit ends the wait, not the child."""
+    with DecoderProcess(LIMITS, timeout=2.0, memory_mb=1024,
+                        program=rogue("partial-frame")) as proc:
+        proc.start()
+        first = proc.pid
+        with pytest.raises(DeriveError) as failed:
+            proc.derive(PNG, owner="alice")
+        assert failed.value.code == ErrorCode.PROCESSING_TIMEOUT
         assert proc.pid != first
 
 
@@ -135,8 +147,17 @@ from tests.derive import images as im
 from tests.derive.rogue_child import rogue
 with DecoderProcess(Limits.from_settings(load_settings()), timeout=30.0, memory_mb=1024,
                     program=rogue("whoami")) as proc:
+    # Pids in a young namespace are small and alike; made the same here (pid 200), so the
+    # test does not depend on how many tasks each worker happened to start first.
+    for _ in range(50):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as last_pid:
+            last_pid.write("199")
+        proc.start()
+        if proc.pid == 200:
+            break
+        proc.kill()
     try:
-        proc.derive(im.flat(8, 8, ".png"), owner="x")
+        proc.derive(im.flat(8, 8, ".png"))  # no owner: the child started above
     except DeriveError as exc:
         print(exc.detail, flush=True)
     sys.stdin.readline()
@@ -162,6 +183,7 @@ def test_children_of_workers_in_two_pid_namespaces_have_uids_of_their_own() -> N
     finally:
         for worker in workers:
             worker.communicate("\n", timeout=30)
-    assert [answer[0] for answer in answers] == ["uid", "uid"]
+    assert [answer[::2] for answer in answers] == [["uid", "pid"], ["uid", "pid"]]
+    assert answers[0][3] == answers[1][3] == "200"
     # Both children were alive together: neither worker had let its child go.
     assert answers[0][1] != answers[1][1], f"both children run as uid {answers[0][1]}"

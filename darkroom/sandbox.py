@@ -394,8 +394,9 @@ class DecoderProcess:
 
     def _check_idle(self, proc: subprocess.Popen[bytes], job: int, cpu_at_end: float) -> None:
         with self._lock:
-            if self._proc is not proc or self._job or self._next_job != job:
-                return  # retired, or a later job has started: its own watch follows it
+            if (self._proc is not proc or self._job or self._next_job != job
+                    or proc.poll() is not None):
+                return  # retired, ended, or a later job started: its own watch follows it
             used = _child_cpu_seconds(proc.pid) - cpu_at_end
             if used <= _IDLE_CPU_SECONDS:
                 self._watch_idle_locked(proc, job, cpu_at_end)

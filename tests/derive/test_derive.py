@@ -404,7 +404,7 @@ def test_progressive_jpeg() -> None:
 def test_animated_gif_first_frame_only() -> None:
     frames = [Image.new("RGB", (50, 40), colour) for colour in (im.RED, im.GREEN, im.BLUE)]
     data = im.save(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=100)
-    assert Image.open(io.BytesIO(data)).n_frames == 3
+    assert Image.open(io.BytesIO(data)).n_frames == 3  # type: ignore[attr-defined]
     result = derive(data, LIMITS)
     assert (result.width, result.height) == (50, 40)
     assert b"ANIM" not in {kind for kind, _ in im.riff_chunks(result.data)}

@@ -95,6 +95,7 @@ def test_stderr_flood_is_bounded_in_the_log(caplog: pytest.LogCaptureFixture) ->
     # Dropped lines are counted by their newlines, read in bulk: a kept line may be the
     # tail of one cut where the bulk read ended.
     assert lines - len(kept) - 5 <= getattr(dropped, "dropped", 0) <= lines - len(kept)
+    assert dropped is not None
     assert caplog.records.index(dropped) > caplog.records.index(kept[-1])
 
 

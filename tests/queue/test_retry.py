@@ -118,8 +118,8 @@ async def test_a_retry_whose_answer_was_lost_queues_nothing_twice(
     q = make_queue(pool, max_attempts=1)
     fid = await rejected(q, ErrorCode.STORAGE_UNAVAILABLE)
     run = uuid.uuid4()
-    params = {"owner": "alice", "id": None, "codes": CODES, "since": None, "run": run,
-              "actor": "cli:ops", "priority": "bulk", "limit": 500}
+    params = {"owner": "alice", "id": None, "ids": None, "codes": CODES, "since": None,
+              "run": run, "actor": "cli:ops", "priority": "bulk", "limit": 500}
     with psycopg.connect(db_url, autocommit=True) as conn:  # committed; answer unread
         conn.execute(QUERIES["retry"], params)
     [lease] = await q.claim(1)

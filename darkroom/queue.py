@@ -68,6 +68,16 @@ class LeaseLost(DarkroomError):
 
 
 @dataclass(frozen=True, slots=True)
+class RetryTarget:
+    """A card a console retry names: whose it is and where it stands."""
+
+    id: uuid.UUID
+    owner: str
+    status: str
+    error_code: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class Lease:
     """One attempt's right to publish a result for one card, until `lease_until`."""
 
@@ -619,17 +629,25 @@ class Queue:
     async def retry(
         self, owner: str, *, run: uuid.UUID, actor: str, codes: Sequence[str] | None,
         since: datetime | None = None, file_id: uuid.UUID | None = None,
-        priority: Priority = Priority.BULK, limit: int = 500,
+        ids: Sequence[uuid.UUID] | None = None, priority: Priority = Priority.BULK,
+        limit: int = 500,
     ) -> list[uuid.UUID]:
         """rejected -> queued with a fresh attempt budget, for up to `limit` of `owner`'s
-        rejected cards (only `file_id`, when given) with a code in `codes` (None: any);
-        answers the ids moved. Fenced by `run`: repeated with the same run (its answer
-        lost), it re-queues nothing it re-queued before."""
+        rejected cards (only `file_id`, or those of `ids`, when given) with a code in
+        `codes` (None: any); answers the ids moved. Fenced by `run`: repeated with the
+        same run (its answer lost), it re-queues nothing it re-queued before."""
         rows = await self._rows("retry", {
-            "owner": owner, "id": file_id, "codes": None if codes is None else list(codes),
+            "owner": owner, "id": file_id, "ids": None if ids is None else list(ids),
+            "codes": None if codes is None else list(codes),
             "since": since, "run": run, "actor": actor, "priority": str(Priority(priority)),
             "limit": limit})
         return list(rows[0]["ids"])
+
+    async def retry_targets(self, ids: Sequence[uuid.UUID]) -> list[RetryTarget]:
+        """Where each of `ids` stands, and whose it is (a missing or deleted card: absent)."""
+        if not ids:
+            return []
+        return await self.db.typed("retry_targets", {"ids": list(ids)}, RetryTarget)
 
     async def retry_waiting(self, ids: Sequence[uuid.UUID]) -> int:
         """How many of `ids` are queued or processing."""

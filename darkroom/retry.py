@@ -6,7 +6,8 @@ the codes that say nothing about the file itself (`RETRYABLE_CODES`); `--code` n
 others, `--all` takes every rejected card. Only cards still `rejected` are taken, and
 each run is fenced by an id of its own, so a run repeated (or repeated after its answer
 was lost) queues nothing twice. The command's cards are bulk work; an owner's retry of
-one card from the page is interactive, since someone is watching it.
+one card from the page is interactive, since someone is watching it. An admin's retry of
+cards picked in the console (`POST /v1/queue/retry`, any owner's) is bulk work too.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from darkroom.progress import Bar
 from darkroom.queue import Queue
 
 BATCH = 500  # cards per statement: short transactions, a few row locks at a time
+MAX_PICKED = 500  # cards one console retry may name: one page of answers, bounded work
 POLL_SECONDS = 1.0
 
 
@@ -38,6 +40,7 @@ class RetryOutcome(StrEnum):
     QUEUED = "queued"
     NOT_RETRYABLE = "not_retryable"  # not rejected, or rejected for the file's own fault
     NOT_FOUND = "not_found"
+    NOT_REJECTED = "not_rejected"  # queued again already (a repeat), processing or ready
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,50 @@ async def retry_card(queue: Queue, file_id: uuid.UUID, owner: str, actor: str) -
     if not moved:
         return Retried(RetryOutcome.NOT_RETRYABLE, card)
     return Retried(RetryOutcome.QUEUED, card)
+
+
+@dataclass(frozen=True, slots=True)
+class Picked:
+    """What a console retry did with one card it named, and where the card stands now."""
+
+    id: uuid.UUID
+    outcome: RetryOutcome
+    status: str | None = None  # None: not found
+
+
+async def retry_picked(queue: Queue, ids: Sequence[uuid.UUID], actor: str) -> list[Picked]:
+    """An admin's retry of cards picked in the console, whoever owns them: each rejected
+    with a retryable code is queued again as bulk work; the answer says, per id in the
+    order given (each once), what became of it. A repeat of the same request (its answer
+    lost) finds the cards it queued no longer rejected and answers `not_rejected` with
+    their status, queueing nothing twice."""
+    if len(ids) > MAX_PICKED:
+        raise ValueError(f"at most {MAX_PICKED} cards per retry")
+    named = list(dict.fromkeys(ids))
+    retryable = {str(c) for c in RETRYABLE_CODES}
+    mine: dict[str, list[uuid.UUID]] = {}
+    for t in await queue.retry_targets(named):
+        if t.status == "rejected" and t.error_code in retryable:
+            mine.setdefault(t.owner, []).append(t.id)
+    run_id = uuid.uuid4()
+    moved: set[uuid.UUID] = set()
+    # One statement per owner: each card takes its place in its owner's line.
+    for owner in sorted(mine):
+        moved.update(await queue.retry(owner, run=run_id, actor=actor, ids=mine[owner],
+                                       codes=sorted(retryable), limit=len(mine[owner])))
+    now = {t.id: t for t in await queue.retry_targets(named)}
+    answers: list[Picked] = []
+    for file_id in named:
+        card = now.get(file_id)
+        if card is None:
+            answers.append(Picked(file_id, RetryOutcome.NOT_FOUND))
+        elif file_id in moved:
+            answers.append(Picked(file_id, RetryOutcome.QUEUED, card.status))
+        elif card.status == "rejected":
+            answers.append(Picked(file_id, RetryOutcome.NOT_RETRYABLE, card.status))
+        else:
+            answers.append(Picked(file_id, RetryOutcome.NOT_REJECTED, card.status))
+    return answers
 
 
 def parse_codes(codes: Sequence[str] | None, everyone: bool) -> list[str] | None:

@@ -19,9 +19,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from darkroom.api.problems import PROBLEM_MEDIA_TYPE, problem_body
 
-# Every JSON body of this API is a few hundred bytes (the longest is a card's creation,
-# with a file name of at most a few hundred characters).
-MAX_JSON_BYTES = 16 * 1024
+# Every JSON body of this API is a few hundred bytes (a card's creation, with a file name
+# of at most a few hundred characters), but for an admin's retry of at most 500 picked
+# cards (about 20 KB of ids).
+MAX_JSON_BYTES = 32 * 1024
 
 DOCS_PATHS = ("/docs", "/docs/oauth2-redirect")
 # What Swagger UI needs when /docs is enabled: its CDN and the inline script that starts it.

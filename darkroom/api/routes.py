@@ -50,6 +50,8 @@ from darkroom.api.schemas import (
     QueueStats,
     Resumed,
     ResumeScope,
+    RetriedPicked,
+    RetryPicked,
     Status,
     Stored,
     Upload,
@@ -67,7 +69,7 @@ from darkroom.errors import ObjectMissing, StorageError, StorageUnavailable
 from darkroom.keys import find_key_hash, key_name
 from darkroom.queue import ClaimPause as PauseRow
 from darkroom.queue import Confirmation, ConfirmOutcome, Queue, QuotaExceeded, original_key
-from darkroom.retry import RetryOutcome, retry_card
+from darkroom.retry import RetryOutcome, retry_card, retry_picked
 from darkroom.storage import ObjectInfo, ObjectStore
 from darkroom.uploads import KeyBusy, KeyReused, valid_key
 
@@ -811,6 +813,27 @@ async def resume_claims(body: ResumeScope, who: Admin, request: Request) -> Resu
     for p in lifted:
         log.info("claiming resumed", extra={"scope": p.scope(), "by": f"api:{who.owner}"})
     return Resumed(resumed=[_pause_json(p) for p in lifted])
+
+
+@router.post(
+    "/v1/queue/retry",
+    response_model=RetriedPicked,
+    tags=["operations"],
+    responses=problems(401, 403, 422),
+    summary="Queue again the rejected cards picked in the console, any owner's (admin key)",
+    description="At most 500 ids. Each card rejected for a fault that was not the file's "
+    "own is queued again as bulk work; the answer says per id what became of it. Safe to "
+    "repeat: a card already queued again answers `not_rejected` with its status.",
+)
+async def retry_picked_cards(body: RetryPicked, who: Admin, request: Request) -> RetriedPicked:
+    done = await retry_picked(_queue(request), body.ids, _actor(request, who.owner))
+    queued = sum(1 for d in done if d.outcome is RetryOutcome.QUEUED)
+    if queued:
+        log.info("rejected cards queued again", extra={"cards": queued, "by": who.owner})
+    return RetriedPicked.model_validate({
+        "results": [{"id": d.id, "outcome": str(d.outcome), "status": d.status}
+                    for d in done],
+        "queued": queued})
 
 
 @router.get(

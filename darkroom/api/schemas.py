@@ -269,6 +269,29 @@ class Resumed(BaseModel):
     resumed: list[ClaimPause] = Field(description="The pauses lifted (none on a repeat).")
 
 
+class RetryPicked(BaseModel):
+    """The cards an admin picked in the console to queue again, any owner's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[uuid.UUID] = Field(min_length=1, max_length=500,
+                                 description="At most 500 card ids; a repeated id counts once.")
+
+
+class PickedOutcome(BaseModel):
+    id: uuid.UUID
+    outcome: Literal["queued", "not_retryable", "not_rejected", "not_found"] = Field(
+        description="queued: queued again now; not_retryable: rejected for the file's own "
+        "fault; not_rejected: not rejected (already queued again, processing or ready); "
+        "not_found: no such card.")
+    status: str | None = Field(description="The card's status now (null: not found).")
+
+
+class RetriedPicked(BaseModel):
+    results: list[PickedOutcome] = Field(description="One per id, in the order given.")
+    queued: int = Field(description="How many were queued again by this request.")
+
+
 class HistoryEvent(BaseModel):
     kind: str = Field(description="claimed, ready, retry_scheduled, rejected, exhausted, "
                       "deferred, released, lease_lost, revoked, expired, rederive, ...")

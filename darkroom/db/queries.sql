@@ -614,7 +614,8 @@ ORDER BY owner, error_code;
 
 -- name: retry
 -- rejected -> queued with a fresh attempt budget, for up to `limit` of one owner's
--- rejected cards (or the one card `id`) whose code is in `codes` (NULL: any). Only cards
+-- rejected cards (or the one card `id`, or those of `ids`) whose code is in `codes` (NULL:
+-- any). Only cards
 -- still rejected are taken, so nothing that is not rejected is touched. Each card records
 -- the run that re-queued it (`run`): the same run repeated after its answer was lost
 -- passes over what it re-queued, even a card that was rejected again since, so a run
@@ -625,6 +626,7 @@ WITH picked AS (
     SELECT id, error_code, finished_at FROM archive_files
     WHERE owner = %(owner)s AND status = 'rejected'
       AND (%(id)s::uuid IS NULL OR id = %(id)s::uuid)
+      AND (%(ids)s::uuid[] IS NULL OR id = ANY (%(ids)s::uuid[]))
       AND (%(codes)s::text[] IS NULL OR error_code = ANY (%(codes)s::text[]))
       AND (%(since)s::timestamptz IS NULL OR finished_at >= %(since)s::timestamptz)
       AND retried_by IS DISTINCT FROM %(run)s::uuid
@@ -659,6 +661,11 @@ WITH picked AS (
 SELECT coalesce(array_agg(id), '{}') AS ids,
        CASE WHEN count(*) > 0 THEN pg_notify('darkroom_jobs', '') END AS notified
 FROM moved;
+
+-- name: retry_targets
+-- Where the cards a console retry names stand, and whose they are (a deleted card is gone).
+SELECT id, owner, status, error_code FROM archive_files
+WHERE id = ANY (%(ids)s::uuid[]) AND status <> 'deleting';
 
 -- name: retry_waiting
 -- Of the cards a retry re-queued, those not yet final.

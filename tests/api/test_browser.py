@@ -387,3 +387,88 @@ def test_a_card_rejected_for_a_passing_fault_has_a_retry_button(
         [(who,)] = conn.execute("SELECT worker FROM archive_events WHERE file_id = %s"
                                 " AND kind = 'retried'", (outage["id"],)).fetchall()
     assert who == f"api:{key[:12]} owner=retrier"
+
+
+def test_an_admin_picks_rejected_cards_of_any_owner_and_retries_them(page_api: Api) -> None:
+    """The console's rejected files of a retryable code: pick two of three (two owners'),
+    Retry selected; those two are queued again, the third stays rejected, the panel's
+    counts follow. An owner's key sees no picking."""
+    binary = chromium_binary()
+    if binary is None:
+        pytest.skip("no Chromium binary found (apt-get install chromium)")
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    expect = playwright_api.expect
+    from darkroom.errors import ErrorCode
+    from tests.api.helpers import confirmed
+    from tests.api.test_retry_route import reject
+
+    api = page_api
+    root, alice, bob = (api.make_key("root", admin=True), api.make_key("alice"),
+                        api.make_key("bob"))
+    made: dict[str, str] = {}
+    for key, name in ((alice, "a-1.jpg"), (bob, "b-1.jpg"), (bob, "b-2.jpg")):
+        with api.client(key) as c:
+            made[name] = confirmed(c, filename=name)["id"]
+        reject(api, made[name], ErrorCode.STORAGE_UNAVAILABLE)
+
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=binary, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
+            page.goto(api.url)
+            page.get_by_test_id("key-input").fill(root)
+            page.get_by_test_id("key-save").click()
+            codes = page.get_by_test_id("q-code")
+            expect(codes).to_have_text(["storage_unavailable · 3"], timeout=10_000)
+            expect(page.get_by_test_id("q-rejected")).to_have_text("3")
+            codes.first.click()
+            cards = page.get_by_test_id("card")
+            expect(cards).to_have_count(3)
+            expect(page.get_by_test_id("picking")).to_be_visible()
+            expect(page.get_by_test_id("retry-shown")).to_have_text("Retry all 3 shown")
+            expect(page.get_by_test_id("retry-selected")).to_be_disabled()
+
+            cards.filter(has_text="a-1.jpg").get_by_test_id("pick").check()
+            cards.filter(has_text="b-2.jpg").get_by_test_id("pick").check()
+            expect(page.get_by_test_id("retry-selected")).to_have_text("Retry selected (2)")
+            page.get_by_test_id("retry-selected").click()
+
+            # No worker runs: queued is as far as the cards go.
+            for name in ("a-1.jpg", "b-2.jpg"):
+                card = cards.filter(has_text=name)
+                expect(card).to_have_attribute("data-status", "queued", timeout=10_000)
+                expect(card.get_by_test_id("pick")).to_be_hidden()
+            expect(cards.filter(has_text="b-1.jpg")).to_have_attribute("data-status",
+                                                                        "rejected")
+            expect(page.get_by_test_id("retry-result")).to_have_text("Queued 2 of 2 again.")
+            expect(page.get_by_test_id("retry-shown")).to_have_text("Retry all 1 shown")
+            # The panel's counts follow at once, not at its next tick.
+            expect(codes).to_have_text(["storage_unavailable · 1"], timeout=5_000)
+            expect(page.get_by_test_id("q-rejected")).to_have_text("1")
+            expect(page.get_by_test_id("q-queued")).to_have_text("2")
+            page.screenshot(path="/tmp/darkroom-console-retry.png", full_page=True)
+
+            # An owner's key: its own rejected card, its own Retry, no picking.
+            page.get_by_test_id("code-filter-clear").click()
+            page.get_by_test_id("key-forget").click()
+            page.get_by_test_id("key-input").fill(bob)
+            page.get_by_test_id("key-save").click()
+            expect(cards).to_have_count(2, timeout=10_000)
+            own = cards.filter(has_text="b-1.jpg")
+            expect(own).to_have_attribute("data-status", "rejected")
+            expect(own.get_by_test_id("retry")).to_be_visible()
+            expect(own.get_by_test_id("pick")).to_be_hidden()
+            expect(page.get_by_test_id("picking")).to_be_hidden()
+        finally:
+            browser.close()
+
+    with api.client(alice) as c:
+        assert c.get(f"/v1/files/{made['a-1.jpg']}").json()["status"] == "queued"
+    with api.client(bob) as c:
+        assert [c.get(f"/v1/files/{made[n]}").json()["status"]
+                for n in ("b-1.jpg", "b-2.jpg")] == ["rejected", "queued"]
+    with psycopg.connect(api.db_url) as conn:
+        who = conn.execute("SELECT file_id::text, worker FROM archive_events"
+                           " WHERE kind = 'retried' ORDER BY file_id").fetchall()
+    assert who == sorted((made[n], f"api:{root[:12]} owner=root")
+                         for n in ("a-1.jpg", "b-2.jpg"))

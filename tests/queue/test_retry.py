@@ -118,8 +118,8 @@ async def test_a_retry_whose_answer_was_lost_queues_nothing_twice(
     q = make_queue(pool, max_attempts=1)
     fid = await rejected(q, ErrorCode.STORAGE_UNAVAILABLE)
     run = uuid.uuid4()
-    params = {"owner": "alice", "id": None, "codes": CODES, "since": None, "run": run,
-              "actor": "cli:ops", "priority": "bulk", "limit": 500}
+    params = {"owner": "alice", "id": None, "ids": None, "codes": CODES, "since": None,
+              "run": run, "actor": "cli:ops", "priority": "bulk", "limit": 500}
     with psycopg.connect(db_url, autocommit=True) as conn:  # committed; answer unread
         conn.execute(QUERIES["retry"], params)
     [lease] = await q.claim(1)
@@ -326,3 +326,28 @@ async def test_a_rederive_at_the_deferral_bound_keeps_the_photo_ready(
     assert r["derived_key"] == derived_key(first)
     kinds = [k for k, _, _ in events(db_url, fid)]
     assert kinds[-1] == "rederive_failed" and "lease_lost" not in kinds
+
+
+async def test_a_picked_retry_takes_only_the_named_cards_of_each_owner(
+        pool: Any, db_url: str) -> None:
+    """An admin's picked retry: only the ids named, across owners, each in its owner's
+    line; run again after the first owner's statement committed and the answer was lost,
+    it finishes the rest and queues nothing twice."""
+    q = make_queue(pool, max_attempts=1)
+    a1 = await rejected(q, ErrorCode.STORAGE_UNAVAILABLE)
+    a2 = await rejected(q, ErrorCode.STORAGE_UNAVAILABLE)
+    b1 = await rejected(q, ErrorCode.PROCESSING_TIMEOUT, owner="bob")
+    # Alice's statement of an earlier request committed; its answer was lost.
+    assert await q.retry("alice", run=uuid.uuid4(), actor="api:x owner=ops", ids=[a1],
+                         codes=CODES) == [a1]
+
+    done = await retry.retry_picked(q, [a1, b1], actor="api:x owner=ops")
+    assert [(d.id, d.outcome, d.status) for d in done] == [
+        (a1, retry.RetryOutcome.NOT_REJECTED, "queued"),
+        (b1, retry.RetryOutcome.QUEUED, "queued")]
+    assert row(db_url, a2)["status"] == "rejected"  # alice's, but not picked
+    assert row(db_url, b1)["priority"] == "bulk"
+    assert [k for k, _, _ in events(db_url, a1)].count("retried") == 1
+    assert events(db_url, b1)[-1] == ("retried", "api:x owner=ops", "processing_timeout")
+    with pytest.raises(ValueError, match="at most 500"):
+        await retry.retry_picked(q, [uuid.uuid4() for _ in range(501)], actor="x")

@@ -464,8 +464,8 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             run = uuid.uuid4()
             if lost:  # committed, its answer never read
                 self.db.execute(QUERIES["retry"], {
-                    "owner": owner, "id": None, "codes": codes, "since": None, "run": run,
-                    "actor": "cli:test", "priority": "bulk", "limit": 500})
+                    "owner": owner, "id": None, "ids": None, "codes": codes, "since": None,
+                    "run": run, "actor": "cli:test", "priority": "bulk", "limit": 500})
                 moved = list(expected - self.rejected(owner, codes))
             else:
                 moved = self.run(self.queues[0].retry(owner, run=run, actor="cli:test",

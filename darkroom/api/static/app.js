@@ -256,8 +256,13 @@ function render(card, atTop = false) {
   setError(el, card.status === "rejected"
     ? (ERROR_TEXT[card.error_code] || ERROR_TEXT.processing_failed) : "");
   // The upload's own Retry (a step that failed before the card was queued) is left alone.
-  if (card.status === "rejected" && RETRYABLE.has(card.error_code)) {
-    showRetry(el, () => retryCard(card.id));
+  const retryable = card.status === "rejected" && RETRYABLE.has(card.error_code);
+  const pick = $('[data-testid="pick"]', el);
+  pick.hidden = !(retryable && state.allOwners);
+  if (pick.hidden) pick.checked = false;
+  if (retryable) {
+    // Another owner's card (the console's view) goes back through the admin's route.
+    showRetry(el, () => (state.allOwners ? retryPicked([card.id]) : retryCard(card.id)));
     el.dataset.cardRetry = "1";
   } else if (el.dataset.cardRetry) {
     showRetry(el, null);
@@ -272,6 +277,7 @@ function render(card, atTop = false) {
     meta.textContent = formatBytes(card.size);
   }
   if (card.status !== "pending") setProgress(el, null);
+  if (state.allOwners) updatePicking();
 }
 
 // Thumbs are fetched only for cards near the viewport: a grid of thousands downloads what
@@ -324,6 +330,7 @@ function removeCard(id) {
   entry.el.remove();
   state.cards.delete(id);
   updateEmpty();
+  if (state.allOwners) updatePicking();
 }
 
 async function deleteCard(id) {
@@ -360,7 +367,76 @@ async function retryCard(id) {
   }
 }
 
+// --- an admin's picked retry (the console's view of every owner's rejected cards) -------
+
+// The cards shown that a retry would take: rejected with a retryable code.
+function pickable() {
+  return [...state.cards.values()].filter((e) => !$('[data-testid="pick"]', e.el).hidden);
+}
+
+function updatePicking() {
+  const picking = $('[data-testid="picking"]');
+  picking.hidden = !(state.allOwners && RETRYABLE.has(state.code));
+  if (picking.hidden) return;
+  const shown = pickable();
+  const chosen = shown.filter((e) => $('[data-testid="pick"]', e.el).checked);
+  const selected = $('[data-testid="retry-selected"]');
+  selected.disabled = chosen.length === 0;
+  selected.textContent = chosen.length ? `Retry selected (${chosen.length})` : "Retry selected";
+  const all = $('[data-testid="retry-shown"]');
+  all.textContent = `Retry all ${shown.length} shown`;
+  all.disabled = shown.length === 0;
+  const pickAll = $('[data-testid="pick-all"]');
+  pickAll.checked = shown.length > 0 && chosen.length === shown.length;
+  pickAll.indeterminate = chosen.length > 0 && chosen.length < shown.length;
+}
+
+const PICKED_PER_REQUEST = 500;  // the route's bound
+
+// Any owner's cards, queued again by the admin's route; the answer says per card where
+// it stands (a repeat whose first answer was lost finds them queued: not_rejected).
+async function retryPicked(ids) {
+  const result = $('[data-testid="retry-result"]');
+  let queued = 0;
+  let failed = false;
+  for (let i = 0; i < ids.length; i += PICKED_PER_REQUEST) {
+    const chunk = ids.slice(i, i + PICKED_PER_REQUEST);
+    try {
+      // Safe to repeat: a card queued by a lost answer is not queued twice.
+      const answer = await withRetries(() => api("POST", "/v1/queue/retry", { ids: chunk }));
+      queued += answer.queued;
+      for (const r of answer.results) {
+        const entry = state.cards.get(r.id);
+        if (!entry) continue;
+        if (r.outcome === "not_found") { removeCard(r.id); continue; }
+        if (r.status !== entry.card.status) {
+          render({ ...entry.card, status: r.status, error_code: r.status === "rejected" ? entry.card.error_code : null });
+        }
+      }
+    } catch (_) {
+      failed = true;
+      for (const id of chunk) {
+        const entry = state.cards.get(id);
+        if (entry && entry.card.status === "rejected") render(entry.card);  // its Retry back
+      }
+    }
+  }
+  result.textContent = failed
+    ? `Queued ${queued}; the rest could not be sent. Please try again.`
+    : `Queued ${queued} of ${ids.length} again.`;
+  updatePicking();
+  refreshQueue();
+}
+
+function retryChosen(which) {
+  const ids = pickable()
+    .filter((e) => which === "all" || $('[data-testid="pick"]', e.el).checked)
+    .map((e) => e.card.id);
+  if (ids.length) retryPicked(ids);
+}
+
 function wireCard(id, el) {
+  $('[data-testid="pick"]', el).addEventListener("change", updatePicking);
   $('[data-testid="delete"]', el).addEventListener("click", (e) => { e.stopPropagation(); deleteCard(id); });
   const open = () => { const entry = state.cards.get(id); if (entry) openViewer(entry.card); };
   $(".thumb", el).addEventListener("click", open);
@@ -979,8 +1055,8 @@ function renderCodes(byCode) {
   $('[data-testid="q-rejected-codes"]').replaceChildren(...items);
 }
 
-// The grid on one code's rejected files. (Once a rejected file can be retried, the
-// selection's "Retry these" belongs beside the filter's text: see index.html.)
+// The grid on one code's rejected files; for an admin, every owner's, to be picked and
+// retried when the code is one a retry helps.
 function showRejected(code) {
   state.filter = "rejected";
   state.code = code;
@@ -991,7 +1067,9 @@ function showRejected(code) {
   $('[data-testid="code-filter-text"]').textContent =
     `Rejected with ${code}${state.allOwners ? ", every owner's" : ""}`;
   $(".grid").dataset.scope = state.allOwners ? "all" : "";
+  $('[data-testid="retry-result"]').textContent = "";
   resetGrid();
+  updatePicking();
   loadPage();
 }
 
@@ -999,6 +1077,7 @@ function clearCodeFilter() {
   state.code = "";
   state.allOwners = false;
   $('[data-testid="code-filter"]').hidden = true;
+  $('[data-testid="picking"]').hidden = true;
   $(".grid").dataset.scope = "";
 }
 
@@ -1085,6 +1164,12 @@ function init() {
     loadPage();
   });
 
+  $('[data-testid="pick-all"]').addEventListener("change", (e) => {
+    for (const entry of pickable()) $('[data-testid="pick"]', entry.el).checked = e.target.checked;
+    updatePicking();
+  });
+  $('[data-testid="retry-selected"]').addEventListener("click", () => retryChosen("selected"));
+  $('[data-testid="retry-shown"]').addEventListener("click", () => retryChosen("all"));
   $('[data-testid="code-filter-clear"]').addEventListener("click", () => {
     clearCodeFilter();
     state.filter = "";

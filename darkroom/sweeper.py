@@ -598,18 +598,24 @@ def reconcile_main(settings: Settings, *, dry_run: bool, restore: bool = False,
     logs.setup()
     report = asyncio.run(reconcile(settings, dry_run=dry_run, restore=restore,
                                    delete_originals=delete_originals, owner=owner))
+    def restored(item: str) -> str:
+        parsed = parse_key(item.rpartition("@")[0])
+        whence = ("named in its key" if parsed is not None and parsed.owner is not None
+                  else "its key names no owner: --owner, or the one owner with API keys")
+        return (("would restore " if dry_run else "restored ")
+                + f"{item} for {report.restored[item]} ({whence})")
+
     for item in report.unaccounted:
         if item in report.restored:
-            print(("would restore " if dry_run else "restored ")
-                  + f"{item} for {report.restored[item]}")
+            print(restored(item))
         elif item in report.kept:
             print(f"kept original {item}: {report.kept[item]}")
         else:
             print(("would delete " if dry_run else "deleted ") + item)
     # A restore picks the newest version of a key, which a page may not have listed.
-    for item, who in report.restored.items():
+    for item in report.restored:
         if item not in report.unaccounted:
-            print(("would restore " if dry_run else "restored ") + f"{item} for {who}")
+            print(restored(item))
     verb = "unaccounted" if dry_run else "deleted"
     deleted = len(report.unaccounted) - len(report.kept) - len(
         [i for i in report.restored if i in report.unaccounted])

@@ -135,6 +135,34 @@ def test_streamed_upload_over_the_limit_is_413(api: Api) -> None:
         assert c.put(content, content=big[:MAX_UPLOAD]).status_code == 200
 
 
+def test_a_card_made_before_owners_were_in_the_key_uploads_and_confirms(api: Api) -> None:
+    """A pending card whose original key is the old form (made before the upgrade) keeps
+    it: its upload instructions name that key, and confirm finds the bytes there."""
+    import psycopg
+
+    body = {"filename": "a.jpg", "content_type": "image/jpeg", "size": len(JPEG)}
+    with api.client(api.make_key()) as c:
+        card = c.post("/v1/files", json=body, headers={"Idempotency-Key": "old-1"}).json()
+        file_id = uuid.UUID(card["id"])
+        old_key = original_key(file_id, None)
+        assert stored_key(card) != old_key
+        with psycopg.connect(api.db_url, autocommit=True) as conn:
+            conn.execute("UPDATE archive_files SET original_key = %s WHERE id = %s",
+                         (old_key, file_id))
+        replay = c.post("/v1/files", json=body, headers={"Idempotency-Key": "old-1"})
+        assert replay.status_code == 201, replay.text
+        version = put_original(c, replay.json()["upload"], JPEG)
+        assert api.store.head(old_key, version).size == len(JPEG)
+        assert list(api.store.list(stored_key(card))) == []
+        r = c.post(f"/v1/files/{card['id']}/confirm", json={"version": version})
+        assert r.status_code == 202, r.text
+        assert r.json()["status"] == "queued"
+        with psycopg.connect(api.db_url) as conn:
+            row = conn.execute("SELECT original_key, original_version FROM archive_files"
+                               " WHERE id = %s", (file_id,)).fetchone()
+        assert row == (old_key, version)
+
+
 def test_confirm_checks_the_stored_size(api: Api) -> None:
     with api.client(api.make_key()) as c:
         card = create(c, size=10).json()

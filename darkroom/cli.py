@@ -200,8 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="make a card for each original no card holds")
     originals.add_argument("--delete-originals", action="store_true",
                            help="delete unaccounted originals too (the user's bytes)")
-    p.add_argument("--owner", help="owner of restored cards (default: the one owner with"
-                                   " API keys, when there is exactly one)")
+    p.add_argument("--owner", help="owner of restored cards whose key names none (the old"
+                                   " layout; default: the one owner with API keys, when"
+                                   " there is exactly one)")
 
     p = add("stats", cmd_stats, "queue health")
     p.add_argument("--json", action="store_true")

@@ -25,6 +25,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from darkroom import layout
 from darkroom.card import STATUSES, Card, Event, HistoryEntry, Priority, Status
 from darkroom.db.database import CONNECTION_ERRORS, Database, Statements
 from darkroom.errors import TRANSIENT_CODES, DarkroomError, ErrorCode
@@ -239,9 +240,11 @@ class Queue:
     async def create_file(
         self, *, owner: str, filename: str, content_type: str, size: int,
         file_id: uuid.UUID | None = None, priority: Priority = Priority.INTERACTIVE,
-        quota_files: int = 0, quota_bytes: int = 0,
+        quota_files: int = 0, quota_bytes: int = 0, original_key: str | None = None,
     ) -> Card:
-        """A new card in `pending`; its original goes under a key derived from its id.
+        """A new card in `pending`; its original goes under a key derived from its id and
+        owner (layout.original_key), or `original_key` for bytes already stored (a
+        restore of an original whose key is in the old form).
 
         Raises `QuotaExceeded` when it would take the owner past a quota (0: none). A
         retried creation is a second card; an unconfirmed one expires (`expire_pending`).
@@ -249,7 +252,7 @@ class Queue:
         card = await self.create_file_keyed(
             owner=owner, filename=filename, content_type=content_type, size=size,
             file_id=file_id, priority=priority, quota_files=quota_files,
-            quota_bytes=quota_bytes)
+            quota_bytes=quota_bytes, original_key=original_key)
         assert card is not None  # only an idempotency key already held makes no card
         return card
 
@@ -258,7 +261,7 @@ class Queue:
         file_id: uuid.UUID | None = None, sha256: str | None = None,
         key_hash: bytes | None = None, request_hash: bytes | None = None,
         priority: Priority = Priority.INTERACTIVE,
-        quota_files: int = 0, quota_bytes: int = 0,
+        quota_files: int = 0, quota_bytes: int = 0, original_key: str | None = None,
     ) -> Card | None:
         """`create_file` with a claimed digest and an idempotency key (both optional).
 
@@ -272,7 +275,7 @@ class Queue:
         params = {
             "id": file_id, "owner": owner, "filename": filename,
             "content_type": content_type, "size": size,
-            "original_key": original_key(file_id), "sha256": sha256,
+            "original_key": original_key or layout.original_key(file_id, owner), "sha256": sha256,
             "key_hash": key_hash, "request_hash": request_hash,
             "priority": str(Priority(priority)),
         }

@@ -39,7 +39,7 @@ from darkroom import metrics
 from darkroom.config import Settings
 from darkroom.db.database import CONNECTION_ERRORS, Database
 from darkroom.errors import ObjectMissing, StorageError
-from darkroom.layout import DERIVED, ORIGINALS, derived_prefix, original_key, parse_key
+from darkroom.layout import DERIVED, ORIGINALS, derived_prefix, parse_key
 from darkroom.queue import ConfirmOutcome, PendingCard, Priority, Queue
 from darkroom.services import prepare
 from darkroom.storage import LocalStore, ObjectStore
@@ -286,37 +286,50 @@ class Reconcile:
                        owner: str | None) -> None:
         """Why each kept original has no card, and with `restore`, a card for each one
         that no card holds and that was not deleted by its owner."""
-        versions: dict[uuid.UUID, list[str]] = {}
+        # Per stored key (a card's original has one key; an old-form and a new-form key
+        # of one id are two objects, each restored or kept on its own).
+        versions: dict[str, list[str]] = {}
+        named: dict[str, tuple[uuid.UUID, str | None]] = {}
         for item in report.kept:
             key, _, version = item.rpartition("@")
             parsed = parse_key(key)
             if parsed is not None:
-                versions.setdefault(parsed.file_id, []).append(version)
-        rows = await self.db.rows("reconcile_cardless", {"ids": list(versions)})
+                versions.setdefault(key, []).append(version)
+                named[key] = (parsed.file_id, parsed.owner)
+        rows = await self.db.rows("reconcile_cardless",
+                                  {"ids": list({i for i, _ in named.values()})})
         cardless = {r["id"]: bool(r["deleted"]) for r in rows}
-        if owner is None:
+        fallback = owner
+        if fallback is None and any(o is None for _, o in named.values()):
             owners = [r["owner"] for r in await self.db.rows("reconcile_owners")]
-            owner = owners[0] if len(owners) == 1 else None
-        for file_id, kept in versions.items():
-            key = original_key(file_id)
+            fallback = owners[0] if len(owners) == 1 else None
+        for key, kept in versions.items():
+            file_id, key_owner = named[key]
+            # The key names its owner (the layout since owners are in it); an old-form key
+            # does not, and then --owner, or the one owner with API keys, is taken.
+            whose = key_owner if key_owner is not None else fallback
             if file_id not in cardless:
                 why = "its card holds another version"
             elif cardless[file_id]:
                 why = "its file was deleted"
-            elif owner is None:
-                why = "no card holds it; restore it with --restore --owner NAME"
+            elif whose is None:
+                why = ("no card holds it and its key names no owner;"
+                       " restore it with --restore --owner NAME")
+            elif key_owner is None:
+                why = (f"no card holds it and its key names no owner; --restore gives it"
+                       f" to {whose} ({'--owner' if owner is not None else 'the one owner'})")
             else:
-                why = "no card holds it; restore it with --restore"
+                why = f"no card holds it; --restore gives it to {whose} (named in its key)"
             for version in kept:
                 report.kept[f"{key}@{version}"] = why
-            if not restore or file_id not in cardless or cardless[file_id] or owner is None:
+            if not restore or file_id not in cardless or cardless[file_id] or whose is None:
                 continue
             newest = await asyncio.to_thread(self._newest, key)
             if newest is None:
                 continue
-            if not dry_run and not await self._restore(file_id, newest, owner):
+            if not dry_run and not await self._restore(file_id, newest, whose):
                 continue
-            report.restored[f"{key}@{newest.version}"] = owner
+            report.restored[f"{key}@{newest.version}"] = whose
             report.kept.pop(f"{key}@{newest.version}", None)
 
     def _newest(self, key: str) -> ObjectVersion | None:
@@ -333,7 +346,8 @@ class Reconcile:
         with contextlib.suppress(psycopg.errors.UniqueViolation):
             await self.queue.create_file(owner=owner, filename=str(file_id),
                                          content_type=info.content_type, size=info.size,
-                                         file_id=file_id, priority=Priority.BULK)
+                                         file_id=file_id, priority=Priority.BULK,
+                                         original_key=obj.key)
         done = await self.queue.confirm_card(file_id, owner, obj.version, size=info.size)
         if done.outcome is not ConfirmOutcome.QUEUED:
             return done.outcome is ConfirmOutcome.ALREADY
@@ -584,18 +598,24 @@ def reconcile_main(settings: Settings, *, dry_run: bool, restore: bool = False,
     logs.setup()
     report = asyncio.run(reconcile(settings, dry_run=dry_run, restore=restore,
                                    delete_originals=delete_originals, owner=owner))
+    def restored(item: str) -> str:
+        parsed = parse_key(item.rpartition("@")[0])
+        whence = ("named in its key" if parsed is not None and parsed.owner is not None
+                  else "its key names no owner: --owner, or the one owner with API keys")
+        return (("would restore " if dry_run else "restored ")
+                + f"{item} for {report.restored[item]} ({whence})")
+
     for item in report.unaccounted:
         if item in report.restored:
-            print(("would restore " if dry_run else "restored ")
-                  + f"{item} for {report.restored[item]}")
+            print(restored(item))
         elif item in report.kept:
             print(f"kept original {item}: {report.kept[item]}")
         else:
             print(("would delete " if dry_run else "deleted ") + item)
     # A restore picks the newest version of a key, which a page may not have listed.
-    for item, who in report.restored.items():
+    for item in report.restored:
         if item not in report.unaccounted:
-            print(("would restore " if dry_run else "restored ") + f"{item} for {who}")
+            print(restored(item))
     verb = "unaccounted" if dry_run else "deleted"
     deleted = len(report.unaccounted) - len(report.kept) - len(
         [i for i in report.restored if i in report.unaccounted])

@@ -165,27 +165,38 @@ def test_reconcile_keeps_an_original_without_a_card_and_restore_gives_it_one(
 
     import psycopg
 
+    from darkroom.layout import original_key
     from darkroom.storage import open_store
 
     storage = (tmp_path / "objects").as_uri()
     env = {"DARKROOM_DATABASE_URL": db_url, "DARKROOM_STORAGE_URL": storage,
            "DARKROOM_DATA_DIR": str(tmp_path / "data"), "DARKROOM_SWEEP_GUARD_SECONDS": "0"}
     assert darkroom("keys", "create", "--owner", "alice", env=env).returncode == 0
-    file_id = uuid.uuid4()  # an upload whose card a failover lost
-    version = open_store(storage).put(f"originals/{file_id}", b"\xff\xd8\xff" + b"\0" * 61)
+    # Uploads whose cards a failover lost: one stored before owners were in the key, one
+    # of bob's under the current layout (bob holds no key: the key names him anyway).
+    file_id, bobs = uuid.uuid4(), uuid.uuid4()
+    old_key, bob_key = original_key(file_id, None), original_key(bobs, "bob")
+    version = open_store(storage).put(old_key, b"\xff\xd8\xff" + b"\0" * 61)
+    bob_version = open_store(storage).put(bob_key, b"\xff\xd8\xff" + b"\0" * 29)
     plain = darkroom("reconcile", env=env)
     assert plain.returncode == 0, plain.stderr
-    assert f"kept original originals/{file_id}@{version}: no card holds it" in plain.stdout
-    assert plain.stdout.strip().endswith("originals kept: 1, restored: 0, deleted: 0")
+    assert (f"kept original {old_key}@{version}: no card holds it and its key names no"
+            " owner; --restore gives it to alice (the one owner)") in plain.stdout
+    assert (f"kept original {bob_key}@{bob_version}: no card holds it; --restore gives it"
+            " to bob (named in its key)") in plain.stdout
+    assert plain.stdout.strip().endswith("originals kept: 2, restored: 0, deleted: 0")
     both = darkroom("reconcile", "--restore", "--delete-originals", env=env)
     assert both.returncode == 2 and "not allowed with" in both.stderr
     restore = darkroom("reconcile", "--restore", env=env)
     assert restore.returncode == 0, restore.stderr
-    assert f"restored originals/{file_id}@{version} for alice" in restore.stdout
+    assert (f"restored {old_key}@{version} for alice (its key names no owner: --owner,"
+            " or the one owner with API keys)") in restore.stdout
+    assert f"restored {bob_key}@{bob_version} for bob (named in its key)" in restore.stdout
     with psycopg.connect(db_url) as conn:
-        row = conn.execute("SELECT owner, status, original_version, size_bytes FROM"
-                           " archive_files WHERE id = %s", (file_id,)).fetchone()
-    assert row == ("alice", "queued", version, 64)
+        rows = conn.execute("SELECT id, owner, status, original_key, original_version,"
+                            " size_bytes FROM archive_files ORDER BY size_bytes").fetchall()
+    assert rows == [(bobs, "bob", "queued", bob_key, bob_version, 32),
+                    (file_id, "alice", "queued", old_key, version, 64)]
     again = darkroom("reconcile", env=env)
     assert again.stdout.strip().endswith("originals kept: 0, restored: 0, deleted: 0")
 

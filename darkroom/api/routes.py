@@ -180,10 +180,9 @@ async def _card_row(request: Request, raw_id: str, owner: str) -> CardRow:
     return row
 
 
-async def _head(request: Request, file_id: uuid.UUID, version: str) -> ObjectInfo:
-    """The named version of a card's original (its key is derived from the card's id)."""
+async def _head(request: Request, key: str, version: str) -> ObjectInfo:
+    """The named version of a card's original."""
     store = _store(request)
-    key = original_key(file_id)
     if store.inline_head:
         return store.head(key, version)
     return await to_thread.run_sync(lambda: store.head(key, version))
@@ -459,9 +458,11 @@ async def confirm(file_id: FileId, body: Confirm, who: Caller, request: Request)
     location = {"Location": f"/v1/files/{fid}"}
     # The common case takes two steps and never reads the card first: the named version
     # exists and fits, then one statement checks owner and status, moves the card and
-    # answers it.
+    # answers it. The key is the one a card of this owner gets; a card made before owners
+    # were in the key has another, found on the card when the first look misses.
+    key = original_key(fid, who.owner)
     try:
-        info: ObjectInfo | None = await _head(request, fid, body.version)
+        info: ObjectInfo | None = await _head(request, key, body.version)
     except (ObjectMissing, StorageUnavailable):
         info = None
     if info is None or info.size > limit:
@@ -472,20 +473,21 @@ async def confirm(file_id: FileId, body: Confirm, who: Caller, request: Request)
             if row.original_version == body.version:
                 return _card_json(card_from_row(row), 202, location)
             raise _conflict()
+        key = row.original_key
         if info is None:
             try:  # again, for the precise answer: 422 for a missing version, 503 for an outage
-                info = await _head(request, fid, body.version)
+                info = await _head(request, key, body.version)
             except ObjectMissing:
                 raise invalid_field("version", "no such version", slug="version_not_found",
                                     detail="No upload with this version exists.") from None
         if info.size > limit:
             # Refused for good: its bytes go now, not with the card.
             await to_thread.run_sync(
-                lambda: _drop_version(_store(request), original_key(fid), body.version))
+                lambda: _drop_version(_store(request), key, body.version))
             raise _too_large(limit)
     done = await queue.confirm_card(fid, who.owner, body.version, size=info.size)
     if done.outcome is ConfirmOutcome.DIGEST_REQUIRED and done.claimed_sha256 is not None:
-        done = await _confirm_digest(request, fid, who.owner, body.version,
+        done = await _confirm_digest(request, fid, who.owner, key, body.version,
                                      done.claimed_sha256, info.size)
     outcome, fresh = done.outcome, done.card
     if outcome is ConfirmOutcome.NOT_FOUND:
@@ -494,13 +496,13 @@ async def confirm(file_id: FileId, body: Confirm, who: Caller, request: Request)
         raise _conflict()
     if outcome is ConfirmOutcome.SIZE_MISMATCH:
         await to_thread.run_sync(
-            lambda: _drop_version(_store(request), original_key(fid), body.version))
+            lambda: _drop_version(_store(request), key, body.version))
         raise _size_mismatch()
     if outcome is ConfirmOutcome.QUEUED and not _store(request).inline_head:
         # Only the confirmed version is kept: a presigned URL may have been used more than
         # once. Off the answer's path, since the card is already queued. (The local store
         # takes uploads only through put_content, which already keeps just the latest.)
-        _background(request, lambda: _drop_versions(_store(request), original_key(fid),
+        _background(request, lambda: _drop_versions(_store(request), key,
                                                     keep=body.version))
     if fresh is None:  # confirmed before with this version (maybe concurrently): as it is now
         fresh = await queue.get_file(fid, who.owner)
@@ -510,12 +512,12 @@ async def confirm(file_id: FileId, body: Confirm, who: Caller, request: Request)
 
 
 async def _confirm_digest(
-    request: Request, fid: uuid.UUID, owner: str, version: str, claimed: str, size: int
+    request: Request, fid: uuid.UUID, owner: str, key: str, version: str, claimed: str,
+    size: int
 ) -> Confirmation:
     """The card claimed a digest at create: hash the stored bytes, and confirm only if
     they are the claimed ones. Only cards created with a `sha256` pay for this read."""
     store = _store(request)
-    key = original_key(fid)
     try:
         actual = await to_thread.run_sync(lambda: store.digest(key, version))
     except ObjectMissing:

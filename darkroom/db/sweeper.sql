@@ -76,7 +76,8 @@ FROM unnest(%(keys)s::text[], %(versions)s::text[], %(file_ids)s::uuid[], %(kind
 WHERE NOT EXISTS (
         SELECT 1 FROM archive_files f
         WHERE f.id = o.file_id AND (
-            (o.kind = 'original' AND (f.status IN ('pending', 'deleting')
+            (o.kind = 'original' AND f.original_key = o.object_key
+                                 AND (f.status IN ('pending', 'deleting')
                                       OR f.original_version = o.version))
             OR (o.kind = 'derived' AND (f.status = 'deleting'
                                         OR (f.derived_key = o.object_key

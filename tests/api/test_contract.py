@@ -13,6 +13,7 @@ import httpx
 
 from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
+from darkroom.layout import original_key
 from darkroom.queue import Queue
 from tests.api.conftest import MAX_UPLOAD, Api
 from tests.api.helpers import (
@@ -32,6 +33,11 @@ WEBP = b"RIFF\x1a\x00\x00\x00WEBPVP8L" + b"\x01" * 14
 # --- the happy path ----------------------------------------------------------------------
 
 
+
+def stored_key(card: dict[str, Any], owner: str = "alice") -> str:
+    """Where a card of `owner` made by the API has its original."""
+    return original_key(uuid.UUID(card["id"]), owner)
+
 def test_upload_confirm_get_list(api: Api) -> None:
     with api.client(api.make_key()) as c:
         r = create(c)
@@ -47,7 +53,7 @@ def test_upload_confirm_get_list(api: Api) -> None:
             # Relative: DARKROOM_PUBLIC_URL is not set, and Host is never used.
             assert card["upload"]["url"] == f"/v1/files/{card['id']}/content"
         version = put_original(c, card["upload"], JPEG)
-        assert api.store.head(f"originals/{card['id']}", version).size == len(JPEG)
+        assert api.store.head(stored_key(card), version).size == len(JPEG)
 
         r = c.post(f"/v1/files/{card['id']}/confirm", json={"version": version})
         assert r.status_code == 202, r.text
@@ -124,9 +130,37 @@ def test_streamed_upload_over_the_limit_is_413(api: Api) -> None:
 
         assert_problem(c.put(content, content=chunks()), 413, "payload_too_large")
         assert_problem(c.put(content, content=big), 413, "payload_too_large")
-        assert list(api.store.list(f"originals/{card['id']}")) == []
+        assert list(api.store.list(stored_key(card))) == []
         # Exactly at the limit is fine.
         assert c.put(content, content=big[:MAX_UPLOAD]).status_code == 200
+
+
+def test_a_card_made_before_owners_were_in_the_key_uploads_and_confirms(api: Api) -> None:
+    """A pending card whose original key is the old form (made before the upgrade) keeps
+    it: its upload instructions name that key, and confirm finds the bytes there."""
+    import psycopg
+
+    body = {"filename": "a.jpg", "content_type": "image/jpeg", "size": len(JPEG)}
+    with api.client(api.make_key()) as c:
+        card = c.post("/v1/files", json=body, headers={"Idempotency-Key": "old-1"}).json()
+        file_id = uuid.UUID(card["id"])
+        old_key = original_key(file_id, None)
+        assert stored_key(card) != old_key
+        with psycopg.connect(api.db_url, autocommit=True) as conn:
+            conn.execute("UPDATE archive_files SET original_key = %s WHERE id = %s",
+                         (old_key, file_id))
+        replay = c.post("/v1/files", json=body, headers={"Idempotency-Key": "old-1"})
+        assert replay.status_code == 201, replay.text
+        version = put_original(c, replay.json()["upload"], JPEG)
+        assert api.store.head(old_key, version).size == len(JPEG)
+        assert list(api.store.list(stored_key(card))) == []
+        r = c.post(f"/v1/files/{card['id']}/confirm", json={"version": version})
+        assert r.status_code == 202, r.text
+        assert r.json()["status"] == "queued"
+        with psycopg.connect(api.db_url) as conn:
+            row = conn.execute("SELECT original_key, original_version FROM archive_files"
+                               " WHERE id = %s", (file_id,)).fetchone()
+        assert row == (old_key, version)
 
 
 def test_confirm_checks_the_stored_size(api: Api) -> None:
@@ -134,7 +168,7 @@ def test_confirm_checks_the_stored_size(api: Api) -> None:
         card = create(c, size=10).json()
         # Bytes that reached the store some other way than through our limit.
         version = api.store.put(
-            f"originals/{card['id']}", b"\0" * (MAX_UPLOAD + 1), content_type="image/jpeg"
+            stored_key(card), b"\0" * (MAX_UPLOAD + 1), content_type="image/jpeg"
         )
         assert_problem(
             c.post(f"/v1/files/{card['id']}/confirm", json={"version": version}),

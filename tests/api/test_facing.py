@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from darkroom.config import load_settings
+from darkroom.layout import original_key
 from darkroom.storage import LocalStore, open_store
 from tests.api.conftest import _storage_url, start_api
 from tests.api.helpers import JPEG, assert_problem, create, put_original, upload
@@ -231,7 +232,7 @@ def test_presigned_upload_is_bound_to_the_declared_size(
             for body in (JPEG + b"\0" * 100_000, JPEG[:-1]):
                 r = httpx.request(up["method"], up["url"], content=body, headers=up["headers"])
                 assert r.status_code == 403, r.text
-            key = f"originals/{card['id']}"
+            key = original_key(uuid.UUID(card["id"]), "alice")
             assert list(api.store.list(key)) == []
             v1 = put_original(c, up, JPEG)
             v2 = put_original(c, up, JPEG[:-1] + b"\1")
@@ -258,7 +259,7 @@ def test_uploads_quotas_and_creation_rate(
             r = c.put(f"/v1/files/{card['id']}/content", content=JPEG + b"x",
                       headers={"Content-Type": "image/jpeg"})
             assert_problem(r, 422, "size_mismatch")
-            key = f"originals/{card['id']}"
+            key = original_key(uuid.UUID(card["id"]), "alice")
             assert list(store.list(key)) == []
             # A pending card keeps only its latest upload.
             v1 = put_original(c, card["upload"], JPEG)
@@ -314,7 +315,7 @@ def test_pending_cards_expire_with_their_bytes(harness: Harness, db_url: str,
         r = create(c, size=len(JPEG))
         assert r.status_code == 201, r.text
         old = r.json()  # created, and only a part of it ever stored
-        harness.store.put(f"originals/{old['id']}", JPEG[:100])
+        harness.store.put(original_key(uuid.UUID(old["id"]), "alice"), JPEG[:100])
         stored, stored_version = upload(c)  # uploaded; its confirm never came (or was lost)
         late, late_version = upload(c)
         fresh, _ = upload(c)
@@ -330,7 +331,7 @@ def test_pending_cards_expire_with_their_bytes(harness: Harness, db_url: str,
     assert "pending confirmed (upload found): 1, pending expired: 1," in sweep.log()
     assert harness.db.execute("SELECT count(*) AS n FROM archive_files WHERE id = %s",
                               (uuid.UUID(old["id"]),)).fetchone() == {"n": 0}
-    assert list(harness.store.list(f"originals/{old['id']}")) == []
+    assert list(harness.store.list(original_key(uuid.UUID(old["id"]), "alice"))) == []
     kinds = [e["kind"] for e in harness.events(uuid.UUID(old["id"]))]
     assert "expired" in kinds
     # The stored upload is the user's: its card is confirmed, never purged with it.

@@ -15,6 +15,7 @@ import pytest
 
 from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
+from darkroom.layout import original_key
 from darkroom.queue import Queue
 from darkroom.sweeper import Sweeper
 from tests.api.conftest import Api
@@ -162,7 +163,7 @@ def test_a_lying_digest_is_refused_at_confirm(api: Api) -> None:
         assert r.json()["type"].endswith("/digest_mismatch")
         assert c.get(f"/v1/files/{card['id']}").json()["status"] == "pending"
         # The refused bytes are gone, and the lie made nothing "known".
-        assert not [o for o in api.store.list(f"originals/{card['id']}")]
+        assert not [o for o in api.store.list(original_key(uuid.UUID(card["id"]), "alice"))]
         assert c.post("/v1/files", json=body_for(OTHER)).status_code == 201
         # The right bytes for the claim are taken.
         right = c.post("/v1/files", json=body_for(OTHER)).json()

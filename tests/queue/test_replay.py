@@ -39,7 +39,8 @@ async def test_a_create_replayed_while_the_first_commits_at_the_quota_answers_it
         first.execute(QUERIES["lock_owner_quota"], {"owner": "alice"})
         first.execute(QUERIES["create_file"], {
             "id": first_id, "owner": "alice", "filename": "a.jpg",
-            "content_type": "image/jpeg", "size": 10, "original_key": original_key(first_id),
+            "content_type": "image/jpeg", "size": 10,
+            "original_key": original_key(first_id, "alice"),
             "sha256": None, "key_hash": key_hash("k-1"), "request_hash": request_hash(FIELDS),
             "priority": "interactive"})
         retried = asyncio.ensure_future(uploads.create(

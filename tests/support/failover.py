@@ -26,6 +26,7 @@ import httpx
 import psycopg
 from psycopg.rows import dict_row
 
+from darkroom.layout import ORIGINALS, parse_key
 from darkroom.storage import ObjectStore, open_store
 from tests.support.replica import ReplicatedPostgres
 from tests.support.services import DarkroomProcess, free_port, small_photos, wait_for
@@ -358,9 +359,9 @@ def _recover_and_verify(system: System, db: psycopg.Connection[Any], outcome: Ou
     if outcome.max_starts > MAX_ATTEMPTS:
         problems.append(f"a file was started {outcome.max_starts} times")
     # No original a user stored is gone: every upload's version is still in the store.
-    objects = {(o.key, o.version) for o in system.store.list("")}
-    outcome.originals_deleted = sum(1 for i, v in stored.items()
-                                    if (f"originals/{i}", v) not in objects)
+    objects = {(p.file_id, o.version) for o in system.store.list(ORIGINALS)
+               if (p := parse_key(o.key)) is not None}
+    outcome.originals_deleted = sum(1 for i, v in stored.items() if (i, v) not in objects)
     if outcome.originals_deleted:
         problems.append(f"{outcome.originals_deleted} stored originals deleted")
     wanted = set()

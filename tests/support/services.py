@@ -23,6 +23,7 @@ from psycopg.rows import dict_row
 
 from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
+from darkroom.layout import ORIGINALS, parse_key
 from darkroom.queue import ConfirmOutcome, Queue
 from darkroom.storage import ObjectStore
 
@@ -299,9 +300,10 @@ class Harness:
         assert card["thumbhash"] and len(card["thumbhash"]) <= 40
 
     def object_keys(self, file_id: uuid.UUID) -> list[str]:
-        return sorted(f"{o.key}@{o.version}" for prefix in
-                      (f"originals/{file_id}", f"derived/{file_id}/")
-                      for o in self.store.list(prefix))
+        originals = [o for o in self.store.list(ORIGINALS)
+                     if (p := parse_key(o.key)) is not None and p.file_id == file_id]
+        return sorted(f"{o.key}@{o.version}" for o in
+                      [*originals, *self.store.list(f"derived/{file_id}/")])
 
 async def confirm(queue: Queue, file_id: uuid.UUID, owner: str, version: str) -> ConfirmOutcome:
     """pending -> queued for `version`, as a confirm without a digest: the outcome alone."""

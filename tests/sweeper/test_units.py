@@ -49,9 +49,13 @@ def store(tmp_path: Path) -> ObjectStore:
     return open_store((tmp_path / "objects").as_uri())
 
 
-async def queued_card(q: Queue, store: ObjectStore, owner: str = "o") -> uuid.UUID:
+async def queued_card(q: Queue, store: ObjectStore, owner: str = "o",
+                      legacy: bool = False) -> uuid.UUID:
+    """A queued card; `legacy`: its original at the key layout before owners were in it."""
+    file_id = uuid.uuid4()
     card = await q.create_file(owner=owner, filename="a.jpg", content_type="image/jpeg",
-                               size=3)
+                               size=3, file_id=file_id,
+                               original_key=original_key(file_id, None) if legacy else None)
     version = await asyncio.to_thread(store.put, card.original_key, b"abc")
     await confirm(q, card.id, owner, version)
     return card.id
@@ -131,14 +135,14 @@ async def test_deleted_files_lose_every_byte_then_the_card(
     [lease] = await q.claim(1)
     await orphan(q, store, lease)
     await q.revoke(file_id, "o")
-    refusing = RefusingStore(store, {original_key(file_id)})
+    refusing = RefusingStore(store, {original_key(file_id, 'o')})
     unit = DeletedFiles(q, refusing, guard_seconds=0)
     assert await unit.run_once() == 0  # refused: tried again later, the card stays
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("UPDATE archive_files SET available_at = now()")
     refusing.refused.clear()
     assert await unit.run_once() == 1
-    assert list(store.list(original_key(file_id))) == []
+    assert list(store.list(original_key(file_id, "o"))) == []
     assert list(store.list(f"derived/{file_id}/")) == []
     assert await q.get_file(file_id, "o") is None
 
@@ -152,14 +156,14 @@ async def test_reconcile_deletes_only_what_nothing_accounts_for(
     await q.register_attempt_objects(lease, [key])
     version = store.put(key, b"webp2")
     await q.complete(lease, Derived(key, version, "0" * 64, 1, 1, 5))
-    stray_original = original_key(uuid.uuid4())  # bytes that landed after a purge
+    stray_original = original_key(uuid.uuid4(), "o")  # bytes that landed after a purge
     store.put(stray_original, b"late")
     stray_derived = f"derived/{file_id}/{uuid.uuid4()}.webp"  # a restore forgot it
     store.put(stray_derived, b"old")
-    extra_version = store.put(original_key(file_id), b"second upload, never confirmed")
+    extra_version = store.put(original_key(file_id, "o"), b"second upload, never confirmed")
     unit = Reconcile(q.db, store, guard_seconds=0)
     dry = await unit.run(dry_run=True)
-    expected = {f"{stray_original}@", f"{stray_derived}@", f"{original_key(file_id)}@"}
+    expected = {f"{stray_original}@", f"{stray_derived}@", f"{original_key(file_id, 'o')}@"}
     assert {item.split("@")[0] + "@" for item in dry.unaccounted} == expected
     assert any(item.endswith(extra_version) for item in dry.unaccounted)
     assert dry.deleted == 0 and any(store.list(stray_original))
@@ -168,11 +172,11 @@ async def test_reconcile_deletes_only_what_nothing_accounts_for(
     done = await unit.run(dry_run=False)
     assert done.deleted == 1
     assert {item.split("@")[0] for item in done.kept} == {stray_original,
-                                                          original_key(file_id)}
-    assert done.kept[f"{original_key(file_id)}@{extra_version}"] == (
+                                                          original_key(file_id, "o")}
+    assert done.kept[f"{original_key(file_id, 'o')}@{extra_version}"] == (
         "its card holds another version")
     assert store.get(stray_original, next(iter(store.list(stray_original))).version) == b"late"
-    assert store.get(original_key(file_id), extra_version) == b"second upload, never confirmed"
+    assert store.get(original_key(file_id, "o"), extra_version) == b"second upload, never confirmed"
     # Deleting them is the operator's explicit choice.
     chosen = await unit.run(dry_run=False, delete_originals=True)
     assert chosen.deleted == 2 and chosen.kept == {}
@@ -185,12 +189,13 @@ async def test_reconcile_deletes_only_what_nothing_accounts_for(
     assert store.get(key, version) == b"webp2"
 
 
-async def test_reconcile_restore_makes_cards_for_originals_whose_record_was_lost(
+async def test_reconcile_restore_makes_cards_for_old_layout_originals_whose_record_was_lost(
         pool: Any, db_url: str, store: ObjectStore) -> None:
     q = make_queue(pool)
-    lost = await queued_card(q, store, owner="alice")
-    newest = store.put(original_key(lost), b"abcd")  # its latest upload (never confirmed)
-    deleted = await queued_card(q, store, owner="alice")
+    # Cards made before owners were in the key: their originals are at the old form.
+    lost = await queued_card(q, store, owner="alice", legacy=True)
+    newest = store.put(original_key(lost, None), b"abcd")  # its latest upload (never confirmed)
+    deleted = await queued_card(q, store, owner="alice", legacy=True)
     await q.revoke(deleted, "alice")
     with psycopg.connect(db_url, autocommit=True) as conn:
         # As a failover that lost acknowledged commits leaves them: the bytes, no card.
@@ -198,19 +203,19 @@ async def test_reconcile_restore_makes_cards_for_originals_whose_record_was_lost
         conn.execute("DELETE FROM archive_files WHERE id = %s", (deleted,))
     unit = Reconcile(q.db, store, guard_seconds=0, queue=q)
     dry = await unit.run(dry_run=True, restore=True, owner="alice")
-    assert dry.restored == {f"{original_key(lost)}@{newest}": "alice"}
+    assert dry.restored == {f"{original_key(lost, None)}@{newest}": "alice"}
     assert await q.get_file(lost, "alice") is None
     # Without an owner, and with no single owner holding API keys, nothing is restored.
     unknown = await unit.run(dry_run=False, restore=True)
     assert unknown.restored == {} and await q.get_file(lost, "alice") is None
-    assert "--owner" in unknown.kept[f"{original_key(lost)}@{newest}"]
+    assert "--owner" in unknown.kept[f"{original_key(lost, None)}@{newest}"]
     done = await unit.run(dry_run=False, restore=True, owner="alice")
-    assert done.restored == {f"{original_key(lost)}@{newest}": "alice"}
+    assert done.restored == {f"{original_key(lost, None)}@{newest}": "alice"}
     assert done.deleted == 0
     # The deleted file's bytes are not brought back: its history says it was deleted.
-    assert {v: why for v, why in done.kept.items() if v.startswith(original_key(deleted))}
+    assert {v: why for v, why in done.kept.items() if v.startswith(original_key(deleted, None))}
     assert all(why == "its file was deleted" for v, why in done.kept.items()
-               if v.startswith(original_key(deleted)))
+               if v.startswith(original_key(deleted, None)))
     card = await q.get_file(lost, "alice")
     assert card is not None and card.status == "queued"
     assert (card.original_version, card.size_bytes) == (newest, 4)
@@ -219,8 +224,48 @@ async def test_reconcile_restore_makes_cards_for_originals_whose_record_was_lost
     assert lease.file_id == lost and lease.original_version == newest
     again = await unit.run(dry_run=False, restore=True, owner="alice")
     assert again.restored == {}
-    assert all(v.startswith(original_key(lost)) is False or why.startswith("its card")
+    assert all(v.startswith(original_key(lost, None)) is False or why.startswith("its card")
                for v, why in again.kept.items())
+
+
+async def test_reconcile_restore_gives_a_lost_original_to_the_owner_its_key_names(
+        pool: Any, db_url: str, store: ObjectStore) -> None:
+    from darkroom.keys import create_key
+
+    q = make_queue(pool)
+    for owner in ("alice", "bob"):  # two owners: no single one to fall back on
+        await create_key(q.db, owner)
+    lost = await queued_card(q, store, owner="bob")
+    old = await queued_card(q, store, owner="alice", legacy=True)
+    versions = {i: next(iter(store.list(original_key(i, o)))).version
+                for i, o in ((lost, "bob"), (old, None))}
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM archive_files WHERE id = ANY(%s)", ([lost, old],))
+    unit = Reconcile(q.db, store, guard_seconds=0, queue=q)
+    plain = await unit.run(dry_run=False)
+    assert plain.restored == {}
+    assert plain.kept == {
+        f"{original_key(lost, 'bob')}@{versions[lost]}":
+            "no card holds it; --restore gives it to bob (named in its key)",
+        f"{original_key(old, None)}@{versions[old]}":
+            "no card holds it and its key names no owner;"
+            " restore it with --restore --owner NAME"}
+    done = await unit.run(dry_run=False, restore=True)
+    # The key names bob; the old-form key names no one, and no --owner says who.
+    assert done.restored == {f"{original_key(lost, 'bob')}@{versions[lost]}": "bob"}
+    assert list(done.kept) == [f"{original_key(old, None)}@{versions[old]}"]
+    card = await q.get_file(lost, "bob")
+    assert card is not None and card.status == "queued"
+    assert (card.original_key, card.original_version) == (original_key(lost, "bob"),
+                                                           versions[lost])
+    assert await q.get_file(lost, "alice") is None
+    assert await q.get_file(old, "alice") is None
+    # With --owner, the old-form key's card keeps the key its bytes are at.
+    named = await unit.run(dry_run=False, restore=True, owner="alice")
+    assert named.restored == {f"{original_key(old, None)}@{versions[old]}": "alice"}
+    restored = await q.get_file(old, "alice")
+    assert restored is not None and restored.original_key == original_key(old, None)
+    assert [e.kind for e in await q.events(lost)][-1] == "restored"
 
 
 async def test_an_expired_pending_card_whose_upload_is_stored_is_confirmed_not_purged(
@@ -245,7 +290,7 @@ async def test_an_expired_pending_card_whose_upload_is_stored_is_confirmed_not_p
     never = await pending(None)  # the client never uploaded
     short = await pending(b"ab")  # the upload was cut short
     superseded = await pending(b"abc")
-    await asyncio.to_thread(store.put, original_key(superseded), b"abcdef")  # latest: wrong
+    await asyncio.to_thread(store.put, original_key(superseded, "o"), b"abcdef")  # latest: wrong
     young = await pending(None)
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("UPDATE archive_files SET created_at = now() - interval '2 days'"
@@ -257,11 +302,11 @@ async def test_an_expired_pending_card_whose_upload_is_stored_is_confirmed_not_p
     for file_id in (stored, claimed):
         card = await q.get_file(file_id, "o")
         assert card is not None and card.status == "queued"
-        assert card.original_version == next(iter(store.list(original_key(file_id)))).version
+        assert card.original_version == next(iter(store.list(original_key(file_id, "o")))).version
         assert [e.kind for e in await q.events(file_id)] == ["upload_found"]
     for file_id in (wrong_digest, never, short, superseded):
         assert await q.get_file(file_id, "o") is None
-        assert list(store.list(original_key(file_id))) == []
+        assert list(store.list(original_key(file_id, "o"))) == []
     young_card = await q.get_file(young, "o")
     assert young_card is not None and young_card.status == "pending"
     claimed_ids = {lease.file_id for lease in await q.claim(5)}

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from darkroom.layout import original_key
 from darkroom.storage import open_store
 from tests.support.faults import FaultProxy
 from tests.support.seaweed import SeaweedServer
@@ -209,7 +210,7 @@ def test_a_file_the_store_fails_alone_is_rejected_after_the_bound(
     try:
         photos = small_photos(FILES + 1)
         [poison] = h.upload_many(photos[:1])
-        proxy.throttle(f"/originals/{poison}?".encode())
+        proxy.throttle(f"/{original_key(poison, 'tester')}?".encode())
         worker = start_worker(h, {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}",
                                   "DARKROOM_MAX_DEFERRALS": "3"}, free_port())
         ids = h.upload_many(photos[1:])
@@ -247,7 +248,7 @@ def test_a_file_that_knocks_the_store_over_is_rejected_after_the_bound(
     try:
         photos = small_photos(21)
         [poison] = h.upload_many(photos[:1])
-        proxy.throttle(f"/originals/{poison}?".encode(), knock_over=1.5)
+        proxy.throttle(f"/{original_key(poison, 'tester')}?".encode(), knock_over=1.5)
         # One slot: only the poison is under way when it knocks the store over.
         worker = h.start("worker", "--concurrency", "1", "--name", WORKER,
                          env={"AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}",

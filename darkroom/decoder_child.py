@@ -29,7 +29,7 @@ from typing import Any
 from darkroom.derive import Limits
 from darkroom.errors import DeriveError, ErrorCode
 from darkroom.jail import PROTECTIONS, Jail, enter_namespaces, lock_down, per_job_cpu
-from darkroom.wire import FRAME, MAX_META, ProtocolError, read_exact, write_frame
+from darkroom.wire import FRAME, HELLO, MAX_META, ProtocolError, read_exact, write_frame
 
 # Every variable the parent gives a child (`darkroom.sandbox.child_environment`).
 ENVIRONMENT_NAMES = frozenset({
@@ -124,7 +124,7 @@ def _start_jail(memory_mb: int, nice: int, jailed: bool) -> Jail:
         jail.off("empty_working_directory", "working directory not empty or writable")
     _harden(memory_mb, nice)
     if jailed:
-        enter_namespaces(jail)
+        enter_namespaces(jail)  # returns in the decoder, PID 2 of its own namespace
     else:
         for name in PROTECTIONS:
             jail.off(name, "jail disabled")
@@ -156,6 +156,10 @@ def serve(memory_mb: int, nice: int = 0, cpu_seconds: int = 61, *, jailed: bool 
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    if not probe:
+        # Before the slow imports: the worker waits for this to know which process decodes.
+        out.write(HELLO.pack(jail.host_pid))
+        out.flush()
     requests = sys.stdin.buffer
     logging.basicConfig(
         level=logging.WARNING, format="darkroom.decoder[%(process)d] %(name)s: %(message)s"

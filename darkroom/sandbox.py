@@ -38,6 +38,7 @@ import dataclasses
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -53,7 +54,7 @@ from darkroom.derive import Derivative, Limits, check_size
 from darkroom.errors import DeriveError, ErrorCode
 from darkroom.jail import BY_DESIGN, PROTECTIONS, shield_parent
 from darkroom.webp import InvalidDerivative, check_derivative, check_thumbhash, max_payload
-from darkroom.wire import FRAME, MAX_OUTPUT, ProtocolError, read_frame
+from darkroom.wire import FRAME, HELLO, MAX_OUTPUT, ProtocolError, read_frame
 
 if TYPE_CHECKING:
     from darkroom.config import Settings
@@ -64,6 +65,11 @@ _OUT_OF_MEMORY = frozenset({"oom", "out of memory"})
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 _cpu_budget = cpu_budget
 _cpu_lifetime = cpu_lifetime
+# A child says which process decodes (`darkroom.wire.HELLO`) once Python has started,
+# before its slow imports.
+_HELLO_SECONDS = 30.0
+# How long a child whose decoder closed the pipe has to exit before it is killed.
+_EXIT_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -231,6 +237,9 @@ class DecoderProcess:
         self._job_lock = threading.Lock()  # one request on the pipe at a time
         self._lock = threading.Lock()  # guards every field below
         self._proc: subprocess.Popen[bytes] | None = None
+        # The decoding process of `_proc`, on the host: `_proc` itself, or the PID 2 of the
+        # PID namespace `_proc` made.
+        self._decoder_pid: int | None = None
         self._retired: list[subprocess.Popen[bytes]] = []
         self._job = 0  # id of the in-flight job, 0 when idle
         self._next_job = 0
@@ -254,9 +263,10 @@ class DecoderProcess:
 
     @property
     def pid(self) -> int | None:
-        """The current child's pid, if one is running (for monitoring and tests)."""
+        """The pid (on the host) of the current child's decoding process, if one is running
+        (for monitoring and tests). Killing it is a failed job, as any crash is."""
         with self._lock:
-            return self._proc.pid if self._proc is not None else None
+            return self._decoder_pid if self._proc is not None else None
 
     @property
     def owner(self) -> str | None:
@@ -323,6 +333,20 @@ class DecoderProcess:
         ).start()
         return proc
 
+    def _hello(self, proc: subprocess.Popen[bytes]) -> int:
+        """The decoding process's pid, as the child says first (`darkroom.wire.HELLO`)."""
+        stdout = proc.stdout
+        assert stdout is not None
+        ready, _, _ = select.select([stdout], [], [], _HELLO_SECONDS)
+        raw = stdout.read(HELLO.size) if ready else b""
+        if len(raw) != HELLO.size:
+            self._retired.append(proc)
+            with contextlib.suppress(OSError):
+                proc.kill()
+            raise OSError("no hello from the decoder child")
+        (pid,) = HELLO.unpack(raw)
+        return int(pid)
+
     def _ensure_child_locked(self) -> subprocess.Popen[bytes]:
         if self._closed:
             raise DeriveError(ErrorCode.PROCESSING_FAILED, "decoder process closed")
@@ -330,13 +354,15 @@ class DecoderProcess:
         if self._proc is not None and (
             self._proc.poll() is not None
             # Replaced before its hard RLIMIT_CPU could end it in the middle of a job.
-            or _child_cpu_seconds(self._proc.pid)
+            or _child_cpu_seconds(self._decoder_pid or self._proc.pid)
             > _cpu_lifetime(self._cpu_budget) - self._cpu_budget
         ):
             self._retire_locked()
         if self._proc is None:
             try:
-                self._proc = self._spawn()
+                proc = self._spawn()
+                self._decoder_pid = self._hello(proc)
+                self._proc = proc
             except OSError as exc:
                 log.error("cannot start decoder child: %s", exc)
                 raise DeriveError(ErrorCode.PROCESSING_FAILED, "spawn failed") from None
@@ -345,6 +371,7 @@ class DecoderProcess:
     def _retire_locked(self) -> None:
         """Kill the current child and forget it; it is reaped later, never reused."""
         proc, self._proc = self._proc, None
+        self._decoder_pid = None
         if proc is not None:
             with contextlib.suppress(OSError):
                 proc.kill()
@@ -402,6 +429,14 @@ class DecoderProcess:
             try:
                 meta, payload = self._exchange(proc, data)
             except ProtocolError as exc:
+                with self._lock:
+                    reason = self._kill_reason
+                if reason is None:
+                    # The decoder died by itself: its outer process ends as it did (by the
+                    # same signal) a moment after the pipe's EOF. Killed first, it would
+                    # say SIGKILL instead.
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=_EXIT_SECONDS)
                 with self._lock:
                     self._job = 0
                     reason = self._kill_reason

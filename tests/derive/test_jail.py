@@ -37,6 +37,7 @@ from darkroom.sandbox import (
 )
 from tests.derive import images as im
 from tests.derive.hostile_child import hostile
+from tests.support.services import wait_for
 
 DUNE = (im.CORPUS / "Dune.jpg").read_bytes()
 LIMITS = Limits.from_settings(load_settings())
@@ -79,6 +80,14 @@ def child_pid(proc: DecoderProcess) -> int:
 def status(pid: int) -> dict[str, str]:
     lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
+
+
+def ended(pid: int) -> bool:
+    """Gone, or a zombie waiting for its reaper."""
+    try:
+        return status(pid)["State"].startswith("Z")
+    except FileNotFoundError:
+        return True
 
 
 def limit(pid: int, name: str) -> tuple[str, str]:
@@ -417,6 +426,55 @@ def test_hostile_kill_reaches_no_sibling_nor_the_worker(sibling: DecoderProcess)
     assert sibling.derive(DUNE).width == 1680 and child_pid(sibling) == victim
 
 
+def test_own_pid_namespace_under_an_init_of_its_own(jailed: DecoderProcess) -> None:
+    pid = child_pid(jailed)
+    # The decoder is PID 2 of a namespace of its own (NSpid: host pid, namespace pid) ...
+    assert status(pid)["NSpid"].split() == [str(pid), "2"]
+    # ... whose PID 1, its init, is the only other process there.
+    init = int(status(pid)["PPid"])
+    assert status(init)["NSpid"].split() == [str(init), "1"]
+    assert Path(f"/proc/{pid}/ns/pid").readlink() != Path("/proc/self/ns/pid").readlink()
+    assert Path(f"/proc/{init}/ns/pid").readlink() == Path(f"/proc/{pid}/ns/pid").readlink()
+
+
+def test_hostile_with_all_its_rights_sees_and_signals_no_pid_outside(
+        sibling: DecoderProcess) -> None:
+    victim = child_pid(sibling)
+    with compromised("pidns", str(victim), str(os.getpid()), "1") as proc:
+        detail = attack(proc).detail
+        own = child_pid(proc)
+    # Even before the lock-down, as root: the sibling, the worker and the host's init do
+    # not exist in its namespace (ESRCH, not EPERM: no other layer answered).
+    assert detail.startswith(f"getpid 2; getppid 1; ['NSpid:', '{own}', '2']"), detail
+    assert f"signal {victim}: refused (ESRCH)" in detail
+    assert f"signal {os.getpid()}: refused (ESRCH)" in detail
+    assert "signal 1: done None" in detail  # pid 1 is its own init, not the host's
+    assert sibling.derive(DUNE).width == 1680 and child_pid(sibling) == victim
+
+
+def test_a_decoder_spinning_forever_is_ended_by_its_cpu_limit() -> None:
+    # The wall-clock limit is far away: only the CPU limit's SIGXCPU can end this job,
+    # and the decoder is not its namespace's init, which would ignore it.
+    with DecoderProcess(LIMITS, timeout=120.0, memory_mb=1024, program=hostile("spin")) as proc:
+        error = attack(proc)
+    assert error.detail == "child killed by SIGXCPU"
+
+
+def test_a_timeout_kills_the_decoder_and_its_init_at_once() -> None:
+    with DecoderProcess(LIMITS, timeout=1.0, memory_mb=1024, program=hostile("hang")) as proc:
+        proc.start()
+        decoder = child_pid(proc)
+        init = int(status(decoder)["PPid"])
+        with pytest.raises(DeriveError) as info:
+            proc.derive(DUNE)
+        assert info.value.code == ErrorCode.PROCESSING_TIMEOUT
+    # The decoder died with its namespace, before the worker saw the pipe close; the init
+    # (the kill's target, through its parent-death signal) is at most a zombie, which the
+    # host reaps.
+    assert not Path(f"/proc/{decoder}").exists()
+    wait_for(lambda: ended(init), timeout=5.0, what="init ended")
+
+
 def test_hostile_cannot_map_executable_memory() -> None:
     with compromised("exec-memory") as proc:
         detail = attack(proc).detail
@@ -499,6 +557,7 @@ from darkroom.derive import Limits
 from darkroom.errors import DeriveError
 from darkroom.sandbox import DecoderProcess
 from tests.derive.hostile_child import hostile
+from tests.support.services import wait_for
 limits = Limits.from_settings(load_settings())
 # The worker's own user reads all of them: only the jail may stand in the way.
 for path in sys.argv[2:]:

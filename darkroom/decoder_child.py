@@ -147,9 +147,31 @@ def decode_job(data: bytes, limits: Limits) -> tuple[dict[str, Any], bytes]:
     return reply, payload
 
 
+def _zygote(jailed: bool) -> bool:
+    """Import everything once, then fork a child per request (`darkroom.zygote`). True in
+    a forked child, which goes on as a child started on its own; False when done."""
+    import resource
+    import socket
+
+    from darkroom.derive import _heif, warm_up
+    from darkroom.zygote import lock_down_zygote, serve_forks
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    control = socket.socket(fileno=os.dup(0))
+    os.dup2(2, 0)
+    warm_up()
+    _heif()
+    if jailed:
+        lock_down_zygote(Jail())
+    return serve_forks(control)
+
+
 def serve(memory_mb: int, nice: int = 0, cpu_seconds: int = 61, *, jailed: bool = True,
           probe: bool = False, job: Job = decode_job,
-          prepare: Prepare | None = None) -> int:
+          prepare: Prepare | None = None, zygote: bool = False) -> int:
+    if zygote and not _zygote(jailed):
+        return 0
     jail = _start_jail(memory_mb, nice, jailed)
     # The protocol owns fd 1. Anything else that writes to stdout (a stray print, a
     # library message) is sent to stderr instead of corrupting a frame.
@@ -216,7 +238,7 @@ def serve(memory_mb: int, nice: int = 0, cpu_seconds: int = 61, *, jailed: bool 
 
 
 def main(argv: list[str], *, job: Job = decode_job, prepare: Prepare | None = None) -> int:
-    """`MEMORY_MB [NICE CPU_SECONDS] [--no-jail] [-- PROGRAM ARGS]`, or `--probe
+    """`MEMORY_MB [NICE CPU_SECONDS] [--no-jail] [--zygote] [-- PROGRAM ARGS]`, or `--probe
     MEMORY_MB`. What follows `--` belongs to the program that called this (a test's)."""
     if "--" in argv:
         argv = argv[: argv.index("--")]
@@ -227,7 +249,7 @@ def main(argv: list[str], *, job: Job = decode_job, prepare: Prepare | None = No
         return serve(memory_mb, 0, cpu_budget(60), probe=True)
     memory_mb, nice, cpu_seconds = [*numbers, *[1024, 0, 61][len(numbers):]][:3]
     return serve(memory_mb, nice, cpu_seconds, jailed="--no-jail" not in flags, job=job,
-                 prepare=prepare)
+                 prepare=prepare, zygote="--zygote" in flags)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,11 @@
 
 A decoder is the most exposed code darkroom runs: its input comes from anyone with an
 account. A segfault, a runaway allocation or a hang in it must kill a child, never the
-worker. One `DecoderProcess` owns one child (`python -m darkroom.decoder_child`, started
-with Popen rather than fork so a threaded asyncio parent is never forked) and reuses it
-across jobs of one owner, because starting Python and libvips per image would cost more
-than many decodes. A job of another owner gets a fresh child: a compromised decoder never
-sees a second owner's images.
+worker. One `DecoderProcess` owns one child and reuses it across jobs of one owner. A job
+of another owner gets a fresh child, so a compromised decoder never sees a second owner's
+images; that child is forked by the slot's zygote (`darkroom.zygote`, itself started with
+Popen so a threaded asyncio parent is never forked), which has imported libvips once, so
+a fresh child costs a fork, not a Python and libvips start-up.
 
 The child is also a jail (`darkroom/jail.py`, `docs/SECURITY.md`), and the parent trusts
 nothing it answers: the frame is bounded (`darkroom.wire`), and a derivative is accepted
@@ -40,6 +40,7 @@ import logging
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -47,7 +48,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from darkroom.decoder_child import ENVIRONMENT_NAMES, VIPS_THREADS, cpu_budget, cpu_lifetime
 from darkroom.derive import Derivative, Limits, check_size
@@ -55,6 +56,7 @@ from darkroom.errors import DeriveError, ErrorCode
 from darkroom.jail import BY_DESIGN, PROTECTIONS, shield_parent
 from darkroom.webp import InvalidDerivative, check_derivative, check_thumbhash, max_payload
 from darkroom.wire import FRAME, HELLO, MAX_OUTPUT, ProtocolError, read_frame
+from darkroom.zygote import EXIT, FDS, SPAWN
 
 if TYPE_CHECKING:
     from darkroom.config import Settings
@@ -195,6 +197,108 @@ def probe_jail(memory_mb: int = 1024) -> dict[str, Any]:
     return report
 
 
+class Child(Protocol):
+    """A decoder child, as `subprocess.Popen` or `_Forked` (a zygote's) presents it."""
+
+    pid: int
+    stdin: IO[bytes] | None
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def kill(self) -> None: ...
+
+
+class _Forked:
+    """A child forked by the zygote: not the worker's child, so it is killed through its
+    pidfd and its exit code comes from the zygote, on a pipe (`darkroom.zygote`)."""
+
+    def __init__(self, pid: int, fds: list[int]) -> None:
+        stdin, stdout, stderr, self._pidfd, self._exit = fds
+        self.pid = pid
+        self.stdin: IO[bytes] | None = os.fdopen(stdin, "wb")
+        self.stdout: IO[bytes] | None = os.fdopen(stdout, "rb")
+        self.stderr: IO[bytes] | None = os.fdopen(stderr, "rb")
+        self.returncode: int | None = None
+        self._lock = threading.Lock()
+
+    def kill(self) -> None:
+        with self._lock:
+            if self.returncode is None and self._pidfd >= 0:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    def poll(self) -> int | None:
+        return self._collect(0.0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._collect(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(f"decoder child {self.pid}", timeout or 0.0)
+        return code
+
+    def _collect(self, timeout: float | None) -> int | None:
+        with self._lock:
+            if self.returncode is not None:
+                return self.returncode
+            exit_fd = self._exit
+        if not select.select([exit_fd], [], [], timeout)[0]:
+            return None
+        with self._lock:
+            if self.returncode is None:
+                raw = os.read(self._exit, EXIT.size)
+                # No code: the zygote died first; the child died with it (its init's
+                # parent-death signal), as if killed.
+                self.returncode = EXIT.unpack(raw)[0] if len(raw) == EXIT.size else -9
+                os.close(self._exit)
+                os.close(self._pidfd)
+                self._pidfd = -1
+            return self.returncode
+
+
+class _Zygote:
+    """The fork server of one `DecoderProcess` (`darkroom.zygote`)."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self._control, theirs = socket.socketpair()
+        try:
+            self._proc = subprocess.Popen(
+                argv, stdin=theirs.fileno(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                env=child_environment(), cwd=_empty_dir(), close_fds=True,
+                start_new_session=True,
+            )
+        finally:
+            theirs.close()
+        threading.Thread(target=_drain_stderr, args=(self._proc,),
+                         name=f"decoder-zygote-{self._proc.pid}", daemon=True).start()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def fork(self) -> _Forked:
+        self._control.sendall(SPAWN)
+        ready, _, _ = select.select([self._control], [], [], _HELLO_SECONDS)
+        if not ready:
+            raise OSError("zygote did not answer")
+        message, fds, _, _ = socket.recv_fds(self._control, 32, FDS)
+        if len(fds) != FDS or not message:
+            for fd in fds:
+                os.close(fd)
+            raise OSError("zygote did not fork")
+        return _Forked(int(message), fds)
+
+    def close(self) -> None:
+        """EOF on its control socket: the zygote reaps its children and exits."""
+        self._control.close()
+        try:
+            self._proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
 class Cancelled(DeriveError):
     """The in-flight derive was cancelled by `DecoderProcess.kill()`."""
 
@@ -219,6 +323,7 @@ class DecoderProcess:
         nice: int = 0,
         jail: bool = True,
         program: ChildProgram = DECODER,
+        zygote: bool = True,
     ) -> None:
         if timeout <= 0:
             raise ValueError("timeout must be positive")
@@ -229,6 +334,10 @@ class DecoderProcess:
         # Only the benchmark turns this off, to measure what the jail costs.
         self.jail = jail
         self.program = program
+        # A fresh child per owner is a fork of a zygote that has done the imports
+        # (`darkroom.zygote`); off, every child is a Python start-up of its own (the
+        # benchmark compares both).
+        self.use_zygote = zygote
         self._cpu_budget = _cpu_budget(timeout)
         self._limits_json = json.dumps(dataclasses.asdict(limits)).encode()
         # The largest answer a working child can give: `darkroom.webp`'s bound on each image.
@@ -236,11 +345,12 @@ class DecoderProcess:
                                 + max_payload(limits.thumb_edge))
         self._job_lock = threading.Lock()  # one request on the pipe at a time
         self._lock = threading.Lock()  # guards every field below
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: Child | None = None
         # The decoding process of `_proc`, on the host: `_proc` itself, or the PID 2 of the
         # PID namespace `_proc` made.
         self._decoder_pid: int | None = None
-        self._retired: list[subprocess.Popen[bytes]] = []
+        self._retired: list[Child] = []
+        self._zygote: _Zygote | None = None
         self._job = 0  # id of the in-flight job, 0 when idle
         self._next_job = 0
         self._kill_reason: str | None = None
@@ -267,6 +377,12 @@ class DecoderProcess:
         (for monitoring and tests). Killing it is a failed job, as any crash is."""
         with self._lock:
             return self._decoder_pid if self._proc is not None else None
+
+    @property
+    def zygote_pid(self) -> int | None:
+        """The pid of the fork server this slot's children come from, if one runs."""
+        with self._lock:
+            return self._zygote.pid if self._zygote is not None else None
 
     @property
     def owner(self) -> str | None:
@@ -307,14 +423,42 @@ class DecoderProcess:
             self._close_pipes(proc)
         with self._lock:
             self._reap_locked(block=True)
+            zygote, self._zygote = self._zygote, None
+        if zygote is not None:
+            zygote.close()
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
+    def _argv(self, *flags: str) -> list[str]:
         argv = [sys.executable, "-m", self.program.module, str(self.memory_mb), str(self.nice),
-                str(self._cpu_budget)]
+                str(self._cpu_budget), *flags]
         if not self.jail:
             argv.append("--no-jail")
         if self.program.args:
             argv += ["--", *self.program.args]
+        return argv
+
+    def _spawn(self) -> Child:
+        proc: Child
+        if self.use_zygote:
+            for attempt in range(2):  # a zygote that died is replaced once
+                if self._zygote is None:
+                    self._zygote = _Zygote(self._argv("--zygote"))
+                try:
+                    proc = self._zygote.fork()
+                    break
+                except OSError:
+                    self._zygote.close()
+                    self._zygote = None
+                    if attempt:
+                        raise
+        else:
+            proc = self._popen()
+        threading.Thread(
+            target=_drain_stderr, args=(proc,), name=f"decoder-stderr-{proc.pid}", daemon=True
+        ).start()
+        return proc
+
+    def _popen(self) -> Child:
+        argv = self._argv()
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
@@ -328,12 +472,9 @@ class DecoderProcess:
             # Its own session: a terminal's Ctrl-C goes to the worker, which decides.
             start_new_session=True,
         )
-        threading.Thread(
-            target=_drain_stderr, args=(proc,), name=f"decoder-stderr-{proc.pid}", daemon=True
-        ).start()
         return proc
 
-    def _hello(self, proc: subprocess.Popen[bytes]) -> int:
+    def _hello(self, proc: Child) -> int:
         """The decoding process's pid, as the child says first (`darkroom.wire.HELLO`)."""
         stdout = proc.stdout
         assert stdout is not None
@@ -347,7 +488,7 @@ class DecoderProcess:
         (pid,) = HELLO.unpack(raw)
         return int(pid)
 
-    def _ensure_child_locked(self) -> subprocess.Popen[bytes]:
+    def _ensure_child_locked(self) -> Child:
         if self._closed:
             raise DeriveError(ErrorCode.PROCESSING_FAILED, "decoder process closed")
         self._reap_locked(block=False)
@@ -389,7 +530,7 @@ class DecoderProcess:
         self._retired = alive
 
     @staticmethod
-    def _close_pipes(proc: subprocess.Popen[bytes]) -> None:
+    def _close_pipes(proc: Child) -> None:
         # stderr belongs to its drain thread, which closes it at EOF.
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
@@ -465,7 +606,7 @@ class DecoderProcess:
                 raise DeriveError(ErrorCode.PROCESSING_FAILED, "invalid child output") from None
 
     def _exchange(
-        self, proc: subprocess.Popen[bytes], data: bytes
+        self, proc: Child, data: bytes
     ) -> tuple[dict[str, Any], bytes]:
         stdin, stdout = proc.stdin, proc.stdout
         assert stdin is not None and stdout is not None
@@ -480,7 +621,7 @@ class DecoderProcess:
             raise ProtocolError(f"{type(exc).__name__}: {exc}") from None
 
     def _failure(
-        self, proc: subprocess.Popen[bytes], reason: str | None, detail: str
+        self, proc: Child, reason: str | None, detail: str
     ) -> DeriveError:
         try:
             # Reap now: the child was killed or has exited, so this returns at once,
@@ -526,7 +667,7 @@ class DecoderProcess:
                                            height=thumb.height, sha256=thumb.sha256))
 
 
-def _drain_stderr(proc: subprocess.Popen[bytes]) -> None:
+def _drain_stderr(proc: Child) -> None:
     """Forward the child's stderr lines to the worker's log until the child is gone."""
     stream = proc.stderr
     assert stream is not None

@@ -475,6 +475,38 @@ def test_a_timeout_kills_the_decoder_and_its_init_at_once() -> None:
     wait_for(lambda: ended(init), timeout=5.0, what="init ended")
 
 
+def test_a_new_owner_gets_a_fresh_child_forked_by_the_zygote(secrets: dict[str, str]) -> None:
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) as proc:
+        proc.derive(DUNE, owner="a")
+        first, zygote = child_pid(proc), proc.zygote_pid
+        assert zygote is not None
+        proc.derive(DUNE, owner="b")
+        second = child_pid(proc)
+        assert second != first
+        wait_for(lambda: ended(first), timeout=5.0, what="first child ended")
+        # decoder → its init → the child's first process → the same zygote
+        outer = int(status(int(status(second)["PPid"]))["PPid"])
+        assert int(status(outer)["PPid"]) == zygote == proc.zygote_pid
+        # The zygote: no secret, no privilege to gain by exec, its own seccomp filter,
+        # and no descriptor of any child (only its control socket and stderr).
+        environ = Path(f"/proc/{zygote}/environ").read_bytes()
+        assert not any(value.encode() in environ for value in secrets.values())
+        assert status(zygote)["NoNewPrivs"] == "1" and status(zygote)["Seccomp"] == "2"
+        assert len(os.listdir(f"/proc/{zygote}/fd")) <= 4
+    assert ended(zygote)  # close() ends the zygote too
+
+
+def test_a_dead_zygote_is_replaced_and_the_next_file_is_fine() -> None:
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) as proc:
+        proc.derive(DUNE, owner="a")
+        zygote = proc.zygote_pid
+        assert zygote is not None
+        os.kill(zygote, 9)
+        wait_for(lambda: ended(zygote), timeout=5.0, what="zygote killed")
+        assert proc.derive(DUNE, owner="b").width == 1680
+        assert proc.zygote_pid not in (None, zygote)
+
+
 def test_hostile_cannot_map_executable_memory() -> None:
     with compromised("exec-memory") as proc:
         detail = attack(proc).detail

@@ -14,6 +14,7 @@ another job. Nothing here reads a switch that turns attacks or hangs on.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -162,6 +163,10 @@ def _zygote(jailed: bool) -> bool:
     os.dup2(2, 0)
     warm_up()
     _heif()
+    # Everything imported so far outlives every child: kept out of the collector's reach,
+    # a child's collections do not write to (and so copy) the zygote's pages.
+    gc.collect()
+    gc.freeze()
     if jailed:
         lock_down_zygote(Jail())
     return serve_forks(control)

@@ -349,6 +349,8 @@ class DecoderProcess:
         # The decoding process of `_proc`, on the host: `_proc` itself, or the PID 2 of the
         # PID namespace `_proc` made.
         self._decoder_pid: int | None = None
+        # A pidfd of the decoding process: what a kill signals (`_retire_locked`).
+        self._decoder_fd: int | None = None
         self._retired: list[Child] = []
         self._zygote: _Zygote | None = None
         self._job = 0  # id of the in-flight job, 0 when idle
@@ -407,10 +409,13 @@ class DecoderProcess:
         """Stop the child for good: EOF lets an idle child exit by itself."""
         with self._lock:
             self._closed = True
-            proc, self._proc = self._proc, None
-            if proc is not None and self._job:
+            if self._job:
                 self._kill_reason = "cancelled"
-                proc.kill()
+                self._retire_locked()
+            proc, self._proc = self._proc, None
+            decoder, self._decoder_fd, self._decoder_pid = self._decoder_fd, None, None
+            if decoder is not None:
+                os.close(decoder)
         if proc is not None:
             with contextlib.suppress(OSError):
                 if proc.stdin is not None:
@@ -503,6 +508,8 @@ class DecoderProcess:
             try:
                 proc = self._spawn()
                 self._decoder_pid = self._hello(proc)
+                with contextlib.suppress(OSError):
+                    self._decoder_fd = os.pidfd_open(self._decoder_pid)
                 self._proc = proc
             except OSError as exc:
                 log.error("cannot start decoder child: %s", exc)
@@ -512,10 +519,18 @@ class DecoderProcess:
     def _retire_locked(self) -> None:
         """Kill the current child and forget it; it is reaped later, never reused."""
         proc, self._proc = self._proc, None
-        self._decoder_pid = None
-        if proc is not None:
+        decoder, self._decoder_fd, self._decoder_pid = self._decoder_fd, None, None
+        if decoder is not None:
+            # The decoder itself, not the child's first process: its init reaps it and
+            # the first process ends as it did, so the whole chain exits in order (and
+            # its CPU time is accounted to the worker's children).
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(decoder, signal.SIGKILL)
+            os.close(decoder)
+        elif proc is not None:
             with contextlib.suppress(OSError):
                 proc.kill()
+        if proc is not None:
             self._retired.append(proc)
 
     def _reap_locked(self, *, block: bool) -> None:

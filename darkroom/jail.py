@@ -460,8 +460,9 @@ def _outer(init: int, host_parent: int) -> None:
     number = -code if code < 0 else code - 128 if code > 128 else 0
     if number:
         # Die as the decoder did, so the worker's log names the signal (SIGSYS, SIGXCPU).
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
             signal.signal(number, signal.SIG_DFL)
+        with contextlib.suppress(OSError):
             os.kill(os.getpid(), number)
         os._exit(128 + number)
     os._exit(code)

@@ -261,6 +261,7 @@ class _Zygote:
     """The fork server of one `DecoderProcess` (`darkroom.zygote`)."""
 
     def __init__(self, argv: list[str]) -> None:
+        self.argv = argv
         self._control, theirs = socket.socketpair()
         try:
             self._proc = subprocess.Popen(
@@ -444,9 +445,14 @@ class DecoderProcess:
     def _spawn(self) -> Child:
         proc: Child
         if self.use_zygote:
+            argv = self._argv("--zygote")
+            if self._zygote is not None and self._zygote.argv != argv:
+                # Its program or limits were changed: its forks would be the old ones.
+                self._zygote.close()
+                self._zygote = None
             for attempt in range(2):  # a zygote that died is replaced once
                 if self._zygote is None:
-                    self._zygote = _Zygote(self._argv("--zygote"))
+                    self._zygote = _Zygote(argv)
                 try:
                     proc = self._zygote.fork()
                     break

@@ -25,6 +25,7 @@ import contextlib
 import errno
 import os
 import select
+import signal
 import socket
 import struct
 from typing import Any
@@ -78,7 +79,12 @@ def serve_forks(control: socket.socket) -> bool:
                 except OSError:
                     request = b""
                 if not request:
+                    # The worker closed it (after its children) or died: a child still
+                    # running would never hear of it (its decoder's parent is its init).
                     open_ = False
+                    for pidfd in children:
+                        with contextlib.suppress(OSError):
+                            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
                     continue
                 if _fork_one(control, children):
                     return True

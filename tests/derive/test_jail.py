@@ -488,12 +488,24 @@ def test_a_new_owner_gets_a_fresh_child_forked_by_the_zygote(secrets: dict[str, 
         outer = int(status(int(status(second)["PPid"]))["PPid"])
         assert int(status(outer)["PPid"]) == zygote == proc.zygote_pid
         # The zygote: no secret, no privilege to gain by exec, its own seccomp filter,
-        # and no descriptor of any child (only its control socket and stderr).
+        # and of its live child only a pidfd and the pipe for its exit code (besides its
+        # stdin, stdout, stderr and control socket): none of the child's own pipes.
         environ = Path(f"/proc/{zygote}/environ").read_bytes()
         assert not any(value.encode() in environ for value in secrets.values())
         assert status(zygote)["NoNewPrivs"] == "1" and status(zygote)["Seccomp"] == "2"
-        assert len(os.listdir(f"/proc/{zygote}/fd")) <= 4
+        assert len(os.listdir(f"/proc/{zygote}/fd")) == 4 + 2
     assert ended(zygote)  # close() ends the zygote too
+
+
+def test_a_child_started_on_its_own_is_jailed_the_same() -> None:
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024, zygote=False) as proc:
+        assert proc.derive(DUNE).width == 1680
+        pid = child_pid(proc)
+        assert proc.zygote_pid is None
+        assert status(pid)["NSpid"].split() == [str(pid), "2"]
+        assert status(pid)["Seccomp"] == "2" and status(pid)["NoNewPrivs"] == "1"
+        if AS_ROOT:
+            assert status(pid)["Uid"].split()[0] == str(OWN_UID_BASE + pid)
 
 
 def test_a_dead_zygote_is_replaced_and_the_next_file_is_fine() -> None:

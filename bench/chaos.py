@@ -105,11 +105,13 @@ def report(outcome: Outcome, seed: int, path: Path) -> None:
     ]
     if outcome.problems:
         lines += ["", "## Problems", "", *[f"- {p}" for p in outcome.problems[:50]]]
-    # The multi-host rehearsal's section (bench/hosts.py) lives in the same file: kept.
+    # The multi-host rehearsal's (bench/hosts.py) and the failover's (bench/failover.py)
+    # sections live in the same file: kept.
     old = path.read_text() if path.exists() else ""
-    start, end = "<!-- hosts:start -->", "<!-- hosts:end -->"
-    if start in old and end in old:
-        lines += ["", old[old.index(start):old.index(end) + len(end)]]
+    for name in ("hosts", "failover"):
+        start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+        if start in old and end in old:
+            lines += ["", old[old.index(start):old.index(end) + len(end)]]
     path.write_text("\n".join(lines) + "\n")
 
 

@@ -11,6 +11,16 @@ Policies, run interleaved (fifo, fair, fair_bulk, fifo, fair, ...):
   fair       A and B are owners of their own (both interactive).
   fair_bulk  A imports with `--bulk`; B uploads interactively.
 
+Beside it, in the same run, the mixed scenario (`mixed_run`): one slot; owner BIG has a
+backlog, three owners (s1, s2, s3) each upload the next photo the moment their previous
+one is ready, and a bulk import waits. Policies: fifo (every card in one line), previous
+(the statements before migration 0012, bench/fair_previous.sql: the head is the smallest
+waiting stamp, bulk only on idle slots) and sfq (start-time fair queueing with
+DARKROOM_BULK_SHARE). It measures each owner's share of the claims against its ideal,
+bulk's share against DARKROOM_BULK_SHARE, and the single uploaders' waits. Then claim
+throughput of concurrent claimers, the previous claim against the one that moves the
+shared clock row (`claim_throughput`).
+
 Measures B's confirm -> processing latency (the card's available_at at confirm to the
 `claimed` event, both the database's clock), A's throughput (A's cards / the time from A's
 first claim to A's last publication), and the mean job duration; then, with --claims,
@@ -27,14 +37,17 @@ import argparse
 import asyncio
 import contextlib
 import os
+import re
 import statistics
 import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from bench.cpu import machine
 from bench.queue import (
@@ -49,17 +62,31 @@ from bench.queue import (
     log,
     noop_result,
 )
-from bench.results import FairClaim, FairConfirmRate, FairResult, FairRun, FairSummary, save
+from bench.results import (
+    FairClaim,
+    FairConfirmRate,
+    FairResult,
+    FairRun,
+    FairSummary,
+    FairThroughput,
+    MixedRun,
+    MixedSummary,
+    save,
+)
 from bench.runs import BY_NAME, command
 from bench.sections import publish
 from bench.stats import percentile
+from darkroom.config import load_settings
 from darkroom.db.connection import open_pool
+from darkroom.db.database import Database
 from darkroom.db.migrations import migrate
-from darkroom.queue import Priority, Queue
+from darkroom.db.queries import QUERIES
+from darkroom.queue import Lease, Priority, Queue
 
 OUT = BY_NAME["fair"].json_path
 POLICIES = ("fifo", "fair", "fair_bulk")
 SLOTS = 2
+BULK_SHARE = load_settings().bulk_share  # DARKROOM_BULK_SHARE, default 0.1
 
 
 @dataclass(frozen=True)
@@ -71,6 +98,14 @@ class Plan:
     finished_rows: int  # claim time: finished rows ...
     backlog_rows: int  # ... and queued rows of 1,000 owners
     claims: int
+    # The mixed scenario: BIG's backlog, the bulk import, how long each run lasts, one job.
+    mixed_big: int
+    mixed_bulk: int
+    mixed_seconds: float
+    mixed_job_seconds: float
+    # Claim throughput: concurrent claims counted, on this many queued cards.
+    throughput_claims: int
+    throughput_rows: int
     quick: bool = False
 
 
@@ -78,10 +113,16 @@ class Plan:
 # else's import: A's throughput can then stay near FIFO's, where B's few jobs all ran
 # after A's backlog. Jobs of 100 ms keep this shared machine's scheduling hiccups small
 # against the job length that the latency target is measured in.
+# The mixed scenario's backlogs outlast a run under every policy, so every owner has work
+# due throughout and the ideal shares apply.
 FULL = Plan(a_jobs=500, job_seconds=0.1, b_interval=1.5, repeats=3,
-            finished_rows=1_000_000, backlog_rows=200_000, claims=300)
+            finished_rows=1_000_000, backlog_rows=200_000, claims=300,
+            mixed_big=200, mixed_bulk=150, mixed_seconds=30.0, mixed_job_seconds=0.1,
+            throughput_claims=4_000, throughput_rows=20_000)
 QUICK = Plan(a_jobs=80, job_seconds=0.02, b_interval=0.25, repeats=1,
-             finished_rows=20_000, backlog_rows=5_000, claims=30, quick=True)
+             finished_rows=20_000, backlog_rows=5_000, claims=30,
+             mixed_big=60, mixed_bulk=40, mixed_seconds=4.0, mixed_job_seconds=0.02,
+             throughput_claims=400, throughput_rows=2_000, quick=True)
 
 
 async def _upload(q: Queue, owner: str, name: str, priority: Priority) -> uuid.UUID:
@@ -230,6 +271,179 @@ def claim_times(url: str, plan: Plan) -> list[FairClaim]:
                       owners_waiting=OWNERS) for what, _ in cases]
 
 
+MIXED_POLICIES = ("fifo", "previous", "sfq")
+SINGLES = ("s1", "s2", "s3")
+BULK_OWNER = "import"
+PREVIOUS: dict[str, str] = dict(zip(*[iter(re.split(
+    r"^-- name: (\w+)\s*$", (Path(__file__).parent / "fair_previous.sql").read_text(),
+    flags=re.MULTILINE)[1:])] * 2, strict=True))
+
+
+class Rule:
+    """How one policy of the mixed scenario confirms and claims, on the real statements."""
+
+    def __init__(self, policy: str, pool: Any, queue: Queue) -> None:
+        self.policy, self.pool, self.queue = policy, pool, queue
+
+    async def _rows(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(sql, params)
+            rows: list[dict[str, Any]] = await cur.fetchall()
+            return rows
+
+    async def upload(self, owner: str, name: str, priority: Priority) -> uuid.UUID:
+        if self.policy == "fifo":  # one owner, one class: first in, first out
+            owner, priority = "fifo", Priority.INTERACTIVE
+        card = await self.queue.create_file(owner=owner, filename=name, size=1,
+                                            content_type="image/jpeg", priority=priority)
+        if self.policy == "previous":
+            await self._rows(PREVIOUS["previous_confirm"], {
+                "id": card.id, "owner": owner, "version": "v1", "sha256": None,
+                "size": None})
+        else:
+            await self.queue.confirm_card(card.id, owner, "v1")
+        return card.id
+
+    async def claim(self) -> list[Lease]:
+        if self.policy != "previous":
+            return await self.queue.claim(1)
+        rows = await self._rows(PREVIOUS["previous_claim"], {
+            "n": 1, "max_attempts": 3, "claim": uuid.uuid4(), "lease_seconds": 300.0,
+            "worker": "mixed"})
+        return [Lease(**r) for r in rows]
+
+
+async def mixed_run(url: str, policy: str, plan: Plan, bulk_share: float) -> MixedRun:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(DARKROOM_EMPTY)
+    pool = await open_pool(url, min_size=3, max_size=3, name="bench-mixed")
+    owner_of: dict[uuid.UUID, str] = {}
+    claimed: list[str] = []
+    try:
+        queue = Queue(Database(pool), lease_seconds=300, max_attempts=3,
+                      retry_base_seconds=1, retry_cap_seconds=1, worker="mixed",
+                      bulk_share=bulk_share)
+        rule = Rule(policy, pool, queue)
+        for i in range(plan.mixed_big):
+            owner_of[await rule.upload("big", f"big{i}", Priority.INTERACTIVE)] = "big"
+        for i in range(plan.mixed_bulk):
+            owner_of[await rule.upload(BULK_OWNER, f"imp{i}", Priority.BULK)] = BULK_OWNER
+        for owner in SINGLES:
+            owner_of[await rule.upload(owner, f"{owner}-0", Priority.INTERACTIVE)] = owner
+        uploads: list[asyncio.Task[None]] = []
+
+        async def next_photo(owner: str, name: str) -> None:
+            owner_of[await rule.upload(owner, name, Priority.INTERACTIVE)] = owner
+
+        started = time.monotonic()
+        while time.monotonic() - started < plan.mixed_seconds:  # one slot
+            leases = await rule.claim()
+            if not leases:
+                await asyncio.sleep(0.002)
+                continue
+            lease = leases[0]
+            await asyncio.sleep(plan.mixed_job_seconds)  # the work
+            await queue.complete(lease, noop_result(lease))
+            owner = owner_of[lease.file_id]
+            claimed.append(owner)
+            if owner in SINGLES:  # the next photo, the moment the previous one is ready,
+                # by the owner's own client: the slot goes on claiming meanwhile
+                uploads.append(asyncio.create_task(
+                    next_photo(owner, f"{owner}-{claimed.count(owner)}")))
+        seconds = time.monotonic() - started
+        await asyncio.gather(*uploads)
+    finally:
+        await pool.close()
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT f.id, f.available_at, c.created_at, r.created_at FROM archive_files f"
+            " JOIN archive_events c ON c.file_id = f.id AND c.kind = 'claimed'"
+            " LEFT JOIN archive_events r ON r.file_id = f.id AND r.kind = 'ready'"
+        ).fetchall()
+    waits = sorted((claim - available).total_seconds() for fid, available, claim, _ in rows
+                   if owner_of.get(fid) in SINGLES)
+    jobs = [(r[3] - r[2]).total_seconds() for r in rows if r[3] is not None]
+    return MixedRun(policy=policy, seconds=seconds, claims=len(claimed),
+                    by_owner={o: claimed.count(o) for o in ("big", *SINGLES, BULK_OWNER)},
+                    bulk_claims=claimed.count(BULK_OWNER),
+                    claim_interval_s=seconds / max(len(claimed), 1),
+                    mean_job_s=statistics.fmean(jobs) if jobs else 0.0, single_wait_s=waits)
+
+
+def mixed_ideal(bulk_share: float) -> dict[str, float]:
+    """Each owner's share while all have work due: bulk its share, the interactive
+    owners the rest in equal parts (equal weights)."""
+    interactive = ("big", *SINGLES)
+    return {o: (1 - bulk_share) / len(interactive) for o in interactive} | {
+        BULK_OWNER: bulk_share}
+
+
+def summarize_mixed(runs: list[MixedRun], bulk_share: float) -> dict[str, MixedSummary]:
+    out = {}
+    for policy in MIXED_POLICIES:
+        mine = [r for r in runs if r.policy == policy]
+        if not mine:
+            continue
+        total = sum(r.claims for r in mine)
+        waits = sorted(w for r in mine for w in r.single_wait_s)
+        owners = mine[0].by_owner
+        out[policy] = MixedSummary(
+            claims=total,
+            share={o: sum(r.by_owner[o] for r in mine) / total for o in owners},
+            ideal=mixed_ideal(bulk_share),
+            bulk_share=sum(r.bulk_claims for r in mine) / total,
+            single_wait_p50_s=_pct(waits, 0.5), single_wait_p95_s=_pct(waits, 0.95),
+            single_wait_max_s=_pct(waits, 1.0),
+            mean_job_s=statistics.fmean(r.mean_job_s for r in mine),
+            claim_interval_s=statistics.fmean(r.claim_interval_s for r in mine))
+    return out
+
+
+THROUGHPUT_CLIENTS = 8
+
+
+async def _claim_rate(url: str, sql: str, claims: int, bulk_share: float) -> float:
+    """Claims per second of THROUGHPUT_CLIENTS connections claiming one card at a time
+    (each claim its own transaction) until `claims` were made."""
+    params = {"n": 1, "max_attempts": 3, "lease_seconds": 300.0, "worker": "bench",
+              "bulk_share": bulk_share}
+    left = [claims]
+    conns = [await psycopg.AsyncConnection.connect(url, autocommit=True)
+             for _ in range(THROUGHPUT_CLIENTS)]
+
+    async def client(conn: psycopg.AsyncConnection[Any]) -> None:
+        while left[0] > 0:
+            left[0] -= 1
+            cur = await conn.execute(sql, params | {"claim": uuid.uuid4()}, prepare=True)
+            if not await cur.fetchall():
+                raise RuntimeError("claim found nothing to claim")
+
+    try:
+        t = time.perf_counter()
+        await asyncio.gather(*(client(c) for c in conns))
+        return claims / (time.perf_counter() - t)
+    finally:
+        for c in conns:
+            await c.close()
+
+
+def claim_throughput(url: str, plan: Plan, bulk_share: float) -> list[FairThroughput]:
+    """The claim with its clock row against the previous claim, interleaved, each on a
+    fresh backlog of 1,000 owners (one card in ten bulk, so bulk's share is in play)."""
+    out = []
+    for rep in range(max(plan.repeats, 2)):
+        for name, sql in (("previous", PREVIOUS["previous_claim"]), ("sfq", QUERIES["claim"])):
+            darkroom_fill(url, 0, plan.throughput_rows)
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("UPDATE fair_clock SET bulk_credit = 0")
+            rate = asyncio.run(_claim_rate(url, sql, plan.throughput_claims, bulk_share))
+            log(f"  claims, {THROUGHPUT_CLIENTS} clients, {name}: {rate:,.0f}/s")
+            out.append(FairThroughput(claim=name, clients=THROUGHPUT_CLIENTS, rep=rep,
+                                      per_s=rate))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -259,6 +473,14 @@ def main() -> None:
                     f"A {r.a_jobs_per_s:.1f} jobs/s  job {r.mean_job_s * 1000:.1f} ms")
                 result.runs.append(r)
         result.summary = summarize(result.runs)
+        result.bulk_share = BULK_SHARE
+        for rep in range(plan.repeats):  # interleaved
+            for policy in MIXED_POLICIES:
+                m = asyncio.run(mixed_run(url, policy, plan, BULK_SHARE))
+                log(f"  {rep} mixed {policy:8} {m.claims} claims {m.by_owner}")
+                result.mixed.append(m)
+        result.mixed_summary = summarize_mixed(result.mixed, BULK_SHARE)
+        result.throughput = claim_throughput(url, plan, BULK_SHARE)
         result.confirm_rate = confirm_rates(url, plan)
         # Saved before the claim part, which takes the longest: what was measured stays.
         save(result, args.out)

@@ -420,3 +420,30 @@ def fair_plot(src: Source) -> str | None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     return save(fig, "fair_latency.png")
+
+
+MIXED_COLORS = {"fifo": "#c0392b", "previous": "#e67e22", "sfq": "#2e86c1"}
+
+
+def fair_mixed_plot(src: Source) -> str | None:
+    """Each owner's share of the claims per policy, beside its ideal (the mixed scenario)."""
+    res = load(FairResult, src.data or {})
+    if not res.mixed_summary:
+        return None
+    fig, ax = figure("Shares of the claims: single uploaders beside a backlog and an import "
+                     "(1 slot)", [src], ncols=1)
+    owners = list(next(iter(res.mixed_summary.values())).ideal)
+    width = 0.8 / (len(res.mixed_summary) + 1)
+    for i, (policy, m) in enumerate(res.mixed_summary.items()):
+        ax.bar([j + i * width for j in range(len(owners))], [m.share[o] for o in owners],
+               width, color=MIXED_COLORS.get(policy, "#888"), label=policy)
+    ideal = next(iter(res.mixed_summary.values())).ideal
+    ax.bar([j + len(res.mixed_summary) * width for j in range(len(owners))],
+           [ideal[o] for o in owners], width, color="none", edgecolor="k", hatch="//",
+           label=f"ideal (bulk share {res.bulk_share:g})")
+    ax.set_xticks([j + width * len(res.mixed_summary) / 2 for j in range(len(owners))],
+                  owners)
+    ax.set_ylabel("share of all claims")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    return save(fig, "fair_mixed.png")

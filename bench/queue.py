@@ -1018,7 +1018,7 @@ def _timed_claims(url: str, claims: int, once: Callable[[psycopg.Connection[Any]
 def darkroom_claim_once(n: int, sql: str | None = None
                         ) -> Callable[[psycopg.Connection[Any]], Any]:
     params = {"n": n, "max_attempts": 3, "lease_seconds": 300.0, "worker": "bench",
-              "claim": uuid.uuid4()}
+              "claim": uuid.uuid4(), "bulk_share": 0.1}
     query = sql or QUERIES["claim"]
 
     def once(conn: psycopg.Connection[Any]) -> Any:

@@ -116,6 +116,7 @@ def main() -> int:
         (("queue",), lambda: plots.queue_throughput_plot(sources["queue"])),
         (("queue",), lambda: plots.queue_claim_plot(sources["queue"])),
         (("fair",), lambda: plots.fair_plot(sources["fair"])),
+        (("fair",), lambda: plots.fair_mixed_plot(sources["fair"])),
         (("derive", "worker"), lambda: plots.images_plot(sources["derive"], sources["worker"])),
         (("api", "worker", "queue"),
          lambda: plots.latency_plot(sources["api"], sources["worker"], sources["queue"])),

@@ -383,6 +383,52 @@ class FairClaim:
 
 
 @dataclass
+class MixedRun:
+    """One run of the mixed scenario under one policy: steady single uploaders, a backlog
+    owner and a bulk import on one slot. Claims are counted per owner (the bulk import is
+    one owner) over the run; `single_wait_s` are the single uploaders' confirm → claimed
+    waits (database clock)."""
+
+    policy: str
+    seconds: float
+    claims: int
+    by_owner: dict[str, int]
+    bulk_claims: int
+    mean_job_s: float
+    single_wait_s: list[float]
+    # The run's length over its claims: one turn of the slot (job, commit, next claim).
+    claim_interval_s: float = 0.0
+
+
+@dataclass
+class MixedSummary:
+    """A policy's runs pooled: each owner's share of the claims beside its ideal under
+    start-time fair queueing with the bulk share, and the single uploaders' waits."""
+
+    claims: int
+    share: dict[str, float]
+    ideal: dict[str, float]
+    bulk_share: float
+    single_wait_p50_s: float | None
+    single_wait_p95_s: float | None
+    single_wait_max_s: float | None
+    mean_job_s: float
+    claim_interval_s: float = 0.0
+
+
+@dataclass
+class FairThroughput:
+    """Claims per second of concurrent claimers (claim(1) and commit, no work) on a
+    backlog of many owners: the previous claim against the one that moves the shared
+    clock row."""
+
+    claim: str
+    clients: int
+    rep: int
+    per_s: float
+
+
+@dataclass
 class FairResult:
     machine: dict[str, Any]
     postgres: dict[str, str]
@@ -393,6 +439,11 @@ class FairResult:
     summary: dict[str, FairSummary] = field(default_factory=dict)  # by policy
     confirm_rate: list[FairConfirmRate] = field(default_factory=list)
     claim_time: list[FairClaim] = field(default_factory=list)
+    # The mixed scenario (same run), DARKROOM_BULK_SHARE it ran with, claim throughput.
+    bulk_share: float = 0.1
+    mixed: list[MixedRun] = field(default_factory=list)
+    mixed_summary: dict[str, MixedSummary] = field(default_factory=dict)  # by policy
+    throughput: list[FairThroughput] = field(default_factory=list)
     elapsed_s: float = 0.0
     loadavg_at_end: list[float] = field(default_factory=list)
 

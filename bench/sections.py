@@ -46,6 +46,9 @@ from bench.targets import (
     FAIR_A_VS_FIFO,
     FAIR_B_WAIT_JOBS,
     FAIR_CLAIM_GROWTH,
+    FAIR_CLAIM_THROUGHPUT,
+    FAIR_MIXED_SHARE_SLACK,
+    FAIR_MIXED_WAIT_JOBS,
     QUEUE_CLAIM_GROWTH,
     QUEUE_IDLE_P50_MS,
     QUEUE_VS_PGQUEUER,
@@ -506,8 +509,80 @@ def fair_section(src: Source) -> tuple[list[str], list[Target]]:
                               f"within {FAIR_CLAIM_GROWTH}× of a tiny table",
                               f"{c.ms_backlog:.2f} / {c.ms_10_rows:.2f} ms = **{ratio:.2f}×**",
                               ratio <= FAIR_CLAIM_GROWTH))
-    lines += images(["img/fair_latency.png"],
-                    {"fair_latency": "B's wait while A's backlog drains"})
+    mixed_lines, mixed_targets = _fair_mixed(res)
+    lines += mixed_lines
+    targets += mixed_targets
+    lines += images(["img/fair_latency.png", "img/fair_mixed.png"],
+                    {"fair_latency": "B's wait while A's backlog drains",
+                     "fair_mixed": "Shares of the claims, single uploaders beside a backlog "
+                                   "and an import"})
+    return lines, targets
+
+
+def _fair_mixed(res: FairResult) -> tuple[list[str], list[Target]]:
+    """The mixed scenario and the claim throughput of the same run."""
+    if not res.mixed_summary:
+        return [], []
+    plan, summary = res.plan, res.mixed_summary
+    lines = ["", f"Mixed scenario, one slot, each job {plan['mixed_job_seconds'] * 1000:.0f} "
+             f"ms, {plan['mixed_seconds']:.0f} s per run: owner big has "
+             f"{plan['mixed_big']} cards waiting, s1, s2 and s3 each upload their next "
+             "photo the moment the previous one is ready, and a bulk import of "
+             f"{plan['mixed_bulk']} cards waits. Shares of all claims; ideal: start-time "
+             f"fair queueing with DARKROOM_BULK_SHARE = {res.bulk_share:g} (bulk its share, "
+             "the four interactive owners the rest in equal parts). previous: the rule "
+             "before migration 0012 (bench/fair_previous.sql).", ""]
+    owners = list(next(iter(summary.values())).ideal)
+
+    def ms(v: float | None) -> str:
+        return num(None if v is None else v * 1000)
+
+    rows = [[policy, str(m.claims), *[f"{m.share[o]:.1%}" for o in owners],
+             ms(m.single_wait_p50_s), ms(m.single_wait_p95_s), ms(m.single_wait_max_s),
+             num(m.mean_job_s * 1000, ".1f"), num(m.claim_interval_s * 1000, ".1f")]
+            for policy, m in summary.items()]
+    ideal = next(iter(summary.values())).ideal
+    rows.append(["ideal", "", *[f"{ideal[o]:.1%}" for o in owners], "", "", "", "", ""])
+    lines += table(["policy", "claims", *owners, "singles' wait p50 ms", "p95 ms",
+                    "max ms", "mean job ms", "ms per claim"], rows)
+    targets = []
+    sfq = summary.get("sfq")
+    if sfq is not None:
+        worst = max(abs(sfq.share[o] / sfq.ideal[o] - 1) for o in owners)
+        targets.append(Target(
+            f"sfq: every owner's share within ±{FAIR_MIXED_SHARE_SLACK:.0%} of its ideal",
+            f"worst **{worst:+.1%}** off", worst <= FAIR_MIXED_SHARE_SLACK))
+        floor = res.bulk_share - 1 / max(sfq.claims, 1)
+        targets.append(Target(
+            f"sfq: bulk's share ≥ DARKROOM_BULK_SHARE ({res.bulk_share:g}, less one claim)",
+            f"**{sfq.bulk_share:.1%}**", sfq.bulk_share >= floor))
+        if sfq.single_wait_p95_s is not None:
+            targets.append(Target(
+                f"sfq: a single uploader's p95 wait ≤ {FAIR_MIXED_WAIT_JOBS:g}× the slot's "
+                "time per claim (job, commit, next claim)",
+                f"{ms(sfq.single_wait_p95_s)} ms vs {FAIR_MIXED_WAIT_JOBS:g} × "
+                f"{num(sfq.claim_interval_s * 1000, '.1f')} ms",
+                sfq.single_wait_p95_s <= FAIR_MIXED_WAIT_JOBS * sfq.claim_interval_s))
+    if res.throughput:
+        rates: dict[str, list[float]] = {}
+        for t in res.throughput:
+            rates.setdefault(t.claim, []).append(t.per_s)
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        clients = res.throughput[0].clients
+        lines += ["", f"Claim throughput: {clients} connections claiming one card at a "
+                  f"time, {plan['throughput_claims']:,} claims on {plan['throughput_rows']:,} "
+                  "queued cards of 1,000 owners (one in ten bulk), interleaved runs, "
+                  "median claims/s:", ""]
+        lines += table(["claim", "claims/s", "runs"],
+                       [[k, f"{med[k]:,.0f}", ", ".join(f"{x:,.0f}" for x in rates[k])]
+                        for k in med])
+        if "previous" in med and "sfq" in med:
+            ratio = med["sfq"] / med["previous"]
+            targets.append(Target(
+                f"claims/s with the shared clock row ≥ {FAIR_CLAIM_THROUGHPUT:.0%} of the "
+                f"previous claim's ({clients} claimers)",
+                f"{med['sfq']:,.0f} vs {med['previous']:,.0f}: **{ratio:.1%}**",
+                ratio >= FAIR_CLAIM_THROUGHPUT))
     return lines, targets
 
 

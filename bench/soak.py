@@ -114,7 +114,8 @@ def sample(db: psycopg.Connection[Any]) -> dict[str, Any]:
         with db.transaction(force_rollback=True):
             start = time.perf_counter()
             db.execute(QUERIES["claim"], {"n": 1, "max_attempts": 3, "lease_seconds": 60.0,
-                                          "worker": "probe", "claim": uuid.uuid4()}).fetchall()
+                                          "worker": "probe", "claim": uuid.uuid4(),
+                                          "bulk_share": 0.1}).fetchall()
             claims.append((time.perf_counter() - start) * 1000)
     sizes = {r["name"]: r["bytes"] for r in db.execute(
         "SELECT c.relname AS name, pg_relation_size(c.oid) AS bytes FROM pg_class c"

@@ -35,6 +35,13 @@ API_LIMITS_COST = 0.02  # requests/s lost to the API's limits, share of the tree
 FAIR_B_WAIT_JOBS = 2.0  # B's p95 confirm → processing, × the mean job, under fair share
 FAIR_A_VS_FIFO = 0.95  # A's throughput under fair share, × FIFO's, same run
 FAIR_CLAIM_GROWTH = QUEUE_CLAIM_GROWTH  # claim with 1,000 owners waiting, × a tiny table
+# The mixed scenario (single uploaders, a backlog owner, a bulk import; one slot), under
+# start-time fair queueing with DARKROOM_BULK_SHARE:
+FAIR_MIXED_SHARE_SLACK = 0.2  # each owner's share of the claims within ±20% of its ideal
+# A single uploader's p95 wait, × the slot's time per claim: one round of the four
+# interactive owners plus bulk's share.
+FAIR_MIXED_WAIT_JOBS = 5.0
+FAIR_CLAIM_THROUGHPUT = 0.8  # concurrent claims/s with the shared clock row, × the previous
 
 # bench/soak.py: the issue says the claim time "must not drift up" without a number; the
 # report reads that with issue 2's bound for claim growth and says so wherever it shows it.

@@ -35,7 +35,7 @@ STATUSES = tuple(str(s) for s in Status)
 
 class Priority(StrEnum):
     """Which class a card waits in: every due interactive card is claimed before any
-    bulk one; within a class, owners share the workers fairly (DESIGN §3.9)."""
+    bulk one; within a class, owners share the workers fairly (DESIGN §3.13)."""
 
     INTERACTIVE = "interactive"  # API uploads: someone is watching
     BULK = "bulk"  # `darkroom import --bulk`, `darkroom rederive`
@@ -74,6 +74,9 @@ class Card:
     thumb_height: int | None
     thumb_bytes: int | None
     thumbhash: str | None
+    # Why the last re-derive failed (a public code): the card stayed ready with its
+    # previous derivative. Cleared when a re-derive publishes.
+    rederive_error: str | None
     created_at: datetime
     updated_at: datetime
 

@@ -73,6 +73,13 @@ def cmd_rederive(args: argparse.Namespace) -> int:
                 wait=args.wait)
 
 
+def cmd_retry(args: argparse.Namespace) -> int:
+    from darkroom.retry import main
+
+    return main(_settings(args), owner=args.owner, codes=args.code, everyone=args.all,
+                since=args.since, dry_run=args.dry_run, wait=args.wait)
+
+
 def cmd_owners_weight(args: argparse.Namespace) -> int:
     from darkroom.stats import set_weight
 
@@ -105,7 +112,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_reconcile(args: argparse.Namespace) -> int:
     from darkroom.sweeper import reconcile_main
 
-    return reconcile_main(_settings(args), dry_run=args.dry_run)
+    return reconcile_main(_settings(args), dry_run=args.dry_run, restore=args.restore,
+                          delete_originals=args.delete_originals, owner=args.owner)
 
 
 def cmd_api(args: argparse.Namespace) -> int:
@@ -184,8 +192,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true", help="one pass, then exit")
 
     p = add("reconcile", cmd_reconcile,
-            "delete stored objects that no card or orphan record accounts for")
-    p.add_argument("--dry-run", action="store_true", help="list them; delete nothing")
+            "delete stored derivatives that no card or orphan record accounts for, and"
+            " report such originals (never deleted unless asked)")
+    p.add_argument("--dry-run", action="store_true", help="list them; change nothing")
+    originals = p.add_mutually_exclusive_group()
+    originals.add_argument("--restore", action="store_true",
+                           help="make a card for each original no card holds")
+    originals.add_argument("--delete-originals", action="store_true",
+                           help="delete unaccounted originals too (the user's bytes)")
+    p.add_argument("--owner", help="owner of restored cards (default: the one owner with"
+                                   " API keys, when there is exactly one)")
 
     p = add("stats", cmd_stats, "queue health")
     p.add_argument("--json", action="store_true")
@@ -212,6 +228,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="count them; queue nothing")
     p.add_argument("--wait", action="store_true",
                    help="show a progress bar until every re-derive is published")
+
+    p = add("retry", cmd_retry,
+            "re-queue rejected cards with a fresh attempt budget, as bulk work "
+            "(by default those rejected for storage_unavailable, processing_timeout or "
+            "attempts_exhausted)")
+    p.add_argument("--owner", default=None, help="only this owner's cards")
+    p.add_argument("--code", action="append", default=None, metavar="C",
+                   help="only cards rejected with this code (any code; repeatable)")
+    p.add_argument("--since", default=None, metavar="TIME",
+                   help="only cards rejected at or after TIME (ISO 8601; UTC if no zone)")
+    p.add_argument("--all", action="store_true", help="every rejected card, whatever its code")
+    p.add_argument("--dry-run", action="store_true", help="count them; queue nothing")
+    p.add_argument("--wait", action="store_true",
+                   help="show a progress bar until every retried card is final again")
 
     owners = sub.add_parser("owners", help="owners' shares of the workers").add_subparsers(
         dest="owners_command", required=True)

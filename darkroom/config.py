@@ -23,8 +23,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DARKROOM_", extra="ignore", frozen=True)
 
     database_url: str | None = Field(None,
-        description=("PostgreSQL URL (a libpq host list may name several hosts); unset: a "
-                     "private one in `$DARKROOM_DATA_DIR/pg` (password, socket only)"),
+        description=("PostgreSQL URL (with a standby: every host and "
+                     "`target_session_attrs=read-write`, docs/OPERATIONS.md \"Database high "
+                     "availability\"); unset: a private one in `$DARKROOM_DATA_DIR/pg` "
+                     "(password, socket only)"),
         json_schema_extra={"shown": "embedded"})
     storage_url: str | None = Field(None,
         description="`file:///abs/dir` or `s3://bucket/prefix`",
@@ -39,6 +41,10 @@ class Settings(BaseSettings):
     retry_base_seconds: float = Field(30.0, ge=0, le=86_400,
         description="transient failures back off `base·2^(n-1)`, full jitter …")
     retry_cap_seconds: float = Field(3_600.0, ge=0, le=7 * 86_400, description="… capped here")
+    # So that an import always moves (the rest of the claims go to interactive work first).
+    bulk_share: float = Field(0.1, ge=0, le=1,
+        description=("while interactive and bulk work are both due, bulk work gets at least "
+                     "this share of the claims (0: only slots no interactive card wants)"))
     max_upload_bytes: int = Field(25_000_000, ge=1, description="larger uploads are refused (413)")
     max_pixels: int = Field(50_000_000, ge=1,
         description="larger images are rejected from their header (`image_too_large`)")

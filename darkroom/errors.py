@@ -26,6 +26,13 @@ TRANSIENT_CODES = frozenset(
 )
 
 
+# What `darkroom retry` and `POST /v1/files/{id}/retry` take back by default: the store or
+# the clock failed (transient codes, recorded when the last attempt failed with one of
+# them), or the attempts ran out. The others are the file's own: the same bytes would
+# fail the same way (`darkroom retry --code` or `--all` takes them anyway).
+RETRYABLE_CODES = TRANSIENT_CODES | {ErrorCode.ATTEMPTS_EXHAUSTED}
+
+
 class DarkroomError(Exception):
     """Base class of the errors darkroom raises on purpose."""
 

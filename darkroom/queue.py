@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from darkroom.config import Settings
 
 __all__ = ["STATUSES", "Card", "ClaimPause", "ClaimUnknown", "ConfirmOutcome", "Confirmation",
-           "Derived", "Event", "HistoryEntry", "Lease", "LeaseLost", "Priority", "Queue",
-           "Status", "backoff_delay", "derived_key", "original_key", "thumb_key"]
+           "Derived", "Event", "HistoryEntry", "Lease", "LeaseLost", "PendingCard", "Priority",
+           "Queue", "Status", "backoff_delay", "derived_key", "original_key", "thumb_key"]
 
 NOTIFY_CHANNEL = "darkroom_jobs"
 # Owners listed by name in the backlog figures (stats, /v1/queue, /metrics): the rest are
@@ -82,6 +82,17 @@ class Lease:
     @property
     def token_prefix(self) -> str:
         return str(self.token)[:8]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingCard:
+    """A card left pending past the TTL, as the sweeper checks the store for its upload."""
+
+    id: uuid.UUID
+    owner: str
+    original_key: str
+    size_bytes: int
+    original_sha256: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +183,7 @@ class Queue:
         rng: random.Random | None = None,
         fingerprint: str | None = None,
         max_deferrals: int = 10,
+        bulk_share: float = 0.1,
     ) -> None:
         self.db = db
         self.lease_seconds = lease_seconds
@@ -184,6 +196,8 @@ class Queue:
         # The derivative settings this process derives with (recipe.settings_fingerprint),
         # stored with every derivative it publishes.
         self.fingerprint = fingerprint
+        # The least share of claims bulk work gets while interactive work is also due.
+        self.bulk_share = bulk_share
 
     @classmethod
     def from_settings(cls, db: Database, settings: Settings, worker: str = "") -> Queue:
@@ -196,6 +210,7 @@ class Queue:
             worker=worker,
             fingerprint=settings_fingerprint(settings),
             max_deferrals=settings.max_deferrals,
+            bulk_share=settings.bulk_share,
         )
 
     async def _rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -255,7 +270,7 @@ class Queue:
             rows = await self._cards("create_file", params)
             return rows[0] if rows else None
         async with self.db.transaction() as tx:
-            if not await _within_quota(tx, owner, size, quota_files, quota_bytes):
+            if not await _within_quota(tx, owner, size, quota_files, quota_bytes, key_hash):
                 raise QuotaExceeded(owner)
             rows = await tx.typed("create_file", params, Card)
         return rows[0] if rows else None
@@ -339,16 +354,39 @@ class Queue:
         """Any state -> deleting; the lease (if any) is revoked so nothing can publish."""
         return bool(await self._rows("revoke", {"id": file_id, "owner": owner}))
 
-    async def expire_pending(self, *, ttl_seconds: float, limit: int) -> list[uuid.UUID]:
-        """pending -> deleting for a batch of cards unconfirmed for `ttl_seconds`.
+    async def pending_due(self, *, ttl_seconds: float, limit: int) -> list[PendingCard]:
+        """A batch of cards left pending past `ttl_seconds`, oldest first (reads only)."""
+        return await self.db.typed("pending_due", {"ttl_seconds": ttl_seconds, "limit": limit},
+                                   PendingCard)
 
-        The sweeper's purge of deleted cards then removes their bytes and rows, after its
-        guard interval. Safe to repeat and to race a confirm: whichever commits first
-        decides, and the other changes nothing.
+    async def confirm_found_upload(self, card: PendingCard, *, ttl_seconds: float,
+                                   version: str, sha256: str | None) -> bool:
+        """pending -> queued for a card past the TTL whose upload `version` is in the store
+        with the declared size (and `sha256`, its digest, when the card claimed one).
+        Answers whether this call moved it; a repeat, or a confirm that won, moves nothing."""
+        rows = await self._rows("pending_found_upload", {
+            "id": card.id, "ttl_seconds": ttl_seconds, "size": card.size_bytes,
+            "version": version, "sha256": sha256, "worker": self.worker})
+        return bool(rows)
+
+    async def expire_pending(self, ids: Sequence[uuid.UUID], *,
+                             ttl_seconds: float) -> list[uuid.UUID]:
+        """pending -> deleting for these cards, if they are still pending past `ttl_seconds`.
+
+        For cards whose upload the sweeper did not find (`pending_due` first): the purge of
+        deleted cards then removes their bytes and rows, after its guard interval. Safe to
+        repeat and to race a confirm: whichever commits first decides, and the other
+        changes nothing.
         """
+        if not ids:
+            return []
         rows = await self._rows("expire_pending", {
-            "ttl_seconds": ttl_seconds, "limit": limit, "worker": self.worker})
+            "ids": list(ids), "ttl_seconds": ttl_seconds, "worker": self.worker})
         return [r["id"] for r in rows]
+
+    async def record_restored(self, file_id: uuid.UUID) -> None:
+        """The card's history: `darkroom reconcile --restore` made it."""
+        await self._rows("restored_card", {"id": file_id})
 
     # --- attempts --------------------------------------------------------------------
 
@@ -368,6 +406,7 @@ class Queue:
             return await self._leases("claim", {
                 "n": n, "max_attempts": self.max_attempts, "claim": claim_id,
                 "lease_seconds": self.lease_seconds, "worker": self.worker,
+                "bulk_share": self.bulk_share,
             })
         except CONNECTION_ERRORS as exc:
             raise ClaimUnknown(claim_id) from exc
@@ -431,11 +470,13 @@ class Queue:
             raise LeaseLost(lease.file_id, lease.token)
 
     async def fail(self, lease: Lease, code: ErrorCode) -> Status:
-        """Record a failed attempt; answers the card's new status (`queued` or `rejected`).
+        """Record a failed attempt; answers the card's new status (`queued` or `rejected`,
+        or `ready` for a re-derive that failed for good: the photo keeps its derivative).
 
         Transient codes requeue with backoff and full jitter while attempts remain; a
         transient failure of the last attempt rejects with that code. A repeat of a failure
-        that was recorded answers what it did. Raises `LeaseLost`.
+        that was recorded answers what it did, and an attempt that already published
+        answers `ready`. Raises `LeaseLost`.
         """
         transient = code in TRANSIENT_CODES
         delay = (
@@ -565,6 +606,38 @@ class Queue:
         rows = await self._rows("rederive_pending", {"owner": owner})
         return int(rows[0]["n"])
 
+    # --- retry ------------------------------------------------------------------------
+
+    async def retry_candidates(
+        self, *, owner: str | None, codes: Sequence[str] | None, since: datetime | None,
+    ) -> dict[tuple[str, str], int]:
+        """Rejected cards a retry would take, by (owner, code). `codes` None: any code."""
+        rows = await self._rows("retry_candidates", {
+            "owner": owner, "codes": None if codes is None else list(codes), "since": since})
+        return {(r["owner"], r["error_code"]): int(r["n"]) for r in rows}
+
+    async def retry(
+        self, owner: str, *, run: uuid.UUID, actor: str, codes: Sequence[str] | None,
+        since: datetime | None = None, file_id: uuid.UUID | None = None,
+        priority: Priority = Priority.BULK, limit: int = 500,
+    ) -> list[uuid.UUID]:
+        """rejected -> queued with a fresh attempt budget, for up to `limit` of `owner`'s
+        rejected cards (only `file_id`, when given) with a code in `codes` (None: any);
+        answers the ids moved. Fenced by `run`: repeated with the same run (its answer
+        lost), it re-queues nothing it re-queued before."""
+        rows = await self._rows("retry", {
+            "owner": owner, "id": file_id, "codes": None if codes is None else list(codes),
+            "since": since, "run": run, "actor": actor, "priority": str(Priority(priority)),
+            "limit": limit})
+        return list(rows[0]["ids"])
+
+    async def retry_waiting(self, ids: Sequence[uuid.UUID]) -> int:
+        """How many of `ids` are queued or processing."""
+        if not ids:
+            return 0
+        rows = await self._rows("retry_waiting", {"ids": list(ids)})
+        return int(rows[0]["n"])
+
     async def set_owner_weight(self, owner: str, weight: float) -> None:
         """An owner's share of the workers against others with work waiting (default 1).
         It applies to cards stamped from now on."""
@@ -612,10 +685,12 @@ class Queue:
 
 
 async def _within_quota(tx: Statements, owner: str, size: int, quota_files: int,
-                        quota_bytes: int) -> bool:
+                        quota_bytes: int, key_hash: bytes | None = None) -> bool:
     """In the caller's transaction: take the owner's quota lock (so two creates cannot
-    both fit into the last free place), then answer whether one more card of `size` fits."""
+    both fit into the last free place), then answer whether one more card of `size` fits,
+    or the owner already holds `key_hash` (the create then makes no card: a replay)."""
     await tx.rows("lock_owner_quota", {"owner": owner})
     fits = await tx.row("owner_within_quota", {
-        "owner": owner, "size": size, "quota_files": quota_files, "quota_bytes": quota_bytes})
+        "owner": owner, "size": size, "quota_files": quota_files, "quota_bytes": quota_bytes,
+        "key_hash": key_hash})
     return bool(fits and fits["fits"])

@@ -35,6 +35,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -45,10 +46,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol, cast
 
 from darkroom.decoder_child import ENVIRONMENT_NAMES, VIPS_THREADS, cpu_budget, cpu_lifetime
 from darkroom.derive import Derivative, Limits, check_size
@@ -64,6 +66,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("darkroom.sandbox")
 # What the child answers when an allocation failed (see derive.py and decoder_child.py).
 _OUT_OF_MEMORY = frozenset({"oom", "out of memory"})
+# What a decoder may say about an image; the other codes are the worker's to give.
+_DECODER_CODES = frozenset({ErrorCode.UNSUPPORTED_FORMAT, ErrorCode.INVALID_IMAGE,
+                            ErrorCode.IMAGE_TOO_LARGE, ErrorCode.PROCESSING_FAILED})
+_SIGNAL_NUMBERS = frozenset(int(number) for number in signal.Signals)
+# A child between jobs computes next to nothing (its parent watch wakes twice a second):
+# more than this much CPU since its last answer, checked this often, retires it.
+_IDLE_CPU_SECONDS = 1.0
+_IDLE_CHECK_SECONDS = 2.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 _cpu_budget = cpu_budget
 _cpu_lifetime = cpu_lifetime
@@ -558,6 +568,32 @@ class DecoderProcess:
                 with contextlib.suppress(OSError):
                     stream.close()
 
+    def _watch_idle_locked(self, proc: Child, job: int,
+                           cpu_at_end: float) -> None:
+        """Check now and then, until its next job, that a child between jobs stays idle.
+
+        The job's time limit and CPU budget end with its answer; a compromised child can
+        go on computing in a thread of its own (ignoring SIGXCPU, its soft CPU limit raised
+        to the hard one) while its slot looks idle. Such a child is retired.
+        """
+        watch = threading.Timer(_IDLE_CHECK_SECONDS, self._check_idle,
+                                args=(proc, job, cpu_at_end))
+        watch.daemon = True
+        watch.start()
+
+    def _check_idle(self, proc: Child, job: int, cpu_at_end: float) -> None:
+        with self._lock:
+            if (self._proc is not proc or self._job or self._next_job != job
+                    or proc.poll() is not None):
+                return  # retired, ended, or a later job started: its own watch follows it
+            used = _child_cpu_seconds(self._decoder_pid or proc.pid) - cpu_at_end
+            if used <= _IDLE_CPU_SECONDS:
+                self._watch_idle_locked(proc, job, cpu_at_end)
+                return
+            self._retire_locked()
+        log.warning("decoder child used %.1fs of CPU between jobs; killed", used,
+                    extra={"child_pid": proc.pid})
+
     def _on_timeout(self, job: int) -> None:
         with self._lock:
             if self._job == job:
@@ -609,7 +645,11 @@ class DecoderProcess:
                 timer.cancel()
                 with self._lock:
                     self._job = 0
-            if meta.get("detail") in _OUT_OF_MEMORY:
+                    if self._proc is proc:
+                        self._watch_idle_locked(
+                            proc, job, _child_cpu_seconds(self._decoder_pid or proc.pid))
+            detail = meta.get("detail")
+            if isinstance(detail, str) and detail in _OUT_OF_MEMORY:
                 # A heap that ran out is left fragmented: the next job, however small,
                 # could run out too. It gets a fresh child.
                 with self._lock:
@@ -656,7 +696,9 @@ class DecoderProcess:
             log.warning("decoder child exceeded %.1fs; killed", self.timeout)
             return DeriveError(ErrorCode.PROCESSING_TIMEOUT, f"over {self.timeout}s")
         if code is not None and code < 0:
-            detail = f"child killed by {signal.Signals(-code).name}"
+            # A real-time signal (the child may send itself any) has no name.
+            name = signal.Signals(-code).name if -code in _SIGNAL_NUMBERS else str(-code)
+            detail = f"child killed by {name}"
         elif code is not None:
             detail = f"child exited {code} ({detail})"
         log.warning("decoder child failed: %s", detail)
@@ -664,11 +706,13 @@ class DecoderProcess:
 
     def _result(self, meta: dict[str, Any], payload: bytes) -> Derivative:
         if "error_code" in meta:
-            try:
-                code = ErrorCode(meta["error_code"])
-            except ValueError:
-                code = ErrorCode.PROCESSING_FAILED
-            raise DeriveError(code, str(meta.get("detail", ""))[:500])
+            name, detail = meta["error_code"], meta.get("detail", "")
+            if not isinstance(name, str) or not isinstance(detail, str):
+                raise InvalidDerivative("error answer types")
+            if name not in _DECODER_CODES:
+                # Storage, the clock, the queue: a decoder that blames them is lying.
+                raise InvalidDerivative("an error code no decoder answers")
+            raise DeriveError(ErrorCode(name), detail[:500])
         # Every field checked before anything is kept: a child that answers anything but a
         # derivative this parent could have asked for is treated as compromised.
         try:
@@ -688,16 +732,42 @@ class DecoderProcess:
                                            height=thumb.height, sha256=thumb.sha256))
 
 
+# A child's stderr lines reach the worker's log, a compromised child's as fast as the pipe
+# goes: the log keeps a burst of them, then one a second, and counts the rest unread.
+_STDERR_BURST = 100
+_STDERR_LINES_PER_SECOND = 1.0
+
+
 def _drain_stderr(proc: Child) -> None:
-    """Forward the child's stderr lines to the worker's log until the child is gone."""
+    """Forward the child's stderr lines to the worker's log until the child is gone, within
+    `_STDERR_BURST` lines and `_STDERR_LINES_PER_SECOND` after; say how many were dropped."""
     stream = proc.stderr
     assert stream is not None
     child_log = logging.getLogger("darkroom.sandbox.child")
+    tokens, last, dropped = float(_STDERR_BURST), time.monotonic(), 0
     with contextlib.suppress(OSError, ValueError), stream:
-        for raw in iter(lambda: stream.readline(4096), b""):
+        while True:
+            now = time.monotonic()
+            tokens = min(_STDERR_BURST, tokens + (now - last) * _STDERR_LINES_PER_SECOND)
+            last = now
+            if tokens < 1:
+                # Over budget: read in bulk and only count, so a flood costs the worker
+                # one read per pipe-full rather than a log record per line.
+                chunk = cast(io.BufferedReader, stream).read1(65536)
+                if not chunk:
+                    break
+                dropped += chunk.count(b"\n")
+                continue
+            raw = stream.readline(4096)
+            if not raw:
+                break
             line = raw.decode("utf-8", "replace").rstrip()
             if line:
+                tokens -= 1
                 child_log.warning("%s", line, extra={"child_pid": proc.pid})
+    if dropped:
+        child_log.warning("decoder child wrote too much to stderr: %d lines dropped", dropped,
+                          extra={"child_pid": proc.pid, "dropped": dropped})
 
 
 def cli(path: str, out: str | None, settings: Settings) -> int:

@@ -33,12 +33,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+import psycopg
+
 from darkroom import metrics
 from darkroom.config import Settings
 from darkroom.db.database import CONNECTION_ERRORS, Database
-from darkroom.errors import StorageError
-from darkroom.layout import DERIVED, ORIGINALS, derived_prefix, parse_key
-from darkroom.queue import Queue
+from darkroom.errors import ObjectMissing, StorageError
+from darkroom.layout import DERIVED, ORIGINALS, derived_prefix, original_key, parse_key
+from darkroom.queue import ConfirmOutcome, PendingCard, Priority, Queue
 from darkroom.services import prepare
 from darkroom.storage import LocalStore, ObjectStore
 from darkroom.storage.base import ObjectVersion
@@ -203,20 +205,33 @@ class ReconcileReport:
     examined: int = 0
     unaccounted: list[str] = field(default_factory=list)
     deleted: int = 0
+    # Unaccounted originals, kept (`key@version`: why): reconcile never deletes one on
+    # its own, since a lost record (a failover, an older backup) leaves a user's upload
+    # exactly so.
+    kept: dict[str, str] = field(default_factory=dict)
+    # Originals given a card again (`key@version`: owner).
+    restored: dict[str, str] = field(default_factory=dict)
 
 
 class Reconcile:
     """Objects nothing accounts for: the reconciliation after a restore, and the net under
-    every other path (an upload that landed after its card was purged, say)."""
+    every other path (an upload that landed after its card was purged, say).
+
+    Derivatives nothing accounts for are deleted (a card can always make its own again).
+    Originals are only reported: `restore` gives a card to each one no card holds, and
+    `delete_originals` deletes them, each an operator's explicit choice.
+    """
 
     name = "reconcile"
 
     def __init__(self, db: Database, store: ObjectStore, guard_seconds: float, *,
-                 interval_seconds: float = RECONCILE_INTERVAL_SECONDS) -> None:
+                 interval_seconds: float = RECONCILE_INTERVAL_SECONDS,
+                 queue: Queue | None = None) -> None:
         self.db = db
         self.store = store
         self.guard_seconds = guard_seconds
         self.interval_seconds = interval_seconds
+        self.queue = queue
 
     async def run_once(self) -> int:
         """Once per interval across all sweepers: the one that takes the turn runs it."""
@@ -227,9 +242,14 @@ class Reconcile:
         report = await self.run(dry_run=False)
         # The whole pass is one item: the next one is an interval away.
         log.info("reconciled", extra={"examined": report.examined, "deleted": report.deleted})
+        if report.kept:
+            log.warning("originals no card accounts for were kept; see darkroom reconcile",
+                        extra={"kept": len(report.kept)})
         return 0
 
-    async def run(self, *, dry_run: bool) -> ReconcileReport:
+    async def run(self, *, dry_run: bool, restore: bool = False,
+                  delete_originals: bool = False, owner: str | None = None
+                  ) -> ReconcileReport:
         """Every object under the layout's prefixes, a page at a time."""
         report = ReconcileReport()
         cutoff = datetime.now(UTC) - timedelta(seconds=self.guard_seconds)
@@ -243,6 +263,9 @@ class Reconcile:
                 report.examined += len(page)
                 for key, version in await self._unaccounted(old):
                     report.unaccounted.append(f"{key}@{version}")
+                    if prefix == ORIGINALS and not delete_originals:
+                        report.kept[f"{key}@{version}"] = "no card accounts for it"
+                        continue
                     if dry_run:
                         continue
                     try:
@@ -255,7 +278,69 @@ class Reconcile:
                     report.deleted += 1
                     metrics.SWEEP_DONE.labels(self.name).inc()
                     log.info("unaccounted object deleted", extra={"key": key})
+        if report.kept:
+            await self._explain(report, restore=restore, dry_run=dry_run, owner=owner)
         return report
+
+    async def _explain(self, report: ReconcileReport, *, restore: bool, dry_run: bool,
+                       owner: str | None) -> None:
+        """Why each kept original has no card, and with `restore`, a card for each one
+        that no card holds and that was not deleted by its owner."""
+        versions: dict[uuid.UUID, list[str]] = {}
+        for item in report.kept:
+            key, _, version = item.rpartition("@")
+            parsed = parse_key(key)
+            if parsed is not None:
+                versions.setdefault(parsed.file_id, []).append(version)
+        rows = await self.db.rows("reconcile_cardless", {"ids": list(versions)})
+        cardless = {r["id"]: bool(r["deleted"]) for r in rows}
+        if owner is None:
+            owners = [r["owner"] for r in await self.db.rows("reconcile_owners")]
+            owner = owners[0] if len(owners) == 1 else None
+        for file_id, kept in versions.items():
+            key = original_key(file_id)
+            if file_id not in cardless:
+                why = "its card holds another version"
+            elif cardless[file_id]:
+                why = "its file was deleted"
+            elif owner is None:
+                why = "no card holds it; restore it with --restore --owner NAME"
+            else:
+                why = "no card holds it; restore it with --restore"
+            for version in kept:
+                report.kept[f"{key}@{version}"] = why
+            if not restore or file_id not in cardless or cardless[file_id] or owner is None:
+                continue
+            newest = await asyncio.to_thread(self._newest, key)
+            if newest is None:
+                continue
+            if not dry_run and not await self._restore(file_id, newest, owner):
+                continue
+            report.restored[f"{key}@{newest.version}"] = owner
+            report.kept.pop(f"{key}@{newest.version}", None)
+
+    def _newest(self, key: str) -> ObjectVersion | None:
+        return next((o for o in self.store.list(key) if o.key == key), None)
+
+    async def _restore(self, file_id: uuid.UUID, obj: ObjectVersion, owner: str) -> bool:
+        """A card for a stored original, made as the API makes one: created, then confirmed
+        for exactly this version (then processed like any other). A repeat after a lost
+        answer finds the card made: a pending one is confirmed by the pending sweep once
+        its TTL passes (its upload is stored), a queued one is already done."""
+        assert self.queue is not None, "a restore needs the queue"
+        info = await asyncio.to_thread(self.store.head, obj.key, obj.version)
+        # A unique violation: made by a run whose answer was lost, or just now by another.
+        with contextlib.suppress(psycopg.errors.UniqueViolation):
+            await self.queue.create_file(owner=owner, filename=str(file_id),
+                                         content_type=info.content_type, size=info.size,
+                                         file_id=file_id, priority=Priority.BULK)
+        done = await self.queue.confirm_card(file_id, owner, obj.version, size=info.size)
+        if done.outcome is not ConfirmOutcome.QUEUED:
+            return done.outcome is ConfirmOutcome.ALREADY
+        await self.queue.record_restored(file_id)
+        log.warning("original restored: a card was made for it",
+                    extra={"file_id": str(file_id), "owner": owner})
+        return True
 
     async def _unaccounted(self, objects: list[ObjectVersion]) -> list[tuple[str, str]]:
         if not objects:
@@ -283,21 +368,65 @@ def _pages(store: ObjectStore, prefix: str) -> Iterator[list[ObjectVersion]]:
 
 
 class PendingExpiry:
-    """Unconfirmed cards past `DARKROOM_PENDING_TTL_SECONDS` become deleted cards
-    (`Queue.expire_pending`); the `deleted` unit then purges them with their bytes."""
+    """Unconfirmed cards past `DARKROOM_PENDING_TTL_SECONDS`: each one's upload is looked
+    for in the store first. A card whose latest upload has the declared size (and the
+    claimed digest) is confirmed (`Queue.confirm_found_upload`): its confirm was never sent
+    or was lost with a failed-over database, and its bytes are the user's. The others
+    become deleted cards (`Queue.expire_pending`), which the `deleted` unit purges.
+
+    A store that cannot be read pauses the unit (an outage): no card is expired while
+    its upload cannot be looked for.
+    """
 
     name = "pending"
 
-    def __init__(self, queue: Queue, ttl_seconds: float) -> None:
+    def __init__(self, queue: Queue, store: ObjectStore, ttl_seconds: float) -> None:
         self.queue = queue
+        self.store = store
         self.ttl_seconds = ttl_seconds
+        self.confirmed = 0  # in all, for the --once report
 
     async def run_once(self) -> int:
-        ids = await self.queue.expire_pending(ttl_seconds=self.ttl_seconds, limit=BATCH)
+        cards = await self.queue.pending_due(ttl_seconds=self.ttl_seconds, limit=BATCH)
+        doomed: list[uuid.UUID] = []
+        done = 0
+        for card in cards:
+            found = await asyncio.to_thread(self._stored_upload, card)
+            if found is None:
+                doomed.append(card.id)
+                continue
+            version, sha256 = found
+            if await self.queue.confirm_found_upload(card, ttl_seconds=self.ttl_seconds,
+                                                     version=version, sha256=sha256):
+                self.confirmed += 1
+                done += 1
+                metrics.SWEEP_DONE.labels(self.name).inc()
+                log.warning("pending card confirmed: its upload is stored",
+                            extra={"file_id": str(card.id)})
+        ids = await self.queue.expire_pending(doomed, ttl_seconds=self.ttl_seconds)
         for file_id in ids:
             metrics.SWEEP_DONE.labels(self.name).inc()
             log.info("pending card expired", extra={"file_id": str(file_id)})
-        return len(ids)
+        return done + len(ids)
+
+    def _stored_upload(self, card: PendingCard) -> tuple[str, str | None] | None:
+        """The card's latest upload when it has the declared size (and the claimed digest),
+        with its digest when one was claimed; None when there is no such upload."""
+        for obj in self.store.list(card.original_key):
+            if obj.key != card.original_key:
+                continue
+            # Versions of one key come newest first: only the latest upload counts, as
+            # for a client that confirms it.
+            if obj.size != card.size_bytes:
+                return None
+            if card.original_sha256 is None:
+                return obj.version, None
+            try:
+                digest = self.store.digest(obj.key, obj.version)
+            except ObjectMissing:  # deleted since it was listed
+                return None
+            return (obj.version, digest) if digest == card.original_sha256 else None
+        return None
 
 
 @dataclass
@@ -307,21 +436,22 @@ class SweepReport:
     events_pruned: int = 0
     keys_pruned: int = 0
     pending_expired: int = 0
+    pending_confirmed: int = 0
 
     def __bool__(self) -> bool:
         return bool(self.orphans_deleted or self.files_purged or self.events_pruned
-                    or self.keys_pruned or self.pending_expired)
+                    or self.keys_pruned or self.pending_expired or self.pending_confirmed)
 
 
 class Sweeper:
     def __init__(self, queue: Queue, store: ObjectStore, *, guard_seconds: float,
                  retention_seconds: float, pending_ttl_seconds: float = 86_400) -> None:
         db = queue.db
-        self.pending = PendingExpiry(queue, pending_ttl_seconds)
+        self.pending = PendingExpiry(queue, store, pending_ttl_seconds)
         self.orphans = Orphans(db, store, guard_seconds)
         self.deleted = DeletedFiles(queue, store, guard_seconds)
         self.events = Events(db, retention_seconds)
-        self.reconcile = Reconcile(db, store, guard_seconds)
+        self.reconcile = Reconcile(db, store, guard_seconds, queue=queue)
         self.keys = IdempotencyKeys(db)
         self.units: list[Unit] = [self.pending, self.orphans, self.deleted, self.events,
                                   self.reconcile, self.keys]
@@ -329,8 +459,11 @@ class Sweeper:
     async def sweep_once(self) -> SweepReport:
         """Every batch of the routine units until nothing is due (not reconciliation)."""
         report = SweepReport()
+        confirmed = self.pending.confirmed
         while (n := await self.pending.run_once()) > 0:
             report.pending_expired += n
+        report.pending_confirmed = self.pending.confirmed - confirmed
+        report.pending_expired -= report.pending_confirmed
         while (n := await self.orphans.run_once()) > 0:
             report.orphans_deleted += n
         while (n := await self.deleted.run_once()) > 0:
@@ -419,9 +552,12 @@ async def run_sweeper(settings: Settings, *, once: bool,
     return report
 
 
-async def reconcile(settings: Settings, *, dry_run: bool) -> ReconcileReport:
+async def reconcile(settings: Settings, *, dry_run: bool, restore: bool = False,
+                    delete_originals: bool = False, owner: str | None = None
+                    ) -> ReconcileReport:
     async def body(sweeper: Sweeper) -> ReconcileReport:
-        return await sweeper.reconcile.run(dry_run=dry_run)
+        return await sweeper.reconcile.run(dry_run=dry_run, restore=restore,
+                                           delete_originals=delete_originals, owner=owner)
 
     report: ReconcileReport = await _with_sweeper(settings, body)
     return report
@@ -433,21 +569,37 @@ def main(settings: Settings, *, once: bool) -> int:
     logs.setup()
     report = asyncio.run(run_sweeper(settings, once=once))
     if once:
-        print(f"pending expired: {report.pending_expired}, "
+        print(f"pending confirmed (upload found): {report.pending_confirmed}, "
+              f"pending expired: {report.pending_expired}, "
               f"orphans deleted: {report.orphans_deleted}, files purged: "
               f"{report.files_purged}, events pruned: {report.events_pruned}, "
               f"idempotency keys pruned: {report.keys_pruned}")
     return 0
 
 
-def reconcile_main(settings: Settings, *, dry_run: bool) -> int:
+def reconcile_main(settings: Settings, *, dry_run: bool, restore: bool = False,
+                   delete_originals: bool = False, owner: str | None = None) -> int:
     from darkroom import logs
 
     logs.setup()
-    report = asyncio.run(reconcile(settings, dry_run=dry_run))
+    report = asyncio.run(reconcile(settings, dry_run=dry_run, restore=restore,
+                                   delete_originals=delete_originals, owner=owner))
     for item in report.unaccounted:
-        print(("would delete " if dry_run else "deleted ") + item)
+        if item in report.restored:
+            print(("would restore " if dry_run else "restored ")
+                  + f"{item} for {report.restored[item]}")
+        elif item in report.kept:
+            print(f"kept original {item}: {report.kept[item]}")
+        else:
+            print(("would delete " if dry_run else "deleted ") + item)
+    # A restore picks the newest version of a key, which a page may not have listed.
+    for item, who in report.restored.items():
+        if item not in report.unaccounted:
+            print(("would restore " if dry_run else "restored ") + f"{item} for {who}")
     verb = "unaccounted" if dry_run else "deleted"
-    print(f"objects examined: {report.examined}, {verb}: "
-          f"{len(report.unaccounted) if dry_run else report.deleted}")
+    deleted = len(report.unaccounted) - len(report.kept) - len(
+        [i for i in report.restored if i in report.unaccounted])
+    print(f"objects examined: {report.examined}, originals kept: {len(report.kept)}, "
+          f"restored: {len(report.restored)}, {verb}: "
+          f"{deleted if dry_run else report.deleted}")
     return 0

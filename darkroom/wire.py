@@ -54,7 +54,7 @@ def read_frame(stream: IO[bytes], max_payload: int) -> tuple[dict[str, Any], byt
         raise ProtocolError(f"bad frame {meta_len}/{payload_len}")
     try:
         meta = json.loads(read_exact(stream, meta_len))
-    except ValueError:
+    except (ValueError, RecursionError):  # nesting deeper than the parser's stack
         raise ProtocolError("meta is not JSON") from None
     if not isinstance(meta, dict):
         raise ProtocolError("meta is not an object")

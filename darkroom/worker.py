@@ -114,6 +114,9 @@ class Job:
     # the claim or of the last answered heartbeat, plus the lease. Its statements are
     # retried through a database fault until then.
     held_until: float = 0.0
+    # The attempt's fenced commit, once handed to the completer: its answer, not a timeout
+    # that raced it, tells how the attempt ended.
+    commit: asyncio.Future[bool] | None = None
     # Set while the attempt waits on the object store (a read, a write, the probe after a
     # store error): a deadline that runs out then is the store's, not the file's.
     on_store: bool = False
@@ -157,6 +160,10 @@ class Worker:
         self.stopping = asyncio.Event()
         self.skip_grace = asyncio.Event()
         self._rng = random.Random()
+        # Claims whose answer was lost and whose lookup found nothing yet: the claim may
+        # still commit (its statement was on its way, or still running on the server).
+        # By claim id: until when to look again, and until when its leases surely hold.
+        self._unknown_claims: dict[uuid.UUID, tuple[float, float]] = {}
 
     # --- the main loop -----------------------------------------------------------------
 
@@ -195,9 +202,10 @@ class Worker:
         self.wake.set()
 
     async def _claim_free_slots(self) -> int:
+        adopted = await self._adopt_late_claims() if self._unknown_claims else 0
         free = self.concurrency - len(self.jobs)
         if free <= 0:
-            return 0
+            return adopted
         sent = time.monotonic()
         held_until = sent + self.settings.lease_seconds
         try:
@@ -217,6 +225,11 @@ class Worker:
                 await self._pause(self._rng.uniform(0.5, 2.0))
                 return 0
             metrics.CLAIMS_ADOPTED.inc(len(leases))
+            if not leases:
+                # Nothing yet; the claim may commit later. Looked up again at every turn
+                # of the loop, so what it leases is run, not left to run out its lease.
+                self._unknown_claims[claim_id] = (sent + 2 * self.settings.lease_seconds,
+                                                  held_until)
         except CONNECTION_ERRORS as exc:
             metrics.DB_ERRORS.inc()
             log.warning("claim failed; database unavailable", extra={"error": type(exc).__name__})
@@ -225,6 +238,41 @@ class Worker:
         for lease in leases:
             self._start(lease, held_until)
         return len(leases)
+
+    async def _adopt_late_claims(self) -> int:
+        """Run what a claim whose answer was lost leased after its first lookup. A claim
+        commits all its rows at once: once some are found, it is settled."""
+        started = 0
+        now = time.monotonic()
+        for claim_id, (look_until, held_until) in list(self._unknown_claims.items()):
+            if now > look_until:
+                del self._unknown_claims[claim_id]
+                continue
+            try:
+                leases = await self.queue.adopt_claim(claim_id)
+            except CONNECTION_ERRORS as exc:
+                metrics.DB_ERRORS.inc()
+                log.warning("could not look up a claim; trying again",
+                            extra={"error": type(exc).__name__})
+                return started
+            if not leases:
+                continue
+            del self._unknown_claims[claim_id]
+            metrics.CLAIMS_ADOPTED.inc(len(leases))
+            log.info("a lost claim committed late; running what it leased",
+                     extra={"leases": len(leases)})
+            # Its rows were claimed for the slots free then; any more than are free now
+            # go back at once (due now) rather than wait for their lease.
+            room = max(self.concurrency - len(self.jobs), 0)
+            for lease in leases[:room]:
+                self._start(lease, held_until)
+            started += min(room, len(leases))
+            if leases[room:]:
+                try:
+                    await self.queue.release(leases[room:])
+                except CONNECTION_ERRORS:
+                    log.warning("could not hand leases back; they will expire instead")
+        return started
 
     def _start(self, lease: Lease, held_until: float) -> None:
         # After an outage longer than the lease this worker may have reclaimed a card its
@@ -297,6 +345,13 @@ class Worker:
         job.decoder.kill()
         try:
             async with asyncio.timeout(self._timeout_reserve()):
+                if job.commit is not None:
+                    # Its commit is on its way: recording a failure now would race it (and
+                    # lose to it, as a lost lease). Its answer says what happened.
+                    if await asyncio.shield(job.commit):
+                        return Outcome.READY
+                    metrics.LEASE_LOST.inc()
+                    return Outcome.LEASE_LOST
                 return await self._fail(job, ErrorCode.PROCESSING_TIMEOUT, "attempt timeout")
         except (TimeoutError, *CONNECTION_ERRORS):
             # Unrecorded: the lease runs out and another attempt takes the card.
@@ -335,7 +390,9 @@ class Worker:
                               width=result.width, height=result.height, size=result.size,
                               thumb=stored, thumbhash=result.thumbhash)
             with _stage("commit"):
-                if not await self.completer.complete(lease, derived):
+                job.commit = self.completer.submit(lease, derived)
+                # Shielded: a timeout stops the wait, never the commit (see _timed_out).
+                if not await asyncio.shield(job.commit):
                     raise LeaseLost(lease.file_id, lease.token)
             log.info("ready", extra={**job.log_extra(), "bytes": result.size})
             self._deferred_at.pop(lease.file_id, None)

@@ -67,6 +67,7 @@ def test_migrate_and_stats_on_an_external_database(empty_db_url: str) -> None:
     ("DARKROOM_STORAGE_URL", "ftp://example/bucket"),
     ("DARKROOM_DATABASE_URL", "mysql://nope"),
     ("DARKROOM_MAX_UPLOAD_BYTES", "-5"),
+    ("DARKROOM_BULK_SHARE", "1.5"),
 ])
 def test_bad_configuration_is_one_line_and_exit_2(name: str, value: str) -> None:
     out = darkroom("stats", env={name: value})
@@ -156,3 +157,74 @@ def test_pause_resume_and_show_answer_in_one_line_and_are_safe_to_repeat(
     assert [(e["kind"], e["priority"]) for e in stats["claim_pause_log"]] == [
         ("resumed", "bulk"), ("paused", "bulk")]  # newest first, a repeat no event
     assert "last resumed           bulk cards by cli:" in darkroom("stats", env=env).stdout
+
+
+def test_reconcile_keeps_an_original_without_a_card_and_restore_gives_it_one(
+        db_url: str, tmp_path: Path) -> None:
+    import uuid
+
+    import psycopg
+
+    from darkroom.storage import open_store
+
+    storage = (tmp_path / "objects").as_uri()
+    env = {"DARKROOM_DATABASE_URL": db_url, "DARKROOM_STORAGE_URL": storage,
+           "DARKROOM_DATA_DIR": str(tmp_path / "data"), "DARKROOM_SWEEP_GUARD_SECONDS": "0"}
+    assert darkroom("keys", "create", "--owner", "alice", env=env).returncode == 0
+    file_id = uuid.uuid4()  # an upload whose card a failover lost
+    version = open_store(storage).put(f"originals/{file_id}", b"\xff\xd8\xff" + b"\0" * 61)
+    plain = darkroom("reconcile", env=env)
+    assert plain.returncode == 0, plain.stderr
+    assert f"kept original originals/{file_id}@{version}: no card holds it" in plain.stdout
+    assert plain.stdout.strip().endswith("originals kept: 1, restored: 0, deleted: 0")
+    both = darkroom("reconcile", "--restore", "--delete-originals", env=env)
+    assert both.returncode == 2 and "not allowed with" in both.stderr
+    restore = darkroom("reconcile", "--restore", env=env)
+    assert restore.returncode == 0, restore.stderr
+    assert f"restored originals/{file_id}@{version} for alice" in restore.stdout
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute("SELECT owner, status, original_version, size_bytes FROM"
+                           " archive_files WHERE id = %s", (file_id,)).fetchone()
+    assert row == ("alice", "queued", version, 64)
+    again = darkroom("reconcile", env=env)
+    assert again.stdout.strip().endswith("originals kept: 0, restored: 0, deleted: 0")
+
+
+def test_retry_takes_back_rejected_cards_once(db_url: str) -> None:
+    import psycopg
+
+    # Rejected: two of alice for a passing fault (one long ago), one of bob for his bytes.
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
+            " original_key, original_version, status, attempts, error_code, finished_at)"
+            " SELECT o, 'f.jpg', 'image/jpeg', 1, 'originals/' || i, 'v1', 'rejected', 3,"
+            " c, now() - make_interval(days => d)"
+            " FROM unnest(ARRAY['alice', 'alice', 'bob'],"
+            "             ARRAY['storage_unavailable', 'attempts_exhausted', 'invalid_image'],"
+            "             ARRAY[0, 30, 0]) WITH ORDINALITY AS t(o, c, d, i)")
+    env = {"DARKROOM_DATABASE_URL": db_url}
+    bad = darkroom("retry", "--code", "nope", env=env)
+    assert bad.returncode == 2 and "--code 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+    dry = darkroom("retry", "--dry-run", env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert "2 rejected card(s) of all owners" in dry.stdout
+    from datetime import UTC, datetime, timedelta
+
+    # Only what was rejected in the last ten days (UTC without a zone): not the old one.
+    since = (datetime.now(UTC) - timedelta(days=10)).strftime("%Y-%m-%dT%H:%M")
+    recent = darkroom("retry", "--since", since, env=env)
+    assert recent.returncode == 0 and "queued 1 retry(s)" in recent.stdout, recent.stderr
+    rest = darkroom("retry", "--all", "--wait", "--owner", "nobody", env=env)
+    assert rest.returncode == 0 and "queued 0 retry(s)" in rest.stdout
+    every = darkroom("retry", "--all", env=env)  # the old one, and bob's whatever its code
+    assert every.returncode == 0 and "queued 2 retry(s)" in every.stdout
+    again = darkroom("retry", "--all", env=env)
+    assert "queued 0 retry(s)" in again.stdout
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute("SELECT f.status, f.attempts, f.priority, e.worker"
+                            " FROM archive_files f JOIN archive_events e ON e.file_id = f.id"
+                            " WHERE e.kind = 'retried'").fetchall()
+    assert len(rows) == 3
+    assert {(s, a, p) for s, a, p, _ in rows} == {("queued", 0, "bulk")}
+    assert all(w.startswith("cli:") for *_, w in rows)

@@ -35,7 +35,9 @@ def test_up_serves_a_photo_to_ready_and_stops_cleanly(tmp_path: Path, db_url: st
             return re.search(r"API key \(owner 'local', admin\): (\S+)",
                              Path(log.name).read_text())
 
-        key = wait_for(banner, timeout=120, what="the URL and key banner").group(1)
+        found = wait_for(banner, timeout=120, what="the URL and key banner")
+        assert found is not None
+        key = found.group(1)
         assert f"http://127.0.0.1:{port}/" in Path(log.name).read_text()
         api = httpx.Client(base_url=f"http://127.0.0.1:{port}",
                            headers={"Authorization": f"Bearer {key}"}, timeout=30)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -82,6 +84,14 @@ class KeyCache:
             self._found.popitem(last=False)
 
 
+class _Address:
+    """One address's requests waiting for the lane: they go in one at a time."""
+
+    def __init__(self) -> None:
+        self.turn = asyncio.Lock()
+        self.users = 0
+
+
 class UnknownKeys:
     """Bounds what keys this process has never found valid cost the database.
 
@@ -90,12 +100,23 @@ class UnknownKeys:
     but made in a single lane, one at a time and each miss holding it a little: the
     database does a bounded number of such lookups whoever sends them, and a valid key
     sent from an address that someone else is guessing from is still served.
+
+    The lane is not first come, first served: the address with the most of its own
+    budget left goes first, and each address has one request at most waiting for it or
+    in it (the others wait behind it, within the same time limit). Misses in the lane are
+    charged to the address too. However many connections strangers hold on however many
+    addresses they have guessed from, a valid key this process has not seen yet (a new
+    user's, or everyone's after a restart), sent from an address that has not been
+    guessing, is next in the lane.
     """
 
     def __init__(self, rate_per_minute: float) -> None:
         self.per_address = RateLimiter(rate_per_minute)
         self.total = RateLimiter(rate_per_minute * _TOTAL_BUDGETS)
-        self._lane = asyncio.Lock()
+        self._busy = False
+        self._waiting: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+        self._addresses: dict[str, _Address] = {}
 
     def within_budget(self, address: str) -> bool:
         return not (self.per_address.retry_after(address) or self.total.retry_after("*"))
@@ -104,18 +125,55 @@ class UnknownKeys:
         self.per_address.spend(address)
         self.total.spend("*")
 
-    async def in_lane(self, lookup: Callable[[], Awaitable[Principal | None]]
-                      ) -> Principal | None:
+    async def in_lane(self, address: str,
+                      lookup: Callable[[], Awaitable[Principal | None]]) -> Principal | None:
         """`lookup` in the single lane; TimeoutError when its turn does not come soon."""
-        async with asyncio.timeout(_LANE_WAIT_SECONDS):
-            await self._lane.acquire()
+        deadline = asyncio.get_running_loop().time() + _LANE_WAIT_SECONDS
+        mine = self._addresses.setdefault(address, _Address())
+        mine.users += 1
         try:
-            found = await lookup()
-            if found is None:
-                await asyncio.sleep(_LANE_MISS_SECONDS)
-            return found
+            async with asyncio.timeout_at(deadline):
+                await mine.turn.acquire()  # behind this address's earlier requests
+            try:
+                await self._enter(-self.per_address.tokens(address), deadline)
+                try:
+                    found = await lookup()
+                    if found is None:
+                        self.per_address.spend(address)
+                        await asyncio.sleep(_LANE_MISS_SECONDS)
+                    return found
+                finally:
+                    self._leave()
+            finally:
+                mine.turn.release()
         finally:
-            self._lane.release()
+            mine.users -= 1
+            if not mine.users:
+                del self._addresses[address]
+
+    async def _enter(self, rank: float, deadline: float) -> None:
+        if not self._busy:
+            self._busy = True
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (rank, next(self._order), turn))
+        try:
+            async with asyncio.timeout_at(deadline):
+                await turn
+        except BaseException:
+            if turn.done() and not turn.cancelled():
+                self._leave()  # given the lane just as the wait ended: pass it on
+            else:
+                turn.cancel()
+            raise
+
+    def _leave(self) -> None:
+        while self._waiting:
+            turn = heapq.heappop(self._waiting)[2]
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._busy = False
 
 
 def _too_many(wait: int) -> Problem:
@@ -157,7 +215,7 @@ async def principal(
                 gate.missed(address)
         else:
             try:
-                found = await gate.in_lane(lambda: find_key(db, key))
+                found = await gate.in_lane(address, lambda: find_key(db, key))
             except TimeoutError:
                 raise _too_many(gate.per_address.retry_after(address)) from None
             if found is None:

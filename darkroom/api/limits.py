@@ -200,6 +200,10 @@ class RateLimiter:
         tokens, at = entry
         return min(self.burst, tokens + (self._clock() - at) * self.rate)
 
+    def tokens(self, name: str) -> float:
+        """What is left of `name`'s bucket now."""
+        return self._level(name)
+
     def retry_after(self, name: str) -> int:
         """0 when `name` may go on now, else whole seconds until it may."""
         if self.burst <= 0:

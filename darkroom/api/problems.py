@@ -43,6 +43,7 @@ TITLES: dict[str, str] = {
     "not_ready_to_serve": "Not Ready",
     "internal_error": "Internal Server Error",
     "quota_exceeded": "Quota Exceeded",
+    "not_retryable": "Not Retryable",
     "size_mismatch": "Size Mismatch",
     "too_many_requests": "Too Many Requests",
     "request_timeout": "Request Timeout",

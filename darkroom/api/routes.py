@@ -64,9 +64,10 @@ from darkroom.card import Priority
 from darkroom.card import Status as CardStatus
 from darkroom.config import Settings
 from darkroom.errors import ObjectMissing, StorageError, StorageUnavailable
-from darkroom.keys import find_key_hash
+from darkroom.keys import find_key_hash, key_name
 from darkroom.queue import ClaimPause as PauseRow
 from darkroom.queue import Confirmation, ConfirmOutcome, Queue, QuotaExceeded, original_key
+from darkroom.retry import RetryOutcome, retry_card
 from darkroom.storage import ObjectInfo, ObjectStore
 from darkroom.uploads import KeyBusy, KeyReused, valid_key
 
@@ -714,6 +715,35 @@ async def events(who: Caller, request: Request) -> StreamingResponse:
         # No proxy may buffer or cache a live stream.
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
+
+
+@router.post(
+    "/v1/files/{file_id}/retry",
+    status_code=202,
+    response_model=Card,
+    tags=["files"],
+    responses=problems(401, 404, 409),
+    summary="Queue a rejected card again, with a fresh attempt budget",
+    description="Only a card rejected for a fault that was not the file's own "
+    "(`storage_unavailable`, `processing_timeout`, `attempts_exhausted`); any other card "
+    "answers `409 not_retryable`.",
+)
+async def retry_file(file_id: FileId, who: Caller, request: Request) -> Response:
+    done = await retry_card(_queue(request), _file_id(file_id), who.owner,
+                            _actor(request, who.owner))
+    if done.outcome is RetryOutcome.NOT_FOUND:
+        raise not_found()
+    if done.outcome is RetryOutcome.NOT_RETRYABLE or done.card is None:
+        raise Problem(409, "not_retryable",
+                      "Only a file rejected for storage_unavailable, processing_timeout or "
+                      "attempts_exhausted can be retried.")
+    return _card_json(card_from_row(done.card), 202, {"Location": f"/v1/files/{done.card.id}"})
+
+
+def _actor(request: Request, owner: str) -> str:
+    """Who asked, for the card's history: the key by its listed prefix, and its owner."""
+    _, _, key = request.headers.get("authorization", "").partition(" ")
+    return f"api:{key_name(key.strip())} owner={owner}"
 
 
 @router.delete(

@@ -148,6 +148,11 @@ class Card(BaseModel):
         description="A ThumbHash placeholder (base64, at most 36 characters) to paint "
         "before the thumb loads."
     )
+    rederive_error: str | None = Field(
+        default=None,
+        description="Why the last re-derive of this ready card failed (an error code); "
+        "the card kept its previous derivative. Null once a re-derive succeeds.",
+    )
 
 
 class NewCard(Card):
@@ -340,6 +345,7 @@ def card_from_row(row: CardRow) -> Card:
         derivative=derivative,
         derivatives=derivatives,
         thumbhash=row.thumbhash if derivatives is not None else None,
+        rederive_error=row.rederive_error,
     )
 
 

@@ -27,11 +27,13 @@ import asyncio
 import ipaddress
 import json
 import socket
+import urllib.parse
 from collections import Counter
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
+import httptools
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -262,8 +264,7 @@ class GuardedProtocol(HttpToolsProtocol):
             raise _Refused
         streams = self._counts.streams
         limit = self.wire.max_connections
-        stream = (self.parser.get_method() == b"GET"
-                  and self.url.split(b"?", 1)[0] in STREAM_PATHS)
+        stream = self.parser.get_method() == b"GET" and _path(self.url) in STREAM_PATHS
         if stream:
             full = len(streams) >= limit
         else:
@@ -342,6 +343,12 @@ class GuardedProtocol(HttpToolsProtocol):
         head += [f"{name}: {value}" for name, value in self.wire.headers]
         self.transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
         self.transport.close()
+
+
+def _path(url: bytes) -> bytes:
+    """The path a request is routed by: as the application sees it, so that a stream
+    asked for percent-encoded or in absolute form is counted as one."""
+    return urllib.parse.unquote_to_bytes(httptools.parse_url(url).path)
 
 
 def protocol_class(wire: Wire) -> type[GuardedProtocol]:

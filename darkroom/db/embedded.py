@@ -19,8 +19,9 @@ The server is private to whoever runs darkroom, by construction:
   owns or may write to, is refused (they could swap in one of their own).
 
 PostgreSQL refuses to run as root. When darkroom runs as root, the server runs as the
-unprivileged system user `darkroom` (created if missing), which then owns the data dir
-(mode still 0700); a data dir, or an installation of the server's programs, that user
+unprivileged system user `darkroom` (created if missing), which owns the cluster
+directory; the data dir stays root's, that user's group allowed only to pass through
+(0710); a data dir, or an installation of the server's programs, that user
 cannot reach through its parents' own modes (anything under `/root`, say) is refused with
 one line instead of opened up.
 
@@ -86,6 +87,8 @@ class Account:
 # reach the copy in darkroom's environment (a virtualenv under /root, say): root-owned,
 # writable by root alone, readable by all, as a package manager would install them.
 SHARED_INSTALLS = Path("/var/lib/darkroom")
+# As root, the data dir: root's, its group the service user's, who may only pass through.
+SERVED_DATA_DIR_MODE = 0o710
 
 
 def binary(name: str) -> str:
@@ -258,16 +261,31 @@ def _prepare_data_dir(pgdata: Path, account: Account | None) -> None:
                 f"which cannot enter {parent} to run its programs (darkroom widens no "
                 f"directory's mode): install darkroom outside it, run darkroom as an "
                 f"unprivileged user, or set DARKROOM_DATABASE_URL")
+    # The server only has to pass through the data dir to its cluster: root keeps it,
+    # and the service user's group may traverse it (0710), never list or rename in it
+    # (else it could swap `objects` or a file root writes here for a link of its own).
     st = data_dir.stat()
-    if (st.st_uid, st.st_gid) != (account.uid, account.gid):
-        os.chown(data_dir, account.uid, account.gid)
+    if (st.st_uid, st.st_gid) != (0, account.gid):
+        os.chown(data_dir, 0, account.gid)
+    if stat.S_IMODE(st.st_mode) != SERVED_DATA_DIR_MODE:
+        data_dir.chmod(SERVED_DATA_DIR_MODE)
 
 
 @contextlib.contextmanager
 def _locked(pgdata: Path) -> Iterator[None]:
     """One process at a time initialises, upgrades or starts the server."""
     lock = pgdata.with_name(f".{pgdata.name}.lock")
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    # As root the data dir is the service user's: a link it put here must not make root
+    # create (or lock) a file it names elsewhere.
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+                     | os.O_NONBLOCK, 0o600)
+    except OSError:
+        raise ConfigError(f"{lock} is not a file darkroom can lock (a link?); "
+                          "remove it") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"{lock} is not a regular file; remove it")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -52,8 +52,8 @@ ORDER BY n DESC, error_code;
 SELECT id, owner, filename, content_type, size_bytes, original_key, original_version,
        original_sha256, status, priority, attempts, error_code, derived_key,
        derived_version, sha256, width, height, derived_bytes, thumb_key, thumb_version,
-       thumb_sha256, thumb_width, thumb_height, thumb_bytes, thumbhash, created_at,
-       updated_at
+       thumb_sha256, thumb_width, thumb_height, thumb_bytes, thumbhash, rederive_error,
+       created_at, updated_at
 FROM archive_files
 WHERE status = 'rejected'
   AND (%(code)s::text IS NULL OR error_code = %(code)s::text)
@@ -67,6 +67,6 @@ LIMIT %(limit)s;
 SELECT id, owner, filename, content_type, size_bytes, original_key, original_version,
        original_sha256, status, priority, attempts, error_code, derived_key,
        derived_version, sha256, width, height, derived_bytes, thumb_key, thumb_version,
-       thumb_sha256, thumb_width, thumb_height, thumb_bytes, thumbhash, created_at,
-       updated_at
+       thumb_sha256, thumb_width, thumb_height, thumb_bytes, thumbhash, rederive_error,
+       created_at, updated_at
 FROM archive_files WHERE id = %(id)s;

@@ -23,7 +23,7 @@ RETURNING id, owner, filename, content_type, size_bytes, original_key, original_
           original_sha256, status, priority, attempts, error_code, derived_key,
           derived_version, sha256, width, height, derived_bytes, thumb_key,
           thumb_version, thumb_sha256, thumb_width, thumb_height, thumb_bytes,
-          thumbhash, created_at, updated_at;
+          thumbhash, rederive_error, created_at, updated_at;
 
 -- name: confirm
 -- pending -> queued for exactly this version; the NOTIFY is delivered at COMMIT.
@@ -31,7 +31,7 @@ RETURNING id, owner, filename, content_type, size_bytes, original_key, original_
 -- computed from the stored bytes and it is the claimed one: an unverified or lying
 -- digest never reaches the queue, and only verified ones enter known_originals.
 -- With a stored size, only an upload of exactly the declared size moves the card.
--- The card is stamped with its place in its owner's line (fair share, migration 0008):
+-- The card is stamped with its place in its owner's line (fair share, migration 0012):
 -- the owner's clock row is locked, so an owner's concurrent confirms get distinct stamps.
 -- A repeated (or refused) confirm moves nothing and stamps nothing.
 WITH target AS (
@@ -42,31 +42,9 @@ WITH target AS (
     FROM archive_files
     WHERE id = %(id)s AND owner = %(owner)s AND status <> 'deleting'
     FOR UPDATE
-), head AS (
-    -- The class's virtual time: the smallest waiting stamp (one probe of the claim index).
-    SELECT (SELECT h.fair_stamp FROM archive_files h
-             WHERE h.status = 'queued' AND h.priority = t.priority
-             ORDER BY h.fair_stamp LIMIT 1) AS v,
-           coalesce((SELECT w.weight FROM owner_weights w WHERE w.owner = t.owner), 1) AS w
-    FROM target t WHERE t.moves
 ), stamped AS (
-    INSERT INTO owner_clocks AS c (owner, priority, stamp, last_file)
-    SELECT t.owner, t.priority, coalesce(h.v, 0), t.id
-    FROM target t, head h WHERE t.moves
-    ON CONFLICT (owner, priority) DO UPDATE SET
-        stamp = coalesce(
-            -- The owner's previous card still waits: continue the owner's line. (Pending
-            -- here means it was confirmed by a transaction this statement cannot see yet;
-            -- a confirmed card never returns to pending.)
-            CASE WHEN EXISTS (SELECT 1 FROM archive_files l WHERE l.id = c.last_file
-                                AND l.status IN ('pending', 'queued'))
-                 THEN c.stamp + 1 / (SELECT w FROM head) END,
-            -- Otherwise join the class at its head: past work is neither credit nor debt.
-            (SELECT v FROM head),
-            -- Nothing waits in the class at all.
-            c.stamp + 1 / (SELECT w FROM head)),
-        last_file = excluded.last_file
-    RETURNING c.stamp
+    -- Its place in its owner's line (darkroom_fair_stamp, migration 0012).
+    SELECT darkroom_fair_stamp(t.owner, t.priority) AS stamp FROM target t WHERE t.moves
 ), moved AS (
     UPDATE archive_files f
     SET status = 'queued', original_version = %(version)s, available_at = now(),
@@ -84,7 +62,8 @@ SELECT m.id, m.owner, m.filename, m.content_type, m.size_bytes, m.original_key,
        m.original_version, m.original_sha256, m.status, m.priority, m.attempts,
        m.error_code, m.derived_key, m.derived_version, m.sha256, m.width, m.height,
        m.derived_bytes, m.thumb_key, m.thumb_version, m.thumb_sha256, m.thumb_width,
-       m.thumb_height, m.thumb_bytes, m.thumbhash, m.created_at, m.updated_at,
+       m.thumb_height, m.thumb_bytes, m.thumbhash, m.rederive_error, m.created_at,
+       m.updated_at,
        t.status AS previous_status, t.original_version AS previous_version,
        t.original_sha256 AS claimed_sha256, t.size_bytes AS declared_size,
        m.id IS NOT NULL AS moved,
@@ -92,8 +71,10 @@ SELECT m.id, m.owner, m.filename, m.content_type, m.size_bytes, m.original_key,
 FROM target t LEFT JOIN moved m ON m.id = t.id;
 
 -- name: claim
--- Expired leases first (rescue), then due queued rows (interactive, then bulk). A row that has already been
--- started max_attempts times is not started again: it ends rejected/attempts_exhausted.
+-- Expired leases first (rescue), then due queued rows: bulk's owed share, interactive, and
+-- bulk on the slots left over. A row that has already been started max_attempts times is
+-- not started again: it ends rejected/attempts_exhausted, or, a re-derive of a ready
+-- photo, ready again with its previous derivative (see fail).
 WITH expired AS (
     SELECT id FROM archive_files
     WHERE status = 'processing' AND lease_until < now()
@@ -105,23 +86,21 @@ WITH expired AS (
     ORDER BY lease_until
     LIMIT %(n)s
     FOR UPDATE SKIP LOCKED
-), interactive AS (
-    -- Then due interactive cards in fair-share stamp order (migration 0008), then bulk
-    -- cards with the slots left over. Each is one range of archive_files_due; a LIMIT of
-    -- 0 reads nothing.
-    SELECT id FROM archive_files
-    WHERE status = 'queued' AND priority = 'interactive' AND available_at <= now()
-      -- Not while paused (claim_pauses): a pause of the whole class is one probe before
-      -- the scan, which then reads nothing; a paused owner's cards are passed over.
-      AND NOT EXISTS (SELECT 1 FROM claim_pauses p WHERE p.owner IS NULL
-                      AND coalesce(p.priority, 'interactive') = 'interactive')
-      AND owner <> ALL (ARRAY(SELECT p.owner FROM claim_pauses p WHERE p.owner IS NOT NULL
-                              AND coalesce(p.priority, 'interactive') = 'interactive'))
-    ORDER BY fair_stamp, available_at
-    LIMIT greatest(%(n)s - (SELECT count(*) FROM expired), 0)
-    FOR UPDATE SKIP LOCKED
-), bulk AS (
-    SELECT id FROM archive_files
+), clock AS (
+    SELECT bulk_credit FROM fair_clock
+), slots AS (
+    SELECT greatest(%(n)s - (SELECT count(*) FROM expired), 0) AS k
+), owed AS (
+    -- The whole claims bulk work is owed (DARKROOM_BULK_SHARE of the slots, counted in
+    -- fair_clock.bulk_credit): deterministic, so one claim in 1/share goes to bulk while
+    -- both classes have work due.
+    SELECT least(floor(coalesce((SELECT bulk_credit FROM clock), 0)
+                       + s.k * %(bulk_share)s::numeric), s.k)::bigint AS m
+    FROM slots s
+), bulk_owed AS (
+    -- Each part is one range of archive_files_due in fair-share order (migration 0012);
+    -- a LIMIT of 0 reads nothing.
+    SELECT id, owner, fair_stamp FROM archive_files
     WHERE status = 'queued' AND priority = 'bulk' AND available_at <= now()
       -- Not while paused (claim_pauses): a pause of the whole class is one probe before
       -- the scan, which then reads nothing; a paused owner's cards are passed over.
@@ -129,16 +108,79 @@ WITH expired AS (
                       AND coalesce(p.priority, 'bulk') = 'bulk')
       AND owner <> ALL (ARRAY(SELECT p.owner FROM claim_pauses p WHERE p.owner IS NOT NULL
                               AND coalesce(p.priority, 'bulk') = 'bulk'))
-    ORDER BY fair_stamp, available_at
-    LIMIT greatest(%(n)s - (SELECT count(*) FROM expired)
-                        - (SELECT count(*) FROM interactive), 0)
+    ORDER BY fair_stamp, owner
+    LIMIT (SELECT m FROM owed)
     FOR UPDATE SKIP LOCKED
+), interactive AS (
+    SELECT id, owner, fair_stamp FROM archive_files
+    WHERE status = 'queued' AND priority = 'interactive' AND available_at <= now()
+      -- Not while paused (claim_pauses): a pause of the whole class is one probe before
+      -- the scan, which then reads nothing; a paused owner's cards are passed over.
+      AND NOT EXISTS (SELECT 1 FROM claim_pauses p WHERE p.owner IS NULL
+                      AND coalesce(p.priority, 'interactive') = 'interactive')
+      AND owner <> ALL (ARRAY(SELECT p.owner FROM claim_pauses p WHERE p.owner IS NOT NULL
+                              AND coalesce(p.priority, 'interactive') = 'interactive'))
+    ORDER BY fair_stamp, owner
+    LIMIT greatest((SELECT k FROM slots) - (SELECT count(*) FROM bulk_owed), 0)
+    FOR UPDATE SKIP LOCKED
+), bulk AS (
+    SELECT id, owner, fair_stamp FROM archive_files
+    WHERE status = 'queued' AND priority = 'bulk' AND available_at <= now()
+      -- Not while paused (claim_pauses): a pause of the whole class is one probe before
+      -- the scan, which then reads nothing; a paused owner's cards are passed over.
+      AND NOT EXISTS (SELECT 1 FROM claim_pauses p WHERE p.owner IS NULL
+                      AND coalesce(p.priority, 'bulk') = 'bulk')
+      AND owner <> ALL (ARRAY(SELECT p.owner FROM claim_pauses p WHERE p.owner IS NOT NULL
+                              AND coalesce(p.priority, 'bulk') = 'bulk'))
+      AND id <> ALL (ARRAY(SELECT id FROM bulk_owed))
+    ORDER BY fair_stamp, owner
+    LIMIT greatest((SELECT k FROM slots) - (SELECT count(*) FROM bulk_owed)
+                   - (SELECT count(*) FROM interactive), 0)
+    FOR UPDATE SKIP LOCKED
+), bulk_all AS (
+    SELECT * FROM bulk_owed UNION ALL SELECT * FROM bulk
 ), picked AS (
-    SELECT id FROM expired UNION ALL SELECT id FROM interactive UNION ALL SELECT id FROM bulk
+    SELECT id FROM expired UNION ALL SELECT id FROM bulk_all UNION ALL SELECT id FROM interactive
+), ticked AS (
+    -- In the same statement as the claim, so a claim that commits with its answer lost
+    -- has moved the clock exactly once, and one that never arrived not at all. Each
+    -- class's virtual time moves to the last card claimed in it, never back (concurrent
+    -- claims wait for this row and re-read it). Bulk's credit grows by its share of the
+    -- slots claimed and shrinks by its claims, while both classes have work due; when bulk
+    -- runs on idle slots it is owed nothing more. An idle claim writes nothing.
+    UPDATE fair_clock c SET
+        interactive_vtime = CASE WHEN (i.fair_stamp, i.owner)
+                                      > (c.interactive_vtime, c.interactive_vowner)
+                                 THEN i.fair_stamp ELSE c.interactive_vtime END,
+        interactive_vowner = CASE WHEN (i.fair_stamp, i.owner)
+                                       > (c.interactive_vtime, c.interactive_vowner)
+                                  THEN i.owner ELSE c.interactive_vowner END,
+        bulk_vtime = CASE WHEN (b.fair_stamp, b.owner) > (c.bulk_vtime, c.bulk_vowner)
+                          THEN b.fair_stamp ELSE c.bulk_vtime END,
+        bulk_vowner = CASE WHEN (b.fair_stamp, b.owner) > (c.bulk_vtime, c.bulk_vowner)
+                           THEN b.owner ELSE c.bulk_vowner END,
+        bulk_credit = CASE
+            WHEN n.bulk > 0 OR EXISTS (SELECT 1 FROM archive_files
+                                        WHERE status = 'queued' AND priority = 'bulk'
+                                          AND available_at <= now())
+            THEN greatest(least(c.bulk_credit + (n.bulk + n.inter) * %(bulk_share)s::numeric
+                                - n.bulk, 1), 0)
+            ELSE c.bulk_credit END
+    FROM (SELECT (SELECT count(*) FROM bulk_all) AS bulk,
+                 (SELECT count(*) FROM interactive) AS inter) n
+    LEFT JOIN LATERAL (SELECT fair_stamp, owner FROM interactive
+                       ORDER BY fair_stamp DESC, owner DESC LIMIT 1) i ON true
+    LEFT JOIN LATERAL (SELECT fair_stamp, owner FROM bulk_all
+                       ORDER BY fair_stamp DESC, owner DESC LIMIT 1) b ON true
+    WHERE n.bulk + n.inter > 0
 ), claimed AS (
     UPDATE archive_files f
-    SET status       = CASE WHEN f.attempts >= %(max_attempts)s THEN 'rejected' ELSE 'processing' END,
-        error_code   = CASE WHEN f.attempts >= %(max_attempts)s THEN 'attempts_exhausted' END,
+    SET status       = CASE WHEN f.attempts < %(max_attempts)s THEN 'processing'
+                            WHEN f.derived_key IS NOT NULL THEN 'ready' ELSE 'rejected' END,
+        error_code   = CASE WHEN f.attempts >= %(max_attempts)s AND f.derived_key IS NULL
+                            THEN 'attempts_exhausted' END,
+        rederive_error = CASE WHEN f.attempts >= %(max_attempts)s AND f.derived_key IS NOT NULL
+                              THEN 'attempts_exhausted' ELSE f.rederive_error END,
         attempts     = CASE WHEN f.attempts >= %(max_attempts)s THEN f.attempts ELSE f.attempts + 1 END,
         -- One strong random draw per claim, not per row: the worker draws the claim id,
         -- and a token is that id hashed with the card's id, so it is as unguessable and as
@@ -155,14 +197,17 @@ WITH expired AS (
     -- from a guess and could scan the whole table when the backlog is large.
     WHERE f.id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING f.id, f.owner, f.status, f.attempts, f.lease_token, f.lease_until,
-              f.original_key, f.original_version, f.error_code
+              f.original_key, f.original_version,
+              coalesce(f.error_code, CASE WHEN f.status = 'ready' THEN f.rederive_error END)
+                  AS error_code
 ), notified AS (
     -- Open pages see the change (GET /v1/events): one notification per statement.
     SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, status))) AS n
     FROM claimed
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker, error_code)
-    SELECT id, CASE WHEN status = 'rejected' THEN 'exhausted' ELSE 'claimed' END,
+    SELECT id, CASE status WHEN 'rejected' THEN 'exhausted' WHEN 'ready' THEN 'rederive_failed'
+                           ELSE 'claimed' END,
            attempts, lease_token, %(worker)s, error_code
     -- Joined in a data-modifying CTE, which always runs to completion, so that the
     -- notification is sent whatever the main query reads.
@@ -244,7 +289,7 @@ WITH done AS (
         thumb_key = d.thumb_key, thumb_version = d.thumb_version,
         thumb_sha256 = d.thumb_sha256, thumb_width = d.thumb_width,
         thumb_height = d.thumb_height, thumb_bytes = d.thumb_bytes, thumbhash = d.thumbhash,
-        derive_fingerprint = %(fingerprint)s::text,
+        derive_fingerprint = %(fingerprint)s::text, rederive_error = NULL,
         lease_token = NULL, lease_until = NULL, finished_at = now(), updated_at = now()
     FROM done d
     -- The token is the fence: CHECK lease_iff_processing makes a matching token imply
@@ -308,16 +353,26 @@ SELECT id, token FROM lost;
 
 -- name: fail
 -- Transient errors requeue with a backoff until max_attempts; anything else, or the last
--- attempt, ends rejected. Zero rows: the lease was already lost.
+-- attempt, ends rejected. A re-derive of a ready photo that fails for good does not reject
+-- it: the photo goes back to ready with its previous derivative and fingerprint (so the
+-- next `darkroom rederive` takes it again), the code kept in rederive_error.
+-- Zero rows: the lease was already lost.
 WITH failed AS (
     UPDATE archive_files f
-    SET status = CASE WHEN %(transient)s AND f.attempts < %(max_attempts)s
-                      THEN 'queued' ELSE 'rejected' END,
-        error_code = CASE WHEN %(transient)s AND f.attempts < %(max_attempts)s
+    SET status = CASE WHEN %(transient)s AND f.attempts < %(max_attempts)s THEN 'queued'
+                      WHEN f.derived_key IS NOT NULL THEN 'ready' ELSE 'rejected' END,
+        error_code = CASE WHEN (%(transient)s AND f.attempts < %(max_attempts)s)
+                               OR f.derived_key IS NOT NULL
                           THEN NULL ELSE %(error_code)s END,
+        rederive_error = CASE WHEN (%(transient)s AND f.attempts < %(max_attempts)s)
+                                   OR f.derived_key IS NULL
+                              THEN f.rederive_error ELSE %(error_code)s END,
         available_at = now() + make_interval(secs => %(delay)s::float8),
         finished_at = CASE WHEN %(transient)s AND f.attempts < %(max_attempts)s
                            THEN NULL ELSE now() END,
+        -- Queued again: a new place in its owner's line, by the rule of every stamp.
+        fair_stamp = CASE WHEN %(transient)s AND f.attempts < %(max_attempts)s
+                          THEN darkroom_fair_stamp(f.owner, f.priority) ELSE f.fair_stamp END,
         lease_token = NULL, lease_until = NULL, settled_token = %(token)s, updated_at = now()
     WHERE f.id = %(id)s AND f.lease_token = %(token)s AND f.status = 'processing'
     RETURNING f.id, f.status, f.attempts, f.owner
@@ -330,14 +385,18 @@ WITH failed AS (
     WHERE f.id = %(id)s AND NOT EXISTS (SELECT 1 FROM failed)
     FOR UPDATE
 ), repeated AS (
-    -- The same failure recorded before, whose answer was lost: answer what it did.
-    SELECT CASE WHEN f.status = 'rejected' THEN 'rejected' ELSE 'queued' END AS status
+    -- The attempt already ended by its own statement: this same failure recorded before,
+    -- whose answer was lost, or its own commit, which a timeout raced. Answer what it did;
+    -- nothing was lost.
+    SELECT CASE WHEN f.status IN ('rejected', 'ready') THEN f.status ELSE 'queued' END
+               AS status
     FROM current f
-    WHERE f.settled_token = %(token)s AND f.status <> 'ready'
+    WHERE f.settled_token = %(token)s
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker, error_code)
     SELECT id,
            CASE WHEN status = 'queued' THEN 'retry_scheduled'
+                WHEN status = 'ready' THEN 'rederive_failed'
                 WHEN %(transient)s THEN 'exhausted' ELSE 'rejected' END,
            attempts, %(token)s, %(worker)s, %(error_code)s
     FROM failed LEFT JOIN notified ON true  -- see claim
@@ -357,6 +416,7 @@ WITH deferred AS (
     UPDATE archive_files f
     SET status = 'queued', attempts = f.attempts - 1,
         available_at = now() + make_interval(secs => %(delay)s::float8),
+        fair_stamp = darkroom_fair_stamp(f.owner, f.priority),
         lease_token = NULL, lease_until = NULL, settled_token = %(token)s, updated_at = now()
     WHERE f.id = %(id)s AND f.lease_token = %(token)s
     RETURNING f.id, f.attempts, f.owner
@@ -386,20 +446,28 @@ SELECT id FROM repeated;
 -- name: defer_counted
 -- A store error while the store served other files between this file's tries: handed
 -- back like defer, its attempt given back, but the deferral is counted on the card, and
--- the max_deferrals-th ends it rejected with the store's code (event 'exhausted'). Its
+-- the max_deferrals-th ends it rejected with the store's code (event 'exhausted'), or a
+-- re-derive of a ready photo ready again, as fail does (event 'rederive_failed'). Its
 -- backoff doubles with the count (jittered by %(jitter)s in [0, 1]). Repeats are
 -- recognized by the settled token, like fail's.
 WITH deferred AS (
     UPDATE archive_files f
     SET deferrals = f.deferrals + 1,
-        status = CASE WHEN f.deferrals + 1 < %(max_deferrals)s THEN 'queued' ELSE 'rejected' END,
-        error_code = CASE WHEN f.deferrals + 1 < %(max_deferrals)s THEN NULL
-                          ELSE %(error_code)s END,
+        status = CASE WHEN f.deferrals + 1 < %(max_deferrals)s THEN 'queued'
+                      WHEN f.derived_key IS NOT NULL THEN 'ready' ELSE 'rejected' END,
+        error_code = CASE WHEN f.deferrals + 1 < %(max_deferrals)s OR f.derived_key IS NOT NULL
+                          THEN NULL ELSE %(error_code)s END,
+        rederive_error = CASE WHEN f.deferrals + 1 >= %(max_deferrals)s
+                                   AND f.derived_key IS NOT NULL
+                              THEN %(error_code)s ELSE f.rederive_error END,
         attempts = CASE WHEN f.deferrals + 1 < %(max_deferrals)s THEN f.attempts - 1
                         ELSE f.attempts END,
         available_at = now() + make_interval(secs => %(jitter)s::float8 * least(
             %(cap)s::float8, %(base)s::float8 * power(2, least(f.deferrals, 60)))),
         finished_at = CASE WHEN f.deferrals + 1 < %(max_deferrals)s THEN NULL ELSE now() END,
+        -- Queued again: stamped like any card that becomes claimable (fair share).
+        fair_stamp = CASE WHEN f.deferrals + 1 < %(max_deferrals)s
+                          THEN darkroom_fair_stamp(f.owner, f.priority) ELSE f.fair_stamp END,
         lease_token = NULL, lease_until = NULL, settled_token = %(token)s, updated_at = now()
     WHERE f.id = %(id)s AND f.lease_token = %(token)s AND f.status = 'processing'
     RETURNING f.id, f.status, f.attempts, f.deferrals, f.owner
@@ -413,13 +481,15 @@ WITH deferred AS (
     FOR UPDATE
 ), repeated AS (
     -- The same deferral recorded before, whose answer was lost: answer what it did.
-    SELECT CASE WHEN f.status = 'rejected' THEN 'rejected' ELSE 'queued' END AS status,
+    SELECT CASE WHEN f.status IN ('rejected', 'ready') THEN f.status ELSE 'queued' END
+               AS status,
            f.deferrals
     FROM current f
-    WHERE f.settled_token = %(token)s AND f.status <> 'ready'
+    WHERE f.settled_token = %(token)s
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker, error_code)
-    SELECT id, CASE WHEN status = 'queued' THEN 'deferred_counted' ELSE 'exhausted' END,
+    SELECT id, CASE status WHEN 'queued' THEN 'deferred_counted'
+                           WHEN 'ready' THEN 'rederive_failed' ELSE 'exhausted' END,
            attempts, %(token)s, %(worker)s, %(error_code)s
     FROM deferred LEFT JOIN notified ON true  -- see claim
     UNION ALL
@@ -438,6 +508,7 @@ WITH held AS (
 ), released AS (
     UPDATE archive_files f
     SET status = 'queued', available_at = now(), lease_token = NULL, lease_until = NULL,
+        fair_stamp = darkroom_fair_stamp(f.owner, f.priority),
         settled_token = h.token, updated_at = now()
     FROM held h
     -- The token is the fence (see complete).
@@ -494,41 +565,26 @@ ORDER BY owner;
 -- derivative was made with other settings. The card keeps its derivative (readable) until
 -- the fenced commit publishes the new one and leaves the old one to the sweeper. A repeat
 -- takes only what is still ready and stale, so nothing is queued twice. Stamps continue
--- the owner's bulk line exactly as `confirm` does, one step per card.
+-- the owner's bulk line by the rule of every stamp (darkroom_fair_stamps), one per card.
 WITH picked AS (
-    SELECT id FROM archive_files
+    SELECT id, created_at FROM archive_files
     WHERE owner = %(owner)s AND status = 'ready'
       AND derive_fingerprint IS DISTINCT FROM %(fingerprint)s::text
     ORDER BY created_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), ranked AS (
-    SELECT id, row_number() OVER (ORDER BY id) - 1 AS k, count(*) OVER () AS n FROM picked
-), head AS (
-    SELECT (SELECT h.fair_stamp FROM archive_files h
-             WHERE h.status = 'queued' AND h.priority = 'bulk'
-             ORDER BY h.fair_stamp LIMIT 1) AS v,
-           coalesce((SELECT w.weight FROM owner_weights w WHERE w.owner = %(owner)s), 1) AS w
+    -- Stamped oldest first, as picked.
+    SELECT id, row_number() OVER (ORDER BY created_at, id) - 1 AS k FROM picked
 ), stamped AS (
-    -- The clock ends at the batch's last stamp; excluded.stamp carries the batch's span.
-    INSERT INTO owner_clocks AS c (owner, priority, stamp, last_file)
-    SELECT %(owner)s, 'bulk', coalesce(h.v, 0) + (r.n - 1) / h.w, r.id
-    FROM ranked r, head h WHERE r.k = r.n - 1
-    ON CONFLICT (owner, priority) DO UPDATE SET
-        stamp = coalesce(
-            CASE WHEN EXISTS (SELECT 1 FROM archive_files l WHERE l.id = c.last_file
-                                AND l.status IN ('pending', 'queued'))
-                 THEN c.stamp + 1 / (SELECT w FROM head) END,
-            (SELECT v FROM head),
-            c.stamp + 1 / (SELECT w FROM head))
-          + (excluded.stamp - coalesce((SELECT v FROM head), 0)),
-        last_file = excluded.last_file
-    RETURNING c.stamp
+    -- The batch's places in the owner's bulk line, one stamp per card, in one call.
+    SELECT darkroom_fair_stamps(%(owner)s, 'bulk', (SELECT count(*)::int FROM picked))
+           AS stamps
 ), moved AS (
     UPDATE archive_files f
     SET status = 'queued', priority = 'bulk', attempts = 0, deferrals = 0, error_code = NULL,
         finished_at = NULL, available_at = now(), updated_at = now(),
-        fair_stamp = (SELECT stamp FROM stamped) - (r.n - 1 - r.k) / (SELECT w FROM head)
+        fair_stamp = (SELECT stamps FROM stamped)[r.k + 1]
     FROM ranked r
     WHERE f.id = r.id
     RETURNING f.id
@@ -544,6 +600,70 @@ FROM moved;
 SELECT count(*) AS n FROM archive_files
 WHERE status IN ('queued', 'processing') AND derived_key IS NOT NULL
   AND (%(owner)s::text IS NULL OR owner = %(owner)s::text);
+
+-- name: retry_candidates
+-- Rejected cards a retry would take, per owner and code (through the partial index of
+-- rejected cards). `codes` NULL: any code.
+SELECT owner, error_code, count(*) AS n FROM archive_files
+WHERE status = 'rejected'
+  AND (%(owner)s::text IS NULL OR owner = %(owner)s::text)
+  AND (%(codes)s::text[] IS NULL OR error_code = ANY (%(codes)s::text[]))
+  AND (%(since)s::timestamptz IS NULL OR finished_at >= %(since)s::timestamptz)
+GROUP BY owner, error_code
+ORDER BY owner, error_code;
+
+-- name: retry
+-- rejected -> queued with a fresh attempt budget, for up to `limit` of one owner's
+-- rejected cards (or the one card `id`) whose code is in `codes` (NULL: any). Only cards
+-- still rejected are taken, so nothing that is not rejected is touched. Each card records
+-- the run that re-queued it (`run`): the same run repeated after its answer was lost
+-- passes over what it re-queued, even a card that was rejected again since, so a run
+-- queues nothing twice. Stamped in the owner's line of `priority` by the rule of every
+-- stamp (darkroom_fair_stamps), as re-derives are. The event names who asked (`actor`)
+-- and the code the card had.
+WITH picked AS (
+    SELECT id, error_code, finished_at FROM archive_files
+    WHERE owner = %(owner)s AND status = 'rejected'
+      AND (%(id)s::uuid IS NULL OR id = %(id)s::uuid)
+      AND (%(codes)s::text[] IS NULL OR error_code = ANY (%(codes)s::text[]))
+      AND (%(since)s::timestamptz IS NULL OR finished_at >= %(since)s::timestamptz)
+      AND retried_by IS DISTINCT FROM %(run)s::uuid
+    ORDER BY finished_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), ranked AS (
+    -- Stamped in the order they were rejected.
+    SELECT id, error_code, row_number() OVER (ORDER BY finished_at, id) - 1 AS k
+    FROM picked
+), stamped AS (
+    -- The batch's places in the owner's line, one stamp per card, in one call.
+    SELECT darkroom_fair_stamps(%(owner)s, %(priority)s::text,
+                                (SELECT count(*)::int FROM picked)) AS stamps
+), moved AS (
+    UPDATE archive_files f
+    SET status = 'queued', priority = %(priority)s::text, attempts = 0, deferrals = 0,
+        error_code = NULL, finished_at = NULL, available_at = now(), updated_at = now(),
+        retried_by = %(run)s::uuid,
+        fair_stamp = (SELECT stamps FROM stamped)[r.k + 1]
+    FROM ranked r
+    WHERE f.id = r.id
+    RETURNING f.id, f.owner, r.error_code AS previous_code
+), shown AS (
+    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'queued'))) AS n
+    FROM moved
+), logged AS (
+    INSERT INTO archive_events (file_id, kind, attempt, worker, error_code)
+    SELECT id, 'retried', 0, %(actor)s::text, previous_code
+    FROM moved LEFT JOIN shown ON true  -- see claim
+)
+SELECT coalesce(array_agg(id), '{}') AS ids,
+       CASE WHEN count(*) > 0 THEN pg_notify('darkroom_jobs', '') END AS notified
+FROM moved;
+
+-- name: retry_waiting
+-- Of the cards a retry re-queued, those not yet final.
+SELECT count(*) AS n FROM archive_files
+WHERE id = ANY (%(ids)b::uuid[]) AND status IN ('queued', 'processing');
 
 -- name: set_owner_weight
 INSERT INTO owner_weights (owner, weight) VALUES (%(owner)s, %(weight)s)
@@ -578,8 +698,8 @@ DELETE FROM orphan_objects WHERE file_id IN (SELECT id FROM card);
 SELECT id, owner, filename, content_type, size_bytes, original_key, original_version,
        original_sha256, status, priority, attempts, error_code, derived_key,
        derived_version, sha256, width, height, derived_bytes, thumb_key, thumb_version,
-       thumb_sha256, thumb_width, thumb_height, thumb_bytes, thumbhash, created_at,
-       updated_at
+       thumb_sha256, thumb_width, thumb_height, thumb_bytes, thumbhash, rederive_error,
+       created_at, updated_at
 FROM archive_files WHERE id = %(id)s AND owner = %(owner)s AND status <> 'deleting';
 
 -- name: list_files
@@ -607,8 +727,8 @@ WITH page AS (
 SELECT id, owner, filename, content_type, size_bytes, original_key, original_version,
        original_sha256, status, priority, attempts, error_code, derived_key,
        derived_version, sha256, width, height, derived_bytes, thumb_key, thumb_version,
-       thumb_sha256, thumb_width, thumb_height, thumb_bytes, thumbhash, created_at,
-       updated_at
+       thumb_sha256, thumb_width, thumb_height, thumb_bytes, thumbhash, rederive_error,
+       created_at, updated_at
 FROM page
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
@@ -702,23 +822,73 @@ SELECT pg_advisory_xact_lock(hashtextextended('darkroom.quota:' || %(owner)s, 0)
 -- name: owner_within_quota
 -- Whether one more card of `size` declared bytes keeps the owner within the quotas (0:
 -- none). Live cards count, pending ones included: their bytes are stored or about to be.
--- Run after lock_owner_quota, in the same transaction as the creation.
-SELECT (%(quota_files)s::bigint = 0 OR count(*) + 1 <= %(quota_files)s::bigint)
-   AND (%(quota_bytes)s::bigint = 0
-        OR coalesce(sum(size_bytes), 0) + %(size)s::bigint <= %(quota_bytes)s::bigint) AS fits
+-- Run after lock_owner_quota, in the same transaction as the creation. A create whose
+-- idempotency key the owner already holds needs no room: it makes no card, and answers
+-- the key's card (a replay of a create that committed while this one waited for the lock).
+SELECT ((%(quota_files)s::bigint = 0 OR count(*) + 1 <= %(quota_files)s::bigint)
+        AND (%(quota_bytes)s::bigint = 0
+             OR coalesce(sum(size_bytes), 0) + %(size)s::bigint <= %(quota_bytes)s::bigint))
+       OR EXISTS (SELECT 1 FROM idempotency_keys k
+                  WHERE k.owner = %(owner)s AND k.key_hash = %(key_hash)s::bytea) AS fits
 FROM archive_files
 WHERE owner = %(owner)s AND status <> 'deleting';
 
+-- name: pending_due
+-- Pending cards past the TTL, oldest first: the sweeper looks in the store for each one's
+-- upload before it decides (pending_found_upload or expire_pending). Reads only.
+SELECT id, owner, original_key, size_bytes, original_sha256 FROM archive_files
+WHERE status = 'pending'
+  AND created_at < now() - make_interval(secs => %(ttl_seconds)s::float8)
+ORDER BY created_at
+LIMIT %(limit)s;
+
+-- name: pending_found_upload
+-- pending -> queued, by the sweeper, for a card past the TTL whose upload is in the store
+-- with the declared size (and the claimed digest, if one was claimed): its confirm was
+-- never made or was lost (a failover that lost acknowledged commits), and purging it
+-- would delete a stored upload. The card joins its class at the head of the line (no
+-- owner's clock moves: it is one card the owner already waited for). A confirm that
+-- commits first wins, and a repeat finds the card no longer pending: both change nothing.
+WITH target AS (
+    SELECT id, priority FROM archive_files
+    WHERE id = %(id)s AND status = 'pending'
+      AND created_at < now() - make_interval(secs => %(ttl_seconds)s::float8)
+      AND size_bytes = %(size)s::bigint
+      AND (original_sha256 IS NULL OR original_sha256 = %(sha256)s::text)
+    FOR UPDATE
+), moved AS (
+    UPDATE archive_files f
+    SET status = 'queued', original_version = %(version)s, available_at = now(),
+        fair_stamp = coalesce((SELECT h.fair_stamp FROM archive_files h
+                               WHERE h.status = 'queued' AND h.priority = t.priority
+                               ORDER BY h.fair_stamp LIMIT 1), 0),
+        updated_at = now()
+    FROM target t
+    WHERE f.id = t.id
+    RETURNING f.id, f.owner, f.attempts, f.original_sha256
+), known AS (
+    INSERT INTO known_originals (file_id, owner, sha256)
+    SELECT id, owner, original_sha256 FROM moved WHERE original_sha256 IS NOT NULL
+    ON CONFLICT (file_id) DO NOTHING
+), notified AS (
+    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'queued'))) AS n
+    FROM moved
+), logged AS (
+    INSERT INTO archive_events (file_id, kind, attempt, worker)
+    SELECT id, 'upload_found', attempts, %(worker)s
+    FROM moved LEFT JOIN notified ON true  -- see claim
+)
+SELECT id, pg_notify('darkroom_jobs', '') IS NULL AS notified FROM moved;
+
 -- name: expire_pending
--- pending -> deleting for cards left unconfirmed past the TTL; the purge of deleted cards
--- then removes their bytes and rows. A confirm that commits first wins: the re-checked
--- status no longer matches, and the card is not touched.
+-- pending -> deleting for cards left unconfirmed past the TTL whose upload the sweeper
+-- did not find in the store; the purge of deleted cards then removes their bytes and
+-- rows. A confirm that commits first wins: the re-checked status no longer matches, and
+-- the card is not touched.
 WITH due AS (
     SELECT id FROM archive_files
-    WHERE status = 'pending'
+    WHERE id = ANY (%(ids)s::uuid[]) AND status = 'pending'
       AND created_at < now() - make_interval(secs => %(ttl_seconds)s::float8)
-    ORDER BY created_at
-    LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), expired AS (
     UPDATE archive_files f
@@ -731,6 +901,12 @@ WITH due AS (
     SELECT id, 'expired', attempts, %(worker)s FROM expired
 )
 SELECT id FROM expired;
+
+-- name: restored_card
+-- `darkroom reconcile --restore` made this card (create_file, then confirm, as the API
+-- does) for an original no card held: its history says so.
+INSERT INTO archive_events (file_id, kind, attempt)
+SELECT id, 'restored', attempts FROM archive_files WHERE id = %(id)s;
 
 -- name: worker_demand
 -- Worker slots the queue could use right now: cards being processed plus cards claimable

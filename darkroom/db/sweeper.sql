@@ -87,3 +87,18 @@ WHERE NOT EXISTS (
                                           AND f.thumb_version = o.version)
                                       OR f.lease_token = o.token))))
   AND NOT EXISTS (SELECT 1 FROM orphan_objects x WHERE x.object_key = o.object_key);
+
+-- name: reconcile_cardless
+-- Of the file ids of unaccounted originals, those no card holds at all, and whether the
+-- file was deleted or expired (its history still holds that event): an upload that landed
+-- after its card was purged is not brought back by a restore.
+SELECT o.id,
+       EXISTS (SELECT 1 FROM archive_events e
+               WHERE e.file_id = o.id AND e.kind IN ('revoked', 'expired')) AS deleted
+FROM unnest(%(ids)s::uuid[]) AS o(id)
+WHERE NOT EXISTS (SELECT 1 FROM archive_files f WHERE f.id = o.id);
+
+-- name: reconcile_owners
+-- Up to two owners that hold API keys: a restore without --owner gives a card to the
+-- owner only when there is exactly one.
+SELECT DISTINCT owner FROM api_keys ORDER BY owner LIMIT 2;

@@ -9,7 +9,8 @@ SELECT k.request_hash AS key_request_hash, k.file_id AS key_file_id,
        f.original_version, f.original_sha256, f.status, f.priority, f.attempts,
        f.error_code, f.derived_key, f.derived_version, f.sha256, f.width, f.height,
        f.derived_bytes, f.thumb_key, f.thumb_version, f.thumb_sha256, f.thumb_width,
-       f.thumb_height, f.thumb_bytes, f.thumbhash, f.created_at, f.updated_at
+       f.thumb_height, f.thumb_bytes, f.thumbhash, f.rederive_error, f.created_at,
+       f.updated_at
 FROM idempotency_keys k
 LEFT JOIN archive_files f ON f.id = k.file_id
 WHERE k.owner = %(owner)s AND k.key_hash = %(key_hash)s;
@@ -26,7 +27,8 @@ SELECT f.id, f.owner, f.filename, f.content_type, f.size_bytes, f.original_key,
        f.original_version, f.original_sha256, f.status, f.priority, f.attempts,
        f.error_code, f.derived_key, f.derived_version, f.sha256, f.width, f.height,
        f.derived_bytes, f.thumb_key, f.thumb_version, f.thumb_sha256, f.thumb_width,
-       f.thumb_height, f.thumb_bytes, f.thumbhash, f.created_at, f.updated_at
+       f.thumb_height, f.thumb_bytes, f.thumbhash, f.rederive_error, f.created_at,
+       f.updated_at
 FROM known_originals k
 JOIN archive_files f ON f.id = k.file_id
 WHERE k.owner = %(owner)s AND k.sha256 = %(sha256)s

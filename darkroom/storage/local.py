@@ -397,9 +397,12 @@ def make_private_dirs(path: Path) -> None:
 
 
 def private_dir(path: Path) -> Path:
-    """The data directory: created 0700, or narrowed to 0700 if it was made before."""
+    """The data directory: created 0700, or narrowed to 0700 if it was made before.
+
+    A group allowed only to traverse (the embedded server's, when darkroom runs as root)
+    is left: it can reach a name it knows, never list or change one."""
     make_private_dirs(path)
-    if stat.S_IMODE(path.stat().st_mode) & 0o077:
+    if stat.S_IMODE(path.stat().st_mode) & 0o067:
         path.chmod(DIR_MODE)
     return path
 

@@ -331,3 +331,59 @@ def test_console_for_an_admin_history_rejected_by_code_pause_and_resume(
     assert log == [("paused", "bob", "api:root"), ("resumed", "bob", "api:root")]
     with api.client(alice) as c:
         assert c.get(f"/v1/files/{mine['id']}").json()["status"] == "rejected"
+
+
+def test_a_card_rejected_for_a_passing_fault_has_a_retry_button(
+    page_api: Api, tmp_path: Path
+) -> None:
+    """Rejected for a storage outage: Retry queues it again from the page. Rejected for
+    its own bytes: no Retry."""
+    binary = chromium_binary()
+    if binary is None:
+        pytest.skip("no Chromium binary found (apt-get install chromium)")
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    expect = playwright_api.expect
+    from darkroom.errors import ErrorCode
+    from tests.api.helpers import confirmed
+    from tests.api.test_retry_route import reject
+
+    api = page_api
+    key = api.make_key("retrier")
+    with api.client(key) as c:
+        outage = confirmed(c, PHOTO.read_bytes(), filename="outage.jpg")
+        reject(api, outage["id"], ErrorCode.STORAGE_UNAVAILABLE)
+        corrupt = confirmed(c, PHOTO.read_bytes()[:5000], filename="corrupt.jpg")
+        reject(api, corrupt["id"], ErrorCode.INVALID_IMAGE)
+
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=binary, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 820})
+            page.goto(api.url)
+            page.get_by_test_id("key-input").fill(key)
+            page.get_by_test_id("key-save").click()
+            cards = page.get_by_test_id("card")
+            passing = cards.filter(has_text="outage.jpg")
+            own = cards.filter(has_text="corrupt.jpg")
+            expect(passing).to_have_attribute("data-status", "rejected", timeout=20_000)
+            expect(own).to_have_attribute("data-status", "rejected", timeout=20_000)
+            expect(passing.get_by_test_id("error")).to_contain_text("Storage was unavailable")
+            expect(own.get_by_test_id("retry")).to_be_hidden()
+            button = passing.get_by_test_id("retry")
+            expect(button).to_be_visible()
+            button.click()
+            # No worker runs: queued is as far as the card goes.
+            expect(passing).to_have_attribute("data-status", "queued", timeout=20_000)
+            expect(button).to_be_hidden()
+            expect(passing.get_by_test_id("error")).to_be_hidden()
+            expect(own).to_have_attribute("data-status", "rejected")
+        finally:
+            browser.close()
+
+    with api.client(key) as c:
+        assert c.get(f"/v1/files/{outage['id']}").json()["status"] == "queued"
+        assert c.get(f"/v1/files/{corrupt['id']}").json()["status"] == "rejected"
+    with psycopg.connect(api.db_url) as conn:
+        [(who,)] = conn.execute("SELECT worker FROM archive_events WHERE file_id = %s"
+                                " AND kind = 'retried'", (outage["id"],)).fetchall()
+    assert who == f"api:{key[:12]} owner=retrier"

@@ -229,6 +229,7 @@ def test_owner_isolation_on_every_route(local_api: Api) -> None:
                 bob.put(f"/v1/files/{file_id}/content", content=JPEG),
                 bob.post(f"/v1/files/{file_id}/confirm", json={"version": version}),
                 bob.get(f"/v1/files/{file_id}/derivative"),
+                bob.post(f"/v1/files/{file_id}/retry"),
                 bob.get(f"/v1/files/{file_id}/events"),
                 bob.delete(f"/v1/files/{file_id}"),
             ]

@@ -311,28 +311,41 @@ def test_pending_cards_expire_with_their_bytes(harness: Harness, db_url: str,
     _, url = _api_process(harness)
     key = _cli(db_url, tmp_path, "keys", "create", "--owner", "alice").stdout.strip()
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as c:
-        old, version = upload(c)
+        r = create(c, size=len(JPEG))
+        assert r.status_code == 201, r.text
+        old = r.json()  # created, and only a part of it ever stored
+        harness.store.put(f"originals/{old['id']}", JPEG[:100])
+        stored, stored_version = upload(c)  # uploaded; its confirm never came (or was lost)
         late, late_version = upload(c)
         fresh, _ = upload(c)
     harness.db.execute("UPDATE archive_files SET created_at = now() - interval '2 days' "
-                       "WHERE id = ANY(%s)", ([uuid.UUID(old["id"]), uuid.UUID(late["id"])],))
+                       "WHERE id = ANY(%s)", ([uuid.UUID(old["id"]), uuid.UUID(late["id"]),
+                                               uuid.UUID(stored["id"])],))
     # The late card is confirmed before the sweeper runs: it is not expired.
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as c:
         assert c.post(f"/v1/files/{late['id']}/confirm",
                       json={"version": late_version}).status_code == 202
     sweep = harness.start("sweep", "--once")
     assert sweep.wait(120) == 0, sweep.log()
+    assert "pending confirmed (upload found): 1, pending expired: 1," in sweep.log()
     assert harness.db.execute("SELECT count(*) AS n FROM archive_files WHERE id = %s",
                               (uuid.UUID(old["id"]),)).fetchone() == {"n": 0}
     assert list(harness.store.list(f"originals/{old['id']}")) == []
     kinds = [e["kind"] for e in harness.events(uuid.UUID(old["id"]))]
     assert "expired" in kinds
+    # The stored upload is the user's: its card is confirmed, never purged with it.
+    assert [e["kind"] for e in harness.events(uuid.UUID(stored["id"]))] == ["upload_found"]
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as c:
         # A confirm after the expiry finds no card.
-        r = c.post(f"/v1/files/{old['id']}/confirm", json={"version": version})
+        r = c.post(f"/v1/files/{old['id']}/confirm", json={"version": "v"})
         assert_problem(r, 404, "not_found")
         assert c.get(f"/v1/files/{late['id']}").json()["status"] == "queued"
         assert c.get(f"/v1/files/{fresh['id']}").json()["status"] == "pending"
+        found = c.get(f"/v1/files/{stored['id']}").json()
+        assert found["status"] == "queued"
+        # Its late confirm is answered as the repeat it now is.
+        r = c.post(f"/v1/files/{stored['id']}/confirm", json={"version": stored_version})
+        assert r.status_code == 202 and r.json()["status"] == "queued"
 
 
 # --- 5. headers -------------------------------------------------------------------------

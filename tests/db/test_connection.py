@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 import psycopg
 
@@ -14,8 +15,9 @@ async def test_a_terminated_connection_is_replaced_on_checkout(db_url: str) -> N
     pool = await open_pool(db_url, min_size=1, max_size=1)
     try:
         async with pool.connection() as conn:
-            first = (await (await conn.execute("SELECT pg_backend_pid() AS pid")).fetchone())
-        assert first is not None
+            found = await (await conn.execute("SELECT pg_backend_pid() AS pid")).fetchone()
+        assert found is not None
+        first = cast("dict[str, Any]", found)  # the pool's rows are dicts
         # The server ends the backend: the idle pooled socket gets an error, then EOF.
         with psycopg.connect(db_url, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (first["pid"],))
@@ -24,7 +26,7 @@ async def test_a_terminated_connection_is_replaced_on_checkout(db_url: str) -> N
                      == (0,), timeout=10, what="the backend to exit")
         async with pool.connection() as conn:
             row = await (await conn.execute("SELECT pg_backend_pid() AS pid")).fetchone()
-        assert row is not None and row["pid"] != first["pid"]
+        assert row is not None and cast("dict[str, Any]", row)["pid"] != first["pid"]
     finally:
         await pool.close()
 

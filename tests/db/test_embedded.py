@@ -51,10 +51,11 @@ def modes(path: Path) -> dict[Path, int]:
 def stop(pgdata: Path) -> None:
     if not (pgdata / "postmaster.pid").exists():
         return
-    owner = pgdata.stat().st_uid
+    owner = pgdata.stat()
     subprocess.run([pg_binary("pg_ctl"), "-D", str(pgdata), "-w", "-m", "immediate", "stop"],
-                   user=owner if ROOT else None, cwd="/", capture_output=True, timeout=60,
-                   check=False)
+                   user=owner.st_uid if ROOT else None, group=owner.st_gid if ROOT else None,
+                   extra_groups=[] if ROOT else None, cwd="/", capture_output=True,
+                   timeout=60, check=False)
 
 
 def postmaster(pgdata: Path) -> psutil.Process:
@@ -64,14 +65,19 @@ def postmaster(pgdata: Path) -> psutil.Process:
 def assert_private(pgdata: Path, before: dict[Path, int]) -> None:
     """What any owner's server must show, and every way in that `nobody` tries."""
     data_dir = pgdata.parent
-    # No directory's mode widened: the data dir 0700, its parents as they were.
-    assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
+    # No directory's mode widened: the data dir 0700 (as root: root's, the server's
+    # group may only pass through), its parents as they were.
+    served = postmaster(pgdata).username() == embedded.SERVICE_USER
+    assert stat.S_IMODE(data_dir.stat().st_mode) == (
+        embedded.SERVED_DATA_DIR_MODE if served else 0o700)
+    if served:
+        assert data_dir.stat().st_uid == 0
     assert stat.S_IMODE(pgdata.stat().st_mode) == 0o700
     assert modes(data_dir.parent) == {p: m for p, m in before.items() if p != data_dir}
     # The socket is in the cluster's own directory and nowhere else; no TCP listener.
     server = postmaster(pgdata)
     assert server.net_connections(kind="inet") == []
-    sockets = [c.laddr for c in server.net_connections(kind="unix") if c.laddr]
+    sockets: list[object] = [c.laddr for c in server.net_connections(kind="unix") if c.laddr]
     assert sockets == [str(pgdata / ".s.PGSQL.5432")], sockets
     assert server.uids().real != 0
     # Shared memory: PostgreSQL's POSIX segments and its SysV one, its user's alone.
@@ -331,3 +337,59 @@ def test_as_root_programs_out_of_the_service_users_reach_are_copied_not_widened(
             assert st.st_uid == 0 and not stat.S_IMODE(st.st_mode) & 0o022, path
     finally:
         shutil.rmtree(hidden, ignore_errors=True)
+
+
+def as_service_user(*args: str) -> subprocess.CompletedProcess[str]:
+    """What the server's own account can do: anyone who reaches the database as its
+    superuser runs commands as it (COPY ... TO PROGRAM)."""
+    return subprocess.run(["setpriv", f"--reuid={embedded.SERVICE_USER}",
+                           f"--regid={embedded.SERVICE_USER}", "--clear-groups", *args],
+                          capture_output=True, text=True, timeout=60, cwd="/",
+                          env={"PATH": "/usr/bin:/bin"})
+
+
+@needs_root
+def test_as_root_a_lock_link_the_service_user_plants_is_not_followed(base: Path) -> None:
+    """The data dir belongs to the service user (the server must enter it); root's lock
+    file there must not follow a link that user plants: root would create (0600, its own)
+    any file the link names, /etc/nologin say, shutting every other user out."""
+    data_dir = base / "data"
+    embedded.start(data_dir / "pg").cleanup()
+    stop(data_dir / "pg")
+    # As an earlier release left it: the data dir handed to the service user.
+    os.chown(data_dir, pwd.getpwnam(embedded.SERVICE_USER).pw_uid,
+             pwd.getpwnam(embedded.SERVICE_USER).pw_gid)
+    victim = base / "made-by-root"  # base is root's: the service user cannot write there
+    lock = data_dir / ".pg.lock"
+    planted = as_service_user("sh", "-c", f"rm -f {lock} && ln -s {victim} {lock}")
+    assert planted.returncode == 0, planted.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
+    done = subprocess.run([sys.executable, "-m", "darkroom.cli", "migrate"],
+                          env={**env, "DARKROOM_DATA_DIR": str(data_dir)},
+                          capture_output=True, text=True, timeout=120)
+    stop(data_dir / "pg")
+    assert not victim.exists() and not victim.is_symlink()
+    # Refused in one line naming the file, nothing started.
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(lock) in lines[0], done.stderr
+
+
+@needs_root
+def test_as_root_the_service_user_cannot_swap_names_in_the_data_dir(base: Path) -> None:
+    """As root the data dir stays root's: the service user (anyone who reaches the
+    database as its superuser runs commands as it) may pass through to its cluster, but
+    not rename `objects` (or any file root writes there) to put a link of its own."""
+    data_dir = base / "data"
+    embedded.start(data_dir / "pg").cleanup()
+    stop(data_dir / "pg")
+    (data_dir / "objects").mkdir(mode=0o700)
+    swapped = as_service_user("sh", "-c", f"mv {data_dir / 'objects'} {data_dir / 'old'} && "
+                              f"ln -s /tmp {data_dir / 'objects'}")
+    assert swapped.returncode != 0, "the service user renamed root's objects directory"
+    assert (data_dir / "objects").is_dir() and not (data_dir / "objects").is_symlink()
+    # Nor list it; the server still reaches its cluster through it.
+    assert as_service_user("ls", str(data_dir)).returncode != 0
+    assert as_service_user("ls", str(data_dir / "pg")).returncode == 0
+    st = data_dir.stat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, embedded.SERVED_DATA_DIR_MODE)

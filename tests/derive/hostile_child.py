@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import functools
 import hashlib
 import os
 import signal
@@ -60,6 +61,10 @@ def _connect(port: int) -> str:
     with socket.socket() as sock:
         sock.connect(("127.0.0.1", port))
         return "connected"
+
+
+def _signal_0(pid: int) -> None:
+    os.kill(pid, 0)
 
 
 def _fork() -> int:
@@ -132,7 +137,7 @@ def report(action: str, args: list[str]) -> str:
         attached = libc.ptrace(16, os.getppid(), None, None)  # PTRACE_ATTACH the worker
         return f"ptrace: {'attached' if attached == 0 else 'refused'}"
     if action == "kill":
-        return "; ".join(attempt(f"kill {pid}", lambda p=int(pid): os.kill(p, signal.SIGKILL))
+        return "; ".join(attempt(f"kill {pid}", lambda p=int(pid): os.kill(p, signal.SIGKILL))  # type: ignore[misc]
                          for pid in args)
     if action == "setown":
         return _set_owner(int(args[0]))
@@ -140,10 +145,10 @@ def report(action: str, args: list[str]) -> str:
         return attempt("mmap rwx", _mmap_exec) + "; " + attempt("mprotect rwx", _mprotect_exec)
     if action == "read":
         # By position: the parent bounds the detail, and paths are long.
-        return "; ".join(attempt(f"read #{i}", lambda p=path: _read(p))
+        return "; ".join(attempt(f"read #{i}", lambda p=path: _read(p))  # type: ignore[misc]
                          for i, path in enumerate(args))
     if action == "o_path":  # a handle without read rights: still a path's metadata
-        return "; ".join(attempt(f"O_PATH #{i}", lambda p=path: os.open(p, os.O_PATH))
+        return "; ".join(attempt(f"O_PATH #{i}", lambda p=path: os.open(p, os.O_PATH))  # type: ignore[misc]
                          for i, path in enumerate(args))
     if action == "proc":
         return attempt("list /proc", lambda: len(os.listdir("/proc"))) + "; " + attempt(
@@ -197,8 +202,8 @@ def run(argv: list[str]) -> int:
             nspid = next(line for line in Path("/proc/self/status").read_text().splitlines()
                          if line.startswith("NSpid:"))
             seen.append(f"getpid {os.getpid()}; getppid {os.getppid()}; {nspid.split()}")
-            seen.extend(attempt(f"signal {pid}", lambda p=int(pid): os.kill(p, 0))
-                        for pid in args)
+            for pid in map(int, args):
+                seen.append(attempt(f"signal {pid}", functools.partial(_signal_0, pid)))
         # A hang announces each job on a FIFO the test blocks reading: opened now (O_RDWR
         # never blocks on a FIFO), before the jail closes every path.
         # (A worker test's marker that is no FIFO is made by the worker, tests/support/

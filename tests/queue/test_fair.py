@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 from typing import Any
 
 import psycopg
+import pytest
 
+from darkroom.errors import ErrorCode
 from darkroom.queue import Derived, Lease, Priority, Queue, derived_key
-from tests.conftest import make_queue
-from tests.support.services import confirm
+from tests.support.services import confirm, make_queue
 
 
 async def add(q: Queue, owner: str, n: int = 1,
@@ -40,7 +42,8 @@ async def claim_order(q: Queue) -> list[uuid.UUID]:
 
 def owners_of(db_url: str, ids: list[uuid.UUID]) -> list[str]:
     with psycopg.connect(db_url) as conn:
-        rows = dict(conn.execute("SELECT id, owner FROM archive_files").fetchall())
+        rows: dict[uuid.UUID, str] = dict(
+            conn.execute("SELECT id, owner FROM archive_files").fetchall())
     return [rows[i] for i in ids]
 
 
@@ -122,7 +125,8 @@ async def test_repeated_confirm_stamps_once(pool: Any, db_url: str) -> None:
     await confirm(q, a, "a", "v1")
     [a2] = await add(q, "a")
     with psycopg.connect(db_url) as conn:
-        s = dict(conn.execute("SELECT id, fair_stamp FROM archive_files").fetchall())
+        s: dict[uuid.UUID, Any] = dict(
+            conn.execute("SELECT id, fair_stamp FROM archive_files").fetchall())
     assert s[a2] - s[a] == 1
 
 
@@ -174,3 +178,109 @@ async def test_backlog_figures(pool: Any) -> None:
     assert top["owner"] == "a" and top["waiting"] == 3 and top["interactive"] == 3
     assert top["oldest_wait_seconds"] >= 0
     assert stats["rederive_pending"] == 0
+
+
+async def test_single_uploaders_do_not_starve_a_backlog(pool: Any, db_url: str) -> None:
+    """One slot; three owners upload one photo each the moment their previous one is
+    claimed, beside a backlog: the backlog owner still gets one claim in every round."""
+    q = make_queue(pool)
+    await add(q, "big", 20)
+    singles = ["s1", "s2", "s3"]
+    for owner in singles:
+        await add(q, owner)
+    claimed: list[str] = []
+    for _ in range(24):
+        [lease] = await q.claim(1)
+        claimed.append(lease.owner)
+        await q.complete(lease, derived_for(lease))
+        if lease.owner in singles:
+            await add(q, lease.owner)
+    gaps = [i for i, owner in enumerate(claimed) if owner == "big"]
+    # Four owners with due work: at most three claims between two of big's.
+    assert len(gaps) >= 6, claimed
+    assert all(b - a <= 4 for a, b in zip([-1, *gaps], gaps, strict=False)), claimed
+    for owner in singles:
+        assert claimed.count(owner) >= 5, claimed
+
+
+@pytest.mark.parametrize("requeue", ["fail", "defer", "release"])
+async def test_a_card_queued_again_takes_a_new_place_in_its_owners_line(
+        pool: Any, db_url: str, requeue: str) -> None:
+    """A retried, deferred or handed-back card is stamped like a new one: it goes behind
+    its owner's waiting cards, and never in front of another owner's turn."""
+    q = make_queue(pool)
+    a = await add(q, "a", 3)
+    b = await add(q, "b", 3)
+    [lease] = await q.claim(1)
+    assert lease.file_id == a[0]
+    if requeue == "fail":
+        assert await q.fail(lease, ErrorCode.STORAGE_UNAVAILABLE) == "queued"
+    elif requeue == "defer":
+        await q.defer(lease, ErrorCode.STORAGE_UNAVAILABLE, 0.0)
+    else:
+        assert await q.release([lease]) == {lease.file_id}
+    assert await claim_order(q) == [b[0], a[1], b[1], a[2], b[2], a[0]]
+
+
+async def test_a_card_in_backoff_does_not_hold_the_head_back(pool: Any, db_url: str) -> None:
+    q = make_queue(pool, retry_base_seconds=3600.0, retry_cap_seconds=3600.0,
+                   rng=random.Random(7))
+    a = await add(q, "a", 6)
+    [first] = await q.claim(1)
+    assert await q.fail(first, ErrorCode.STORAGE_UNAVAILABLE) == "queued"  # an hour's wait
+    for expected in a[1:4]:
+        [lease] = await q.claim(1)
+        assert lease.file_id == expected
+        await q.complete(lease, derived_for(lease))
+    b = await add(q, "b", 3)
+    [c] = await add(q, "c")
+    # Three owners with due work: a is passed over at most twice before its next turn.
+    assert await claim_order(q) == [b[0], c, a[4], b[1], a[5], b[2]]
+
+
+async def test_bulk_gets_its_share_while_interactive_work_waits(pool: Any,
+                                                                db_url: str) -> None:
+    q = make_queue(pool)  # DARKROOM_BULK_SHARE 0.1
+    await add(q, "a", 30)
+    bulk = await add(q, "b", 5, Priority.BULK)
+    order = []
+    for _ in range(20):
+        [lease] = await q.claim(1)
+        order.append(lease.file_id)
+        await q.complete(lease, derived_for(lease))
+    # Exactly one claim in ten, and interactive work first otherwise.
+    assert [i for i, f in enumerate(order) if f in bulk] == [9, 19]
+    assert order[9] == bulk[0] and order[19] == bulk[1]
+
+
+async def test_bulk_share_in_a_claim_of_several(pool: Any, db_url: str) -> None:
+    q = make_queue(pool, bulk_share=0.25)
+    await add(q, "a", 20)
+    bulk = set(await add(q, "b", 10, Priority.BULK))
+    leases = await q.claim(8)
+    assert sum(lease.file_id in bulk for lease in leases) == 2
+    # No share: bulk runs only on slots no interactive card wants.
+    none = make_queue(pool, bulk_share=0.0)
+    leases = await none.claim(8)
+    assert sum(lease.file_id in bulk for lease in leases) == 0
+
+
+async def test_concurrent_claims_leave_the_virtual_time_at_the_last_card_claimed(
+        pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    for owner in ("a", "b", "c", "d"):
+        await add(q, owner, 5)
+    leases = [lease for got in await asyncio.gather(*(q.claim(2) for _ in range(8)))
+              for lease in got]
+    assert len(leases) == 16
+    with psycopg.connect(db_url) as conn:
+        keys = conn.execute(
+            "SELECT fair_stamp, owner FROM archive_files WHERE id = ANY(%s)"
+            " ORDER BY fair_stamp DESC, owner DESC",
+            ([lease.file_id for lease in leases],)).fetchall()
+        head = conn.execute(
+            "SELECT interactive_vtime, interactive_vowner FROM fair_clock").fetchone()
+        waiting = conn.execute(
+            "SELECT min(fair_stamp) FROM archive_files WHERE status = 'queued'").fetchone()
+    assert head == keys[0]
+    assert waiting is not None and waiting[0] >= head[0]

@@ -20,6 +20,7 @@ from pathlib import Path
 from darkroom.config import load_settings
 from darkroom.worker import main as worker_main
 from tests.derive.hostile_child import hostile
+from tests.derive.rogue_child import rogue
 
 
 class _MarkHangs(logging.Filter):
@@ -35,13 +36,14 @@ class _MarkHangs(logging.Filter):
 
 def main(argv: list[str]) -> int:
     split = argv.index("--")
-    program = hostile(*argv[:split])
+    # `rogue ACTION …` names a tests.derive.rogue_child program, anything else a hostile one.
+    program = rogue(*argv[1:split]) if argv[0] == "rogue" else hostile(*argv[:split])
     parser = argparse.ArgumentParser()
     parser.add_argument("command", choices=["worker"])
     parser.add_argument("--concurrency", type=int, default=None)
     parser.add_argument("--name", default=None)
     args = parser.parse_args(argv[split + 1:])
-    if program.args[0] == "hang" and len(program.args) > 1:
+    if program == hostile(*program.args) and program.args[0] == "hang" and len(program.args) > 1:
         marker = Path(program.args[1])
         if not (marker.exists() and stat.S_ISFIFO(marker.stat().st_mode)):
             logging.getLogger("darkroom.sandbox.child").addFilter(_MarkHangs(marker))

@@ -252,6 +252,12 @@ class Harness:
             self.db = psycopg.connect(self.db_url, autocommit=True, row_factory=dict_row)
         return True
 
+    def value(self, query: str, params: tuple[Any, ...] = ()) -> Any:
+        """The first column of a statement's one row."""
+        row = self.db.execute(query, params).fetchone()
+        assert row is not None, query
+        return next(iter(row.values()))
+
     def card(self, file_id: uuid.UUID) -> dict[str, Any]:
         row = self.db.execute("SELECT * FROM archive_files WHERE id = %s",
                               (file_id,)).fetchone()

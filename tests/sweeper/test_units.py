@@ -19,6 +19,7 @@ from darkroom.sweeper import (
     BATCH,
     DeletedFiles,
     Orphans,
+    PendingExpiry,
     Reconcile,
     Sweeper,
     run_unit,
@@ -96,7 +97,7 @@ async def test_an_orphan_that_cannot_be_deleted_is_retried_and_holds_up_nothing(
     keys = [await orphan(q, store, lease) for lease in leases]
     for lease in leases:
         await q.release([lease])
-    unit = Orphans(q.db, RefusingStore(store, {keys[0]}), guard_seconds=0)  # type: ignore[arg-type]
+    unit = Orphans(q.db, RefusingStore(store, {keys[0]}), guard_seconds=0)
     assert await unit.run_once() == 2
     assert orphan_rows(db_url) == {keys[0]: 1}
     assert await unit.run_once() == 0  # not due again before its backoff
@@ -131,7 +132,7 @@ async def test_deleted_files_lose_every_byte_then_the_card(
     await orphan(q, store, lease)
     await q.revoke(file_id, "o")
     refusing = RefusingStore(store, {original_key(file_id)})
-    unit = DeletedFiles(q, refusing, guard_seconds=0)  # type: ignore[arg-type]
+    unit = DeletedFiles(q, refusing, guard_seconds=0)
     assert await unit.run_once() == 0  # refused: tried again later, the card stays
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("UPDATE archive_files SET available_at = now()")
@@ -162,14 +163,128 @@ async def test_reconcile_deletes_only_what_nothing_accounts_for(
     assert {item.split("@")[0] + "@" for item in dry.unaccounted} == expected
     assert any(item.endswith(extra_version) for item in dry.unaccounted)
     assert dry.deleted == 0 and any(store.list(stray_original))
+    # On its own, reconcile deletes only the derivative: an original no card accounts
+    # for may be a user's upload whose record was lost, and is only reported.
     done = await unit.run(dry_run=False)
-    assert done.deleted == 3  # both strays and the unconfirmed version
+    assert done.deleted == 1
+    assert {item.split("@")[0] for item in done.kept} == {stray_original,
+                                                          original_key(file_id)}
+    assert done.kept[f"{original_key(file_id)}@{extra_version}"] == (
+        "its card holds another version")
+    assert store.get(stray_original, next(iter(store.list(stray_original))).version) == b"late"
+    assert store.get(original_key(file_id), extra_version) == b"second upload, never confirmed"
+    # Deleting them is the operator's explicit choice.
+    chosen = await unit.run(dry_run=False, delete_originals=True)
+    assert chosen.deleted == 2 and chosen.kept == {}
     again = await unit.run(dry_run=False)
     assert again.unaccounted == []
     card = await q.get_file(file_id, "o")
     assert card is not None
+    assert card.original_version is not None
     assert store.get(card.original_key, card.original_version) == b"abc"
     assert store.get(key, version) == b"webp2"
+
+
+async def test_reconcile_restore_makes_cards_for_originals_whose_record_was_lost(
+        pool: Any, db_url: str, store: ObjectStore) -> None:
+    q = make_queue(pool)
+    lost = await queued_card(q, store, owner="alice")
+    newest = store.put(original_key(lost), b"abcd")  # its latest upload (never confirmed)
+    deleted = await queued_card(q, store, owner="alice")
+    await q.revoke(deleted, "alice")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        # As a failover that lost acknowledged commits leaves them: the bytes, no card.
+        conn.execute("DELETE FROM archive_files WHERE id = %s", (lost,))
+        conn.execute("DELETE FROM archive_files WHERE id = %s", (deleted,))
+    unit = Reconcile(q.db, store, guard_seconds=0, queue=q)
+    dry = await unit.run(dry_run=True, restore=True, owner="alice")
+    assert dry.restored == {f"{original_key(lost)}@{newest}": "alice"}
+    assert await q.get_file(lost, "alice") is None
+    # Without an owner, and with no single owner holding API keys, nothing is restored.
+    unknown = await unit.run(dry_run=False, restore=True)
+    assert unknown.restored == {} and await q.get_file(lost, "alice") is None
+    assert "--owner" in unknown.kept[f"{original_key(lost)}@{newest}"]
+    done = await unit.run(dry_run=False, restore=True, owner="alice")
+    assert done.restored == {f"{original_key(lost)}@{newest}": "alice"}
+    assert done.deleted == 0
+    # The deleted file's bytes are not brought back: its history says it was deleted.
+    assert {v: why for v, why in done.kept.items() if v.startswith(original_key(deleted))}
+    assert all(why == "its file was deleted" for v, why in done.kept.items()
+               if v.startswith(original_key(deleted)))
+    card = await q.get_file(lost, "alice")
+    assert card is not None and card.status == "queued"
+    assert (card.original_version, card.size_bytes) == (newest, 4)
+    assert [e.kind for e in await q.events(lost)][-1] == "restored"
+    [lease] = await q.claim(1)
+    assert lease.file_id == lost and lease.original_version == newest
+    again = await unit.run(dry_run=False, restore=True, owner="alice")
+    assert again.restored == {}
+    assert all(v.startswith(original_key(lost)) is False or why.startswith("its card")
+               for v, why in again.kept.items())
+
+
+async def test_an_expired_pending_card_whose_upload_is_stored_is_confirmed_not_purged(
+        pool: Any, db_url: str, store: ObjectStore) -> None:
+    import hashlib
+
+    q = make_queue(pool)
+
+    async def pending(body: bytes | None, size: int = 3, sha256: str | None = None
+                      ) -> uuid.UUID:
+        card = await q.create_file_keyed(owner="o", filename="a.jpg",
+                                         content_type="image/jpeg", size=size, sha256=sha256)
+        assert card is not None
+        if body is not None:
+            await asyncio.to_thread(store.put, card.original_key, body)
+        return card.id
+
+    stored = await pending(b"abc")  # its confirm was lost with a failed-over database
+    digest = hashlib.sha256(b"xyz").hexdigest()
+    claimed = await pending(b"xyz", sha256=digest)
+    wrong_digest = await pending(b"xyw", sha256=digest)
+    never = await pending(None)  # the client never uploaded
+    short = await pending(b"ab")  # the upload was cut short
+    superseded = await pending(b"abc")
+    await asyncio.to_thread(store.put, original_key(superseded), b"abcdef")  # latest: wrong
+    young = await pending(None)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE archive_files SET created_at = now() - interval '2 days'"
+                     " WHERE id <> %s", (young,))
+    sweeper = Sweeper(q, store, guard_seconds=0, retention_seconds=86_400,
+                      pending_ttl_seconds=86_400)
+    report = await sweeper.sweep_once()
+    assert (report.pending_confirmed, report.pending_expired) == (2, 4)
+    for file_id in (stored, claimed):
+        card = await q.get_file(file_id, "o")
+        assert card is not None and card.status == "queued"
+        assert card.original_version == next(iter(store.list(original_key(file_id)))).version
+        assert [e.kind for e in await q.events(file_id)] == ["upload_found"]
+    for file_id in (wrong_digest, never, short, superseded):
+        assert await q.get_file(file_id, "o") is None
+        assert list(store.list(original_key(file_id))) == []
+    young_card = await q.get_file(young, "o")
+    assert young_card is not None and young_card.status == "pending"
+    claimed_ids = {lease.file_id for lease in await q.claim(5)}
+    assert claimed_ids == {stored, claimed}
+    assert not await sweeper.sweep_once()  # nothing more is due
+
+
+async def test_pending_cards_wait_while_the_store_cannot_be_read(
+        pool: Any, db_url: str, store: ObjectStore) -> None:
+    q = make_queue(pool)
+    card = await q.create_file(owner="o", filename="a.jpg", content_type="image/jpeg", size=3)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE archive_files SET created_at = now() - interval '2 days'")
+
+    class DownStore(RefusingStore):
+        def list(self, prefix: str) -> Any:
+            raise StorageUnavailable("down")
+
+    unit = PendingExpiry(q, DownStore(store, set()), 86_400)
+    with pytest.raises(StorageUnavailable):
+        await unit.run_once()
+    still = await q.get_file(card.id, "o")
+    assert still is not None and still.status == "pending"
 
 
 async def test_reconcile_keeps_a_published_thumb_and_deletes_a_stray_one(

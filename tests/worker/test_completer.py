@@ -67,3 +67,35 @@ async def test_a_failed_batch_fails_each_of_its_jobs(pool: Any) -> None:
         answers = await asyncio.gather(*(completer.complete(lease, result(lease))
                                          for lease in leases), return_exceptions=True)
     assert all(isinstance(a, psycopg.OperationalError) for a in answers)
+
+
+async def test_a_batch_being_tried_again_does_not_hold_up_the_next(pool: Any) -> None:
+    """The first batch's statement is being tried again (its connections keep being cut);
+    a job that finishes meanwhile is committed beside it, not after it."""
+    q = make_queue(pool)
+    await new_queued(q, 2)
+    first, second = await q.claim(2)
+    released = asyncio.Event()
+    calls = 0
+
+    async def stuck_first(call: Callable[[], Awaitable[set[uuid.UUID]]],
+                          _leases: Sequence[Lease]) -> set[uuid.UUID]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await released.wait()  # still retrying until the test lets it through
+        return await call()
+
+    completer = Completer(q, stuck_first)
+    async with running(completer):
+        one = asyncio.ensure_future(completer.complete(first, result(first)))
+        async with asyncio.timeout(10):
+            while calls == 0:  # the first batch is being tried
+                await asyncio.sleep(0)
+        assert await asyncio.wait_for(completer.complete(second, result(second)), 10) is True
+        assert not one.done()
+        row = await q.get_file(second.file_id, "o")
+        assert row is not None and row.status == "ready"
+        released.set()
+        assert await asyncio.wait_for(one, 10) is True
+    assert calls == 2

@@ -144,20 +144,20 @@ def test_a_store_outage_rejects_nothing_and_pauses_claims(harness: Harness, api:
         wait_for(lambda: harness.statuses(ids).get("ready", 0) >= 20, timeout=300,
                  what="progress before the outage")
         getattr(proxy, fault)()
-        wait_for(lambda: harness.db.execute(
-            "SELECT count(*) AS n FROM worker_pauses WHERE worker = 'wf'").fetchone()["n"],
+        wait_for(lambda: harness.value(
+            "SELECT count(*) AS n FROM worker_pauses WHERE worker = 'wf'"),
                  timeout=120, what="the worker to pause")
         assert "object store failing" in worker.log()
         # The outage lasts past the whole retry schedule (base 0.2 s, cap 1 s, 3 attempts),
         # in which every claimed card would have been rejected without the breaker: until
         # the worker's pause, as the database sees it, has lasted 5 s.
-        wait_for(lambda: harness.db.execute(
+        wait_for(lambda: harness.value(
             "SELECT seen_at - since >= interval '5 seconds' AS long FROM worker_pauses"
-            " WHERE worker = 'wf'").fetchone()["long"], timeout=120, what="a long outage")
+            " WHERE worker = 'wf'"), timeout=120, what="a long outage")
         before = harness.statuses(ids)
         proxy.heal()
-        wait_for(lambda: harness.db.execute(
-            "SELECT count(*) AS n FROM worker_pauses").fetchone()["n"] == 0,
+        wait_for(lambda: harness.value(
+            "SELECT count(*) AS n FROM worker_pauses") == 0,
                  timeout=120, what="the worker to resume")
         check_everything(harness, api, ids)
         assert "rejected" not in before

@@ -197,8 +197,8 @@ def test_outages_postgres_restart_and_frozen_s3(harness: Harness, postgres: obje
         # and the workers stop claiming and say so.
         wait_for(lambda: harness.events(kind="deferred"), timeout=60,
                  what="a card handed back for the store")
-        wait_for(lambda: harness.db.execute("SELECT count(*) AS n FROM worker_pauses")
-                 .fetchone()["n"] > 0, timeout=60, what="a worker paused")
+        wait_for(lambda: harness.value("SELECT count(*) AS n FROM worker_pauses") > 0,
+                 timeout=60, what="a worker paused")
     wait_for(lambda: harness.all_finished(ids), timeout=240, what="all finished")
     assert harness.statuses(ids) == {"ready": 12}
     assert all(e["error_code"] == "storage_unavailable" for e in harness.events(kind="deferred"))

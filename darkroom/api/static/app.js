@@ -42,6 +42,10 @@ const ERROR_TEXT = {
   processing_failed: "Something went wrong while processing this image.",
 };
 
+// Rejected for a fault that was not the file's own: its owner may queue it again
+// (POST /v1/files/{id}/retry); the same bytes would fail the same way for any other code.
+const RETRYABLE = new Set(["storage_unavailable", "processing_timeout", "attempts_exhausted"]);
+
 const STATUS_LABEL = {
   uploading: "uploading", pending: "pending", queued: "queued", processing: "processing",
   ready: "ready", rejected: "rejected", failed: "failed",
@@ -251,6 +255,14 @@ function render(card, atTop = false) {
   setStatus(el, card.status);
   setError(el, card.status === "rejected"
     ? (ERROR_TEXT[card.error_code] || ERROR_TEXT.processing_failed) : "");
+  // The upload's own Retry (a step that failed before the card was queued) is left alone.
+  if (card.status === "rejected" && RETRYABLE.has(card.error_code)) {
+    showRetry(el, () => retryCard(card.id));
+    el.dataset.cardRetry = "1";
+  } else if (el.dataset.cardRetry) {
+    showRetry(el, null);
+    delete el.dataset.cardRetry;
+  }
   const meta = $('[data-testid="meta"]', el);
   if (card.status === "ready" && card.derivative) {
     meta.textContent = `${card.derivative.width}×${card.derivative.height} · ${formatBytes(card.derivative.bytes)}`;
@@ -327,6 +339,24 @@ async function deleteCard(id) {
     if (button) button.disabled = false;
     if (el) setError(el, "This file could not be deleted. Please try again.");
     return false;
+  }
+}
+
+// A rejected card back in the queue: the answer is the card, queued again.
+async function retryCard(id) {
+  const el = cardElement(id);
+  try {
+    render(await api("POST", `/v1/files/${id}/retry`));
+  } catch (error) {
+    if (error.status === 404) { removeCard(id); return; }
+    if (!el) return;
+    if (error.status === 409) {
+      // Someone (another tab, an operator) changed it meanwhile: show it as it is now.
+      try { render(await api("GET", `/v1/files/${id}`)); } catch (_) { /* kept as shown */ }
+      return;
+    }
+    showRetry(el, () => retryCard(id));
+    setError(el, "The retry could not be sent. Please try again.");
   }
 }
 
@@ -548,6 +578,8 @@ const EVENT_TEXT = {
   rejected: "Rejected", exhausted: "Given up", deferred: "Handed back: storage unavailable",
   released: "Handed back: worker stopping", lease_lost: "Worker lost it; taken over",
   revoked: "Deleted", expired: "Upload never finished", rederive: "Queued to be made again",
+  rederive_failed: "Making it again failed; the previous version is kept",
+  retried: "Queued again after a rejection",
 };
 const HISTORY_SHOWN = 30;
 const HISTORY_PAGES = 10;

@@ -1,0 +1,158 @@
+"""A way back from `rejected`: `darkroom retry` and `POST /v1/files/{id}/retry`.
+
+After an incident (the store down past every card's attempts, a decoder that timed out on
+a slow host) rejected cards are re-queued with a fresh attempt budget. By default only
+the codes that say nothing about the file itself (`RETRYABLE_CODES`); `--code` names
+others, `--all` takes every rejected card. Only cards still `rejected` are taken, and
+each run is fenced by an id of its own, so a run repeated (or repeated after its answer
+was lost) queues nothing twice. The command's cards are bulk work; an owner's retry of
+one card from the page is interactive, since someone is watching it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import getpass
+import sys
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import IO
+
+from darkroom.card import Card, Priority
+from darkroom.config import ConfigError, Settings
+from darkroom.db.connection import database_url
+from darkroom.db.database import CONNECTION_ERRORS, opened
+from darkroom.errors import RETRYABLE_CODES, ErrorCode
+from darkroom.progress import Bar
+from darkroom.queue import Queue
+
+BATCH = 500  # cards per statement: short transactions, a few row locks at a time
+POLL_SECONDS = 1.0
+
+
+class RetryOutcome(StrEnum):
+    QUEUED = "queued"
+    NOT_RETRYABLE = "not_retryable"  # not rejected, or rejected for the file's own fault
+    NOT_FOUND = "not_found"
+
+
+@dataclass(frozen=True, slots=True)
+class Retried:
+    outcome: RetryOutcome
+    card: Card | None = None  # QUEUED: the card as it is now
+
+
+async def retry_card(queue: Queue, file_id: uuid.UUID, owner: str, actor: str) -> Retried:
+    """An owner's retry of one of their cards, if it is rejected with a retryable code."""
+    moved = await queue.retry(owner, run=uuid.uuid4(), actor=actor, file_id=file_id,
+                              codes=sorted(RETRYABLE_CODES), priority=Priority.INTERACTIVE,
+                              limit=1)
+    card = await queue.get_file(file_id, owner)
+    if card is None:  # another owner's, missing, or deleted in between
+        return Retried(RetryOutcome.NOT_FOUND)
+    if not moved:
+        return Retried(RetryOutcome.NOT_RETRYABLE, card)
+    return Retried(RetryOutcome.QUEUED, card)
+
+
+def parse_codes(codes: Sequence[str] | None, everyone: bool) -> list[str] | None:
+    """The codes to take: the retryable ones by default, any with `--all` (None)."""
+    if everyone:
+        if codes:
+            raise ConfigError("--all takes every code; give either --all or --code")
+        return None
+    if not codes:
+        return sorted(RETRYABLE_CODES)
+    known = {str(c) for c in ErrorCode}
+    for code in codes:
+        if code not in known:
+            raise ConfigError(f"--code {code!r} is not an error code (one of "
+                              f"{', '.join(sorted(known))})")
+    return sorted(set(codes))
+
+
+def parse_since(text: str | None) -> datetime | None:
+    """An ISO 8601 time; without a zone it is UTC."""
+    if text is None:
+        return None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"--since {text!r} is not a time (e.g. 2026-12-03T10:00)") from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def cli_actor() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = "unknown"
+    return f"cli:{user}"
+
+
+async def run(settings: Settings, *, owner: str | None, codes: Sequence[str] | None,
+              everyone: bool, since: str | None, dry_run: bool, wait: bool,
+              out: IO[str] | None = None, run_id: uuid.UUID | None = None) -> int:
+    out = out or sys.stdout
+    taken = parse_codes(codes, everyone)
+    after = parse_since(since)
+    scope = (f"owner {owner}" if owner else "all owners") + (
+        f", rejected since {after.isoformat()}" if after else "")
+    what = "any code" if taken is None else ", ".join(taken)
+    async with opened(database_url(settings), name="retry") as db:
+        queue = Queue.from_settings(db, settings)
+        found = await queue.retry_candidates(owner=owner, codes=taken, since=after)
+        if dry_run:
+            for (name, code), n in found.items():
+                print(f"{name:<30} {code:<22} {n:>8}", file=out)
+            print(f"{sum(found.values())} rejected card(s) of {scope} ({what}); dry run, "
+                  "nothing queued", file=out)
+            return 0
+        # One id for the whole run: every statement of it is fenced by it.
+        run_id = run_id or uuid.uuid4()
+        actor = cli_actor()
+        ids: list[uuid.UUID] = []
+        for name in sorted({name for name, _ in found}):
+            batch = functools.partial(queue.retry, name, run=run_id, actor=actor,
+                                      codes=taken, since=after, limit=BATCH)
+            while moved := await _fenced(batch):
+                ids += moved
+        print(f"queued {len(ids)} retry(s) of {scope} ({what}) as bulk work", file=out)
+        if wait:
+            await _wait(queue, ids)
+        return 0
+
+
+async def _fenced(call: Callable[[], Awaitable[list[uuid.UUID]]]) -> list[uuid.UUID]:
+    """One statement of the run, sent again (same run id) if its answer was lost: the
+    repeat takes nothing the first one moved, so whether it committed does not matter."""
+    for delay in (0.5, 1.0, 2.0):
+        try:
+            return await call()
+        except CONNECTION_ERRORS:
+            await asyncio.sleep(delay)
+    return await call()
+
+
+async def _wait(queue: Queue, ids: list[uuid.UUID]) -> None:
+    """A progress bar until every re-queued card is final again."""
+    bar = Bar("retry", len(ids))
+    shown = 0
+    while True:
+        waiting = await queue.retry_waiting(ids)
+        for _ in range(max(len(ids) - waiting - shown, 0)):
+            bar.advance()
+        shown = max(shown, len(ids) - waiting)
+        if waiting == 0:
+            return
+        await asyncio.sleep(POLL_SECONDS)
+
+
+def main(settings: Settings, *, owner: str | None, codes: Sequence[str] | None,
+         everyone: bool, since: str | None, dry_run: bool, wait: bool) -> int:
+    return asyncio.run(run(settings, owner=owner, codes=codes, everyone=everyone,
+                           since=since, dry_run=dry_run, wait=wait))

@@ -302,7 +302,9 @@ def start_up_ms(rounds: int, tiny: bytes) -> dict[str, float]:
     for _ in range(rounds):
         for name, jail in (("jailed", True), ("unjailed", False)):
             started = time.perf_counter()
-            with DecoderProcess(LIMITS, timeout=120.0, memory_mb=1024, jail=jail) as proc:
+            # Started on its own: a zygote's fork would leave the imports' CPU in the zygote.
+            with DecoderProcess(LIMITS, timeout=120.0, memory_mb=1024, jail=jail,
+                                zygote=False) as proc:
                 proc.derive(tiny)
                 wall = (time.perf_counter() - started) * 1000
                 cpu = process_cpu_seconds(proc.pid or 0) * 1000
@@ -377,7 +379,9 @@ def owner_switch(corpus: list[bytes], rounds: int) -> DeriveOwnerSwitch:
     child each time), alternated; CPU of every child including its start-up."""
     jobs = [data for _ in range(2) for data in corpus]
     best = {"same_owner": float("inf"), "owner_every_job": float("inf"),
-            "two_owners_two_slots": float("inf")}
+            "two_owners_two_slots": float("inf"),
+            # Every child a Python start-up of its own, as before the zygote.
+            "owner_every_job_no_zygote": float("inf")}
     for _ in range(rounds):
         for mode in best:
             before = _children_cpu()
@@ -392,9 +396,10 @@ def owner_switch(corpus: list[bytes], rounds: int) -> DeriveOwnerSwitch:
                 for slot in slots:
                     slot.close()
             else:
-                with DecoderProcess(LIMITS, timeout=120.0, memory_mb=1024) as proc:
+                with DecoderProcess(LIMITS, timeout=120.0, memory_mb=1024,
+                                    zygote=mode != "owner_every_job_no_zygote") as proc:
                     for i, data in enumerate(jobs):
-                        proc.derive(data, owner=str(i) if mode == "owner_every_job" else "1")
+                        proc.derive(data, owner="1" if mode == "same_owner" else str(i))
             best[mode] = min(best[mode], (_children_cpu() - before) / len(jobs))
     return DeriveOwnerSwitch(
         jobs=len(jobs), cpu_per_job_ms={k: v * 1000 for k, v in best.items()},

@@ -276,7 +276,8 @@ class DeriveOwnerSwitch:
     spawns included, from the reaped children's rusage; best of rounds."""
 
     jobs: int
-    cpu_per_job_ms: dict[str, float]  # same_owner, owner_every_job, two_owners_two_slots
+    # same_owner, owner_every_job, two_owners_two_slots, owner_every_job_no_zygote
+    cpu_per_job_ms: dict[str, float]
     switch_cpu_ms: float  # extra CPU per owner change
     throughput_ratio: float  # owner_every_job rate / same_owner rate
 

@@ -302,7 +302,9 @@ def derive_section(src: Source) -> tuple[list[str], list[Target]]:
                   f"every job ({o.switch_cpu_ms:.0f} ms per change), "
                   f"{o.cpu_per_job_ms.get('two_owners_two_slots', float('nan')):.0f} ms for "
                   "two owners alternating on two slots (the worker's pick keeps each "
-                  "owner's child)."]
+                  "owner's child); a fresh child is a fork of the slot's zygote, "
+                  f"{o.cpu_per_job_ms.get('owner_every_job_no_zygote', float('nan')):.0f} ms "
+                  "per job when each child starts Python and libvips itself."]
         targets.append(Target(
             f"fresh child at each owner change costs ≤ {DERIVE_OWNER_SWITCH_COST:.0%} of "
             "throughput (owner changing at every job)", f"**{cost:.0%}**",

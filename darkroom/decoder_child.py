@@ -14,6 +14,7 @@ another job. Nothing here reads a switch that turns attacks or hangs on.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -29,7 +30,7 @@ from typing import Any
 from darkroom.derive import Limits
 from darkroom.errors import DeriveError, ErrorCode
 from darkroom.jail import PROTECTIONS, Jail, enter_namespaces, lock_down, per_job_cpu
-from darkroom.wire import FRAME, MAX_META, ProtocolError, read_exact, write_frame
+from darkroom.wire import FRAME, HELLO, MAX_META, ProtocolError, read_exact, write_frame
 
 # Every variable the parent gives a child (`darkroom.sandbox.child_environment`).
 ENVIRONMENT_NAMES = frozenset({
@@ -124,7 +125,7 @@ def _start_jail(memory_mb: int, nice: int, jailed: bool) -> Jail:
         jail.off("empty_working_directory", "working directory not empty or writable")
     _harden(memory_mb, nice)
     if jailed:
-        enter_namespaces(jail)
+        enter_namespaces(jail)  # returns in the decoder, PID 2 of its own namespace
     else:
         for name in PROTECTIONS:
             jail.off(name, "jail disabled")
@@ -147,15 +148,45 @@ def decode_job(data: bytes, limits: Limits) -> tuple[dict[str, Any], bytes]:
     return reply, payload
 
 
+def _zygote(jailed: bool) -> bool:
+    """Import everything once, then fork a child per request (`darkroom.zygote`). True in
+    a forked child, which goes on as a child started on its own; False when done."""
+    import resource
+    import socket
+
+    from darkroom.derive import _heif, warm_up
+    from darkroom.zygote import lock_down_zygote, serve_forks
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    control = socket.socket(fileno=os.dup(0))
+    os.dup2(2, 0)
+    warm_up()
+    _heif()
+    # Everything imported so far outlives every child: kept out of the collector's reach,
+    # a child's collections do not write to (and so copy) the zygote's pages.
+    gc.collect()
+    gc.freeze()
+    if jailed:
+        lock_down_zygote(Jail())
+    return serve_forks(control)
+
+
 def serve(memory_mb: int, nice: int = 0, cpu_seconds: int = 61, *, jailed: bool = True,
           probe: bool = False, job: Job = decode_job,
-          prepare: Prepare | None = None) -> int:
+          prepare: Prepare | None = None, zygote: bool = False) -> int:
+    if zygote and not _zygote(jailed):
+        return 0
     jail = _start_jail(memory_mb, nice, jailed)
     # The protocol owns fd 1. Anything else that writes to stdout (a stray print, a
     # library message) is sent to stderr instead of corrupting a frame.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    if not probe:
+        # Before the slow imports: the worker waits for this to know which process decodes.
+        out.write(HELLO.pack(jail.host_pid))
+        out.flush()
     requests = sys.stdin.buffer
     logging.basicConfig(
         level=logging.WARNING, format="darkroom.decoder[%(process)d] %(name)s: %(message)s"
@@ -212,7 +243,7 @@ def serve(memory_mb: int, nice: int = 0, cpu_seconds: int = 61, *, jailed: bool 
 
 
 def main(argv: list[str], *, job: Job = decode_job, prepare: Prepare | None = None) -> int:
-    """`MEMORY_MB [NICE CPU_SECONDS] [--no-jail] [-- PROGRAM ARGS]`, or `--probe
+    """`MEMORY_MB [NICE CPU_SECONDS] [--no-jail] [--zygote] [-- PROGRAM ARGS]`, or `--probe
     MEMORY_MB`. What follows `--` belongs to the program that called this (a test's)."""
     if "--" in argv:
         argv = argv[: argv.index("--")]
@@ -223,7 +254,7 @@ def main(argv: list[str], *, job: Job = decode_job, prepare: Prepare | None = No
         return serve(memory_mb, 0, cpu_budget(60), probe=True)
     memory_mb, nice, cpu_seconds = [*numbers, *[1024, 0, 61][len(numbers):]][:3]
     return serve(memory_mb, nice, cpu_seconds, jailed="--no-jail" not in flags, job=job,
-                 prepare=prepare)
+                 prepare=prepare, zygote="--zygote" in flags)
 
 
 if __name__ == "__main__":

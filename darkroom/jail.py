@@ -8,8 +8,9 @@ applies them (`docs/SECURITY.md` says what each stops and what it does not):
 1. Started by the parent with an empty environment, an empty working directory it may
    not write, and no descriptor but its three pipes (`DecoderProcess._spawn`).
 2. `enter_namespaces()`, first thing, while the child is single-threaded: its own network
-   namespace (no interface but a down loopback) and mount namespace — directly as root,
-   through a user namespace otherwise.
+   namespace (no interface but a down loopback), mount namespace and PID namespace —
+   directly as root, through a user namespace otherwise. In the PID namespace the decoder
+   is PID 2 under an init of its own (`_enter_pid_namespace`).
 3. The child imports Python modules and initialises libvips: everything that reads files
    happens here, before the doors close.
 4. `lock_down()`: `/proc` is covered by an empty read-only tmpfs (other processes'
@@ -42,6 +43,8 @@ import ctypes
 import errno
 import os
 import resource
+import select
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +64,7 @@ PROTECTIONS = (
     "pipes_only",
     "network_namespace",
     "mount_namespace_proc_hidden",
+    "pid_namespace",
     "user_namespace",
     "unprivileged_uid",
     "rlimits",
@@ -81,9 +85,10 @@ BY_DESIGN = {
 OWN_UID_BASE = 0x7000_0000
 
 
-def own_uid() -> int:
-    """The uid (and gid) this process takes when it drops root."""
-    return OWN_UID_BASE + os.getpid()
+def own_uid(host_pid: int | None = None) -> int:
+    """The uid (and gid) a decoder whose pid on the host is `host_pid` takes when it drops
+    root (inside its PID namespace its own pid is 2, the same for every child)."""
+    return OWN_UID_BASE + (os.getpid() if host_pid is None else host_pid)
 
 # Descriptors: the child needs its pipes and the files Python may read for a traceback.
 _FD_LIMIT = 64
@@ -97,6 +102,8 @@ _THREAD_HEADROOM = 256
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWPID = 0x20000000
+_PR_SET_PDEATHSIG = 1
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REC, _MS_PRIVATE = 0x4000, 1 << 18
 _PR_SET_NAME, _PR_GET_NAME = 15, 16
@@ -247,6 +254,8 @@ class Jail:
     reasons: dict[str, str] = field(default_factory=dict)
     # A private mount namespace is ready for the /proc cover, laid in `lock_down()`.
     private_mounts: bool = False
+    # This process's pid as the host (and the worker) sees it.
+    host_pid: int = field(default_factory=os.getpid)
 
     def on(self, name: str) -> None:
         self.active[name] = True
@@ -312,26 +321,36 @@ def shield_parent() -> bool:
 
 
 def enter_namespaces(jail: Jail) -> None:
-    """Own network and mount namespaces. Must run while the process is single-threaded."""
+    """Own network, mount and PID namespaces. Must run while the process is
+    single-threaded. Returns in the decoder, PID 2 of its namespace (`_enter_pid_namespace`);
+    the processes above it never return."""
     flags = _CLONE_NEWNET | _CLONE_NEWNS
     if os.geteuid() == 0:
         jail.off("user_namespace", BY_DESIGN["user_namespace"])
     else:
         uid, gid = os.getuid(), os.getgid()
+        pid_namespace = True
         try:
-            _unshare(_CLONE_NEWUSER | flags)
+            try:
+                _unshare(_CLONE_NEWUSER | _CLONE_NEWPID | flags)
+            except OSError as exc:
+                jail.off("pid_namespace", exc)
+                pid_namespace = False
+                _unshare(_CLONE_NEWUSER | flags)
             # Map our own ids only, so files look the same from inside.
             Path("/proc/self/setgroups").write_text("deny")
             Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
             Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
         except OSError as exc:
             jail.off("user_namespace", exc)
-            jail.off("network_namespace", "needs root or a user namespace")
-            jail.off("mount_namespace_proc_hidden", "needs root or a user namespace")
+            for name in ("network_namespace", "mount_namespace_proc_hidden", "pid_namespace"):
+                jail.off(name, "needs root or a user namespace")
             return
         jail.on("user_namespace")
         jail.on("network_namespace")
         _private_mounts(jail)
+        if pid_namespace:
+            _enter_pid_namespace(jail)
         return
     try:
         _unshare(_CLONE_NEWNET)
@@ -342,8 +361,111 @@ def enter_namespaces(jail: Jail) -> None:
         _unshare(_CLONE_NEWNS)
     except OSError as exc:
         jail.off("mount_namespace_proc_hidden", exc)
+    else:
+        _private_mounts(jail)
+    try:
+        _unshare(_CLONE_NEWPID)
+    except OSError as exc:
+        jail.off("pid_namespace", exc)
+    else:
+        _enter_pid_namespace(jail)
+
+
+def _enter_pid_namespace(jail: Jail) -> None:
+    """Become PID 2 of the namespace just unshared, under an init of our own.
+
+    Three processes, each with one job. The outer one (the worker's child, whose pid it
+    kills on a timeout) stays on the host's side: it waits for the init and ends as the
+    decoder ended, by the same signal or with the same code, so the worker sees what
+    happened. The init (PID 1) waits for the decoder and exits with its status; it cannot
+    simply be the decoder: the kernel drops every signal PID 1 has no handler for, the
+    CPU limit's SIGXCPU among them. The decoder (PID 2) keeps the pipes and returns from
+    here. A SIGKILL to the outer process reaches the init (its parent-death signal), and
+    the init's death kills everything in the namespace: nothing outlives the worker's kill.
+    """
+    host_parent = os.getppid()
+    # The init learns here whether the outer process died before the init could ask for
+    # its parent-death signal (an EOF on this pipe).
+    alive_r, alive_w = os.pipe()
+    init = os.fork()
+    if init:
+        os.close(alive_r)
+        _outer(init, host_parent)
+    os.close(alive_w)
+    try:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if select.select([alive_r], [], [], 0)[0]:
+            os._exit(1)
+        os.close(alive_r)
+        decoder = os.fork()
+    except BaseException:
+        os._exit(1)
+    if decoder == 0:
+        jail.host_pid = _host_pid()
+        jail.on("pid_namespace")
         return
-    _private_mounts(jail)
+    _init(decoder)
+
+
+def _host_pid() -> int:
+    """Our pid on the host: the first NSpid entry, read through the host's /proc (still
+    mounted here; the namespace's own pid is the last)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return int(line.split()[1])
+    return os.getpid()
+
+
+def _drop_pipes() -> None:
+    # The decoder alone holds the request and response pipes: its death is the worker's EOF.
+    for fd in (0, 1):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _init(decoder: int) -> None:
+    """PID 1: reap, and exit with the decoder's status (a signal as 128 + its number)."""
+    _drop_pipes()
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(1)
+        except InterruptedError:
+            continue
+        if pid == decoder:
+            code = os.waitstatus_to_exitcode(status)
+            os._exit(128 - code if code < 0 else code)
+
+
+def _outer(init: int, host_parent: int) -> None:
+    """The host side: end with the init, and end the init if the worker dies."""
+    _drop_pipes()
+
+    # Not PR_SET_PDEATHSIG: the worker spawns from short-lived threads. No thread either:
+    # the init's pidfd wakes us the moment it exits, the timeout to look at our parent.
+    done = os.pidfd_open(init)
+    while not select.select([done], [], [], 0.5)[0]:
+        if os.getppid() != host_parent:
+            os.kill(init, signal.SIGKILL)
+            os._exit(1)
+    while True:
+        try:
+            _, status = os.waitpid(init, 0)
+            break
+        except InterruptedError:
+            continue
+    code = os.waitstatus_to_exitcode(status)
+    number = -code if code < 0 else code - 128 if code > 128 else 0
+    if number:
+        # Die as the decoder did, so the worker's log names the signal (SIGSYS, SIGXCPU).
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
+            signal.signal(number, signal.SIG_DFL)
+        with contextlib.suppress(OSError):
+            os.kill(os.getpid(), number)
+        os._exit(128 + number)
+    os._exit(code)
 
 
 def _private_mounts(jail: Jail) -> None:
@@ -370,7 +492,7 @@ def _own_uid_tasks(uid: int) -> int:
 def lock_down(jail: Jail, *, cpu_seconds: int, cpu_lifetime_seconds: int,
               threads: int, extra_fds: tuple[int, ...] = ()) -> None:
     """Close every door. Call after all imports and library initialisation."""
-    run_as = own_uid() if os.geteuid() == 0 else os.getuid()
+    run_as = own_uid(jail.host_pid) if os.geteuid() == 0 else os.getuid()
     tasks = _own_uid_tasks(run_as) + len(os.listdir("/proc/self/task"))
     if jail.private_mounts:
         try:

@@ -2,11 +2,11 @@
 
 A decoder is the most exposed code darkroom runs: its input comes from anyone with an
 account. A segfault, a runaway allocation or a hang in it must kill a child, never the
-worker. One `DecoderProcess` owns one child (`python -m darkroom.decoder_child`, started
-with Popen rather than fork so a threaded asyncio parent is never forked) and reuses it
-across jobs of one owner, because starting Python and libvips per image would cost more
-than many decodes. A job of another owner gets a fresh child: a compromised decoder never
-sees a second owner's images.
+worker. One `DecoderProcess` owns one child and reuses it across jobs of one owner. A job
+of another owner gets a fresh child, so a compromised decoder never sees a second owner's
+images; that child is forked by the slot's zygote (`darkroom.zygote`, itself started with
+Popen so a threaded asyncio parent is never forked), which has imported libvips once, so
+a fresh child costs a fork, not a Python and libvips start-up.
 
 The child is also a jail (`darkroom/jail.py`, `docs/SECURITY.md`), and the parent trusts
 nothing it answers: the frame is bounded (`darkroom.wire`), and a derivative is accepted
@@ -39,7 +39,9 @@ import io
 import json
 import logging
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -48,14 +50,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, cast
+from typing import IO, TYPE_CHECKING, Any, Protocol, cast
 
 from darkroom.decoder_child import ENVIRONMENT_NAMES, VIPS_THREADS, cpu_budget, cpu_lifetime
 from darkroom.derive import Derivative, Limits, check_size
 from darkroom.errors import DeriveError, ErrorCode
 from darkroom.jail import BY_DESIGN, PROTECTIONS, shield_parent
 from darkroom.webp import InvalidDerivative, check_derivative, check_thumbhash, max_payload
-from darkroom.wire import FRAME, MAX_OUTPUT, ProtocolError, read_frame
+from darkroom.wire import FRAME, HELLO, MAX_OUTPUT, ProtocolError, read_frame
+from darkroom.zygote import EXIT, FDS, SPAWN
 
 if TYPE_CHECKING:
     from darkroom.config import Settings
@@ -74,6 +77,11 @@ _IDLE_CHECK_SECONDS = 2.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 _cpu_budget = cpu_budget
 _cpu_lifetime = cpu_lifetime
+# A child says which process decodes (`darkroom.wire.HELLO`) once Python has started,
+# before its slow imports.
+_HELLO_SECONDS = 30.0
+# How long a child whose decoder closed the pipe has to exit before it is killed.
+_EXIT_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -199,6 +207,109 @@ def probe_jail(memory_mb: int = 1024) -> dict[str, Any]:
     return report
 
 
+class Child(Protocol):
+    """A decoder child, as `subprocess.Popen` or `_Forked` (a zygote's) presents it."""
+
+    pid: int
+    stdin: IO[bytes] | None
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def kill(self) -> None: ...
+
+
+class _Forked:
+    """A child forked by the zygote: not the worker's child, so it is killed through its
+    pidfd and its exit code comes from the zygote, on a pipe (`darkroom.zygote`)."""
+
+    def __init__(self, pid: int, fds: list[int]) -> None:
+        stdin, stdout, stderr, self._pidfd, self._exit = fds
+        self.pid = pid
+        self.stdin: IO[bytes] | None = os.fdopen(stdin, "wb")
+        self.stdout: IO[bytes] | None = os.fdopen(stdout, "rb")
+        self.stderr: IO[bytes] | None = os.fdopen(stderr, "rb")
+        self.returncode: int | None = None
+        self._lock = threading.Lock()
+
+    def kill(self) -> None:
+        with self._lock:
+            if self.returncode is None and self._pidfd >= 0:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    def poll(self) -> int | None:
+        return self._collect(0.0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._collect(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(f"decoder child {self.pid}", timeout or 0.0)
+        return code
+
+    def _collect(self, timeout: float | None) -> int | None:
+        with self._lock:
+            if self.returncode is not None:
+                return self.returncode
+            exit_fd = self._exit
+        if not select.select([exit_fd], [], [], timeout)[0]:
+            return None
+        with self._lock:
+            if self.returncode is None:
+                raw = os.read(self._exit, EXIT.size)
+                # No code: the zygote died first; the child died with it (its init's
+                # parent-death signal), as if killed.
+                self.returncode = EXIT.unpack(raw)[0] if len(raw) == EXIT.size else -9
+                os.close(self._exit)
+                os.close(self._pidfd)
+                self._pidfd = -1
+            return self.returncode
+
+
+class _Zygote:
+    """The fork server of one `DecoderProcess` (`darkroom.zygote`)."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.argv = argv
+        self._control, theirs = socket.socketpair()
+        try:
+            self._proc = subprocess.Popen(
+                argv, stdin=theirs.fileno(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                env=child_environment(), cwd=_empty_dir(), close_fds=True,
+                start_new_session=True,
+            )
+        finally:
+            theirs.close()
+        threading.Thread(target=_drain_stderr, args=(self._proc,),
+                         name=f"decoder-zygote-{self._proc.pid}", daemon=True).start()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def fork(self) -> _Forked:
+        self._control.sendall(SPAWN)
+        ready, _, _ = select.select([self._control], [], [], _HELLO_SECONDS)
+        if not ready:
+            raise OSError("zygote did not answer")
+        message, fds, _, _ = socket.recv_fds(self._control, 32, FDS)
+        if len(fds) != FDS or not message:
+            for fd in fds:
+                os.close(fd)
+            raise OSError("zygote did not fork")
+        return _Forked(int(message), fds)
+
+    def close(self) -> None:
+        """EOF on its control socket: the zygote reaps its children and exits."""
+        self._control.close()
+        try:
+            self._proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
 class Cancelled(DeriveError):
     """The in-flight derive was cancelled by `DecoderProcess.kill()`."""
 
@@ -223,6 +334,7 @@ class DecoderProcess:
         nice: int = 0,
         jail: bool = True,
         program: ChildProgram = DECODER,
+        zygote: bool = True,
     ) -> None:
         if timeout <= 0:
             raise ValueError("timeout must be positive")
@@ -233,6 +345,10 @@ class DecoderProcess:
         # Only the benchmark turns this off, to measure what the jail costs.
         self.jail = jail
         self.program = program
+        # A fresh child per owner is a fork of a zygote that has done the imports
+        # (`darkroom.zygote`); off, every child is a Python start-up of its own (the
+        # benchmark compares both).
+        self.use_zygote = zygote
         self._cpu_budget = _cpu_budget(timeout)
         self._limits_json = json.dumps(dataclasses.asdict(limits)).encode()
         # The largest answer a working child can give: `darkroom.webp`'s bound on each image.
@@ -240,8 +356,14 @@ class DecoderProcess:
                                 + max_payload(limits.thumb_edge))
         self._job_lock = threading.Lock()  # one request on the pipe at a time
         self._lock = threading.Lock()  # guards every field below
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._retired: list[subprocess.Popen[bytes]] = []
+        self._proc: Child | None = None
+        # The decoding process of `_proc`, on the host: `_proc` itself, or the PID 2 of the
+        # PID namespace `_proc` made.
+        self._decoder_pid: int | None = None
+        # A pidfd of the decoding process: what a kill signals (`_retire_locked`).
+        self._decoder_fd: int | None = None
+        self._retired: list[Child] = []
+        self._zygote: _Zygote | None = None
         self._job = 0  # id of the in-flight job, 0 when idle
         self._next_job = 0
         self._kill_reason: str | None = None
@@ -264,9 +386,16 @@ class DecoderProcess:
 
     @property
     def pid(self) -> int | None:
-        """The current child's pid, if one is running (for monitoring and tests)."""
+        """The pid (on the host) of the current child's decoding process, if one is running
+        (for monitoring and tests). Killing it is a failed job, as any crash is."""
         with self._lock:
-            return self._proc.pid if self._proc is not None else None
+            return self._decoder_pid if self._proc is not None else None
+
+    @property
+    def zygote_pid(self) -> int | None:
+        """The pid of the fork server this slot's children come from, if one runs."""
+        with self._lock:
+            return self._zygote.pid if self._zygote is not None else None
 
     @property
     def owner(self) -> str | None:
@@ -291,10 +420,13 @@ class DecoderProcess:
         """Stop the child for good: EOF lets an idle child exit by itself."""
         with self._lock:
             self._closed = True
-            proc, self._proc = self._proc, None
-            if proc is not None and self._job:
+            if self._job:
                 self._kill_reason = "cancelled"
-                proc.kill()
+                self._retire_locked()
+            proc, self._proc = self._proc, None
+            decoder, self._decoder_fd, self._decoder_pid = self._decoder_fd, None, None
+            if decoder is not None:
+                os.close(decoder)
         if proc is not None:
             with contextlib.suppress(OSError):
                 if proc.stdin is not None:
@@ -307,14 +439,47 @@ class DecoderProcess:
             self._close_pipes(proc)
         with self._lock:
             self._reap_locked(block=True)
+            zygote, self._zygote = self._zygote, None
+        if zygote is not None:
+            zygote.close()
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
+    def _argv(self, *flags: str) -> list[str]:
         argv = [sys.executable, "-m", self.program.module, str(self.memory_mb), str(self.nice),
-                str(self._cpu_budget)]
+                str(self._cpu_budget), *flags]
         if not self.jail:
             argv.append("--no-jail")
         if self.program.args:
             argv += ["--", *self.program.args]
+        return argv
+
+    def _spawn(self) -> Child:
+        proc: Child
+        if self.use_zygote:
+            argv = self._argv("--zygote")
+            if self._zygote is not None and self._zygote.argv != argv:
+                # Its program or limits were changed: its forks would be the old ones.
+                self._zygote.close()
+                self._zygote = None
+            for attempt in range(2):  # a zygote that died is replaced once
+                if self._zygote is None:
+                    self._zygote = _Zygote(argv)
+                try:
+                    proc = self._zygote.fork()
+                    break
+                except OSError:
+                    self._zygote.close()
+                    self._zygote = None
+                    if attempt:
+                        raise
+        else:
+            proc = self._popen()
+        threading.Thread(
+            target=_drain_stderr, args=(proc,), name=f"decoder-stderr-{proc.pid}", daemon=True
+        ).start()
+        return proc
+
+    def _popen(self) -> Child:
+        argv = self._argv()
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
@@ -328,25 +493,40 @@ class DecoderProcess:
             # Its own session: a terminal's Ctrl-C goes to the worker, which decides.
             start_new_session=True,
         )
-        threading.Thread(
-            target=_drain_stderr, args=(proc,), name=f"decoder-stderr-{proc.pid}", daemon=True
-        ).start()
         return proc
 
-    def _ensure_child_locked(self) -> subprocess.Popen[bytes]:
+    def _hello(self, proc: Child) -> int:
+        """The decoding process's pid, as the child says first (`darkroom.wire.HELLO`)."""
+        stdout = proc.stdout
+        assert stdout is not None
+        ready, _, _ = select.select([stdout], [], [], _HELLO_SECONDS)
+        raw = stdout.read(HELLO.size) if ready else b""
+        if len(raw) != HELLO.size:
+            self._retired.append(proc)
+            with contextlib.suppress(OSError):
+                proc.kill()
+            raise OSError("no hello from the decoder child")
+        (pid,) = HELLO.unpack(raw)
+        return int(pid)
+
+    def _ensure_child_locked(self) -> Child:
         if self._closed:
             raise DeriveError(ErrorCode.PROCESSING_FAILED, "decoder process closed")
         self._reap_locked(block=False)
         if self._proc is not None and (
             self._proc.poll() is not None
             # Replaced before its hard RLIMIT_CPU could end it in the middle of a job.
-            or _child_cpu_seconds(self._proc.pid)
+            or _child_cpu_seconds(self._decoder_pid or self._proc.pid)
             > _cpu_lifetime(self._cpu_budget) - self._cpu_budget
         ):
             self._retire_locked()
         if self._proc is None:
             try:
-                self._proc = self._spawn()
+                proc = self._spawn()
+                self._decoder_pid = self._hello(proc)
+                with contextlib.suppress(OSError):
+                    self._decoder_fd = os.pidfd_open(self._decoder_pid)
+                self._proc = proc
             except OSError as exc:
                 log.error("cannot start decoder child: %s", exc)
                 raise DeriveError(ErrorCode.PROCESSING_FAILED, "spawn failed") from None
@@ -355,9 +535,18 @@ class DecoderProcess:
     def _retire_locked(self) -> None:
         """Kill the current child and forget it; it is reaped later, never reused."""
         proc, self._proc = self._proc, None
-        if proc is not None:
+        decoder, self._decoder_fd, self._decoder_pid = self._decoder_fd, None, None
+        if decoder is not None:
+            # The decoder itself, not the child's first process: its init reaps it and
+            # the first process ends as it did, so the whole chain exits in order (and
+            # its CPU time is accounted to the worker's children).
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(decoder, signal.SIGKILL)
+            os.close(decoder)
+        elif proc is not None:
             with contextlib.suppress(OSError):
                 proc.kill()
+        if proc is not None:
             self._retired.append(proc)
 
     def _reap_locked(self, *, block: bool) -> None:
@@ -372,14 +561,14 @@ class DecoderProcess:
         self._retired = alive
 
     @staticmethod
-    def _close_pipes(proc: subprocess.Popen[bytes]) -> None:
+    def _close_pipes(proc: Child) -> None:
         # stderr belongs to its drain thread, which closes it at EOF.
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
                 with contextlib.suppress(OSError):
                     stream.close()
 
-    def _watch_idle_locked(self, proc: subprocess.Popen[bytes], job: int,
+    def _watch_idle_locked(self, proc: Child, job: int,
                            cpu_at_end: float) -> None:
         """Check now and then, until its next job, that a child between jobs stays idle.
 
@@ -392,12 +581,12 @@ class DecoderProcess:
         watch.daemon = True
         watch.start()
 
-    def _check_idle(self, proc: subprocess.Popen[bytes], job: int, cpu_at_end: float) -> None:
+    def _check_idle(self, proc: Child, job: int, cpu_at_end: float) -> None:
         with self._lock:
             if (self._proc is not proc or self._job or self._next_job != job
                     or proc.poll() is not None):
                 return  # retired, ended, or a later job started: its own watch follows it
-            used = _child_cpu_seconds(proc.pid) - cpu_at_end
+            used = _child_cpu_seconds(self._decoder_pid or proc.pid) - cpu_at_end
             if used <= _IDLE_CPU_SECONDS:
                 self._watch_idle_locked(proc, job, cpu_at_end)
                 return
@@ -439,6 +628,14 @@ class DecoderProcess:
                 meta, payload = self._exchange(proc, data)
             except ProtocolError as exc:
                 with self._lock:
+                    reason = self._kill_reason
+                if reason is None:
+                    # The decoder died by itself: its outer process ends as it did (by the
+                    # same signal) a moment after the pipe's EOF. Killed first, it would
+                    # say SIGKILL instead.
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=_EXIT_SECONDS)
+                with self._lock:
                     self._job = 0
                     reason = self._kill_reason
                     if self._proc is proc:
@@ -449,7 +646,8 @@ class DecoderProcess:
                 with self._lock:
                     self._job = 0
                     if self._proc is proc:
-                        self._watch_idle_locked(proc, job, _child_cpu_seconds(proc.pid))
+                        self._watch_idle_locked(
+                            proc, job, _child_cpu_seconds(self._decoder_pid or proc.pid))
             detail = meta.get("detail")
             if isinstance(detail, str) and detail in _OUT_OF_MEMORY:
                 # A heap that ran out is left fragmented: the next job, however small,
@@ -469,7 +667,7 @@ class DecoderProcess:
                 raise DeriveError(ErrorCode.PROCESSING_FAILED, "invalid child output") from None
 
     def _exchange(
-        self, proc: subprocess.Popen[bytes], data: bytes
+        self, proc: Child, data: bytes
     ) -> tuple[dict[str, Any], bytes]:
         stdin, stdout = proc.stdin, proc.stdout
         assert stdin is not None and stdout is not None
@@ -484,7 +682,7 @@ class DecoderProcess:
             raise ProtocolError(f"{type(exc).__name__}: {exc}") from None
 
     def _failure(
-        self, proc: subprocess.Popen[bytes], reason: str | None, detail: str
+        self, proc: Child, reason: str | None, detail: str
     ) -> DeriveError:
         try:
             # Reap now: the child was killed or has exited, so this returns at once,
@@ -540,7 +738,7 @@ _STDERR_BURST = 100
 _STDERR_LINES_PER_SECOND = 1.0
 
 
-def _drain_stderr(proc: subprocess.Popen[bytes]) -> None:
+def _drain_stderr(proc: Child) -> None:
     """Forward the child's stderr lines to the worker's log until the child is gone, within
     `_STDERR_BURST` lines and `_STDERR_LINES_PER_SECOND` after; say how many were dropped."""
     stream = proc.stderr

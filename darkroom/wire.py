@@ -1,6 +1,7 @@
 """The wire protocol between the worker and its decoder child, one job at a time.
 
-Over the child's stdin and stdout:
+Over the child's stdin and stdout, after the child's hello (`HELLO`: its pid as the host
+sees it, which is not the pid the worker started when the child has a PID namespace):
 
     request:  !II (json length, image length) + JSON limits + image bytes
     response: !II (json length, payload length) + JSON meta + payload
@@ -20,6 +21,7 @@ import struct
 from typing import IO, Any, BinaryIO
 
 FRAME = struct.Struct("!II")
+HELLO = struct.Struct("!I")
 MAX_META = 64 * 1024
 # A response's payload, at most: a preview and a thumb. The parent asks for less, the
 # bound `darkroom.webp` puts on images of the configured edges.

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import functools
 import hashlib
 import os
 import signal
@@ -27,6 +28,7 @@ from typing import Any
 from darkroom.decoder_child import decode_job, main
 from darkroom.derive import Limits
 from darkroom.errors import DeriveError, ErrorCode
+from darkroom.jail import per_job_cpu
 from darkroom.sandbox import ChildProgram
 
 MODULE = "tests.derive.hostile_child"
@@ -59,6 +61,10 @@ def _connect(port: int) -> str:
     with socket.socket() as sock:
         sock.connect(("127.0.0.1", port))
         return "connected"
+
+
+def _signal_0(pid: int) -> None:
+    os.kill(pid, 0)
 
 
 def _fork() -> int:
@@ -186,8 +192,18 @@ def forged(kind: str, data: bytes, limits: Limits) -> tuple[dict[str, Any], byte
 def run(argv: list[str]) -> int:
     action, args = argv[argv.index("--") + 1], argv[argv.index("--") + 2:]
     fifo: list[int] = []
+    seen: list[str] = []
 
     def prepare() -> tuple[int, ...]:
+        if action == "pidns":
+            # Before the lock-down, with the most it ever has: root (or its user
+            # namespace's root), the host's /proc still mounted. Only the PID namespace
+            # stands between it and the processes named in args.
+            nspid = next(line for line in Path("/proc/self/status").read_text().splitlines()
+                         if line.startswith("NSpid:"))
+            seen.append(f"getpid {os.getpid()}; getppid {os.getppid()}; {nspid.split()}")
+            for pid in map(int, args):
+                seen.append(attempt(f"signal {pid}", functools.partial(_signal_0, pid)))
         # A hang announces each job on a FIFO the test blocks reading: opened now (O_RDWR
         # never blocks on a FIFO), before the jail closes every path.
         # (A worker test's marker that is no FIFO is made by the worker, tests/support/
@@ -205,6 +221,13 @@ def run(argv: list[str]) -> int:
                 signal.pause()
         if action == "forge":
             return forged(args[0], data, limits)
+        if action == "spin":
+            # A decoder stuck in a loop: one CPU second from now, the job's CPU limit.
+            per_job_cpu(1)
+            while True:
+                pass
+        if action == "pidns":
+            raise DeriveError(ErrorCode.PROCESSING_FAILED, "; ".join(seen))
         raise DeriveError(ErrorCode.PROCESSING_FAILED, report(action, args))
 
     return main(argv, job=job, prepare=prepare)

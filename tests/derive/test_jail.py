@@ -37,6 +37,7 @@ from darkroom.sandbox import (
 )
 from tests.derive import images as im
 from tests.derive.hostile_child import hostile
+from tests.support.services import wait_for
 
 DUNE = (im.CORPUS / "Dune.jpg").read_bytes()
 LIMITS = Limits.from_settings(load_settings())
@@ -79,6 +80,14 @@ def child_pid(proc: DecoderProcess) -> int:
 def status(pid: int) -> dict[str, str]:
     lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
+
+
+def ended(pid: int) -> bool:
+    """Gone, or a zombie waiting for its reaper."""
+    try:
+        return status(pid)["State"].startswith("Z")
+    except FileNotFoundError:
+        return True
 
 
 def limit(pid: int, name: str) -> tuple[str, str]:
@@ -417,6 +426,99 @@ def test_hostile_kill_reaches_no_sibling_nor_the_worker(sibling: DecoderProcess)
     assert sibling.derive(DUNE).width == 1680 and child_pid(sibling) == victim
 
 
+def test_own_pid_namespace_under_an_init_of_its_own(jailed: DecoderProcess) -> None:
+    pid = child_pid(jailed)
+    # The decoder is PID 2 of a namespace of its own (NSpid: host pid, namespace pid) ...
+    assert status(pid)["NSpid"].split() == [str(pid), "2"]
+    # ... whose PID 1, its init, is the only other process there.
+    init = int(status(pid)["PPid"])
+    assert status(init)["NSpid"].split() == [str(init), "1"]
+    assert Path(f"/proc/{pid}/ns/pid").readlink() != Path("/proc/self/ns/pid").readlink()
+    assert Path(f"/proc/{init}/ns/pid").readlink() == Path(f"/proc/{pid}/ns/pid").readlink()
+
+
+def test_hostile_with_all_its_rights_sees_and_signals_no_pid_outside(
+        sibling: DecoderProcess) -> None:
+    victim = child_pid(sibling)
+    with compromised("pidns", str(victim), str(os.getpid()), "1") as proc:
+        detail = attack(proc).detail
+        own = child_pid(proc)
+    # Even before the lock-down, as root: the sibling, the worker and the host's init do
+    # not exist in its namespace (ESRCH, not EPERM: no other layer answered).
+    assert detail.startswith(f"getpid 2; getppid 1; ['NSpid:', '{own}', '2']"), detail
+    assert f"signal {victim}: refused (ESRCH)" in detail
+    assert f"signal {os.getpid()}: refused (ESRCH)" in detail
+    assert "signal 1: done None" in detail  # pid 1 is its own init, not the host's
+    assert sibling.derive(DUNE).width == 1680 and child_pid(sibling) == victim
+
+
+def test_a_decoder_spinning_forever_is_ended_by_its_cpu_limit() -> None:
+    # The wall-clock limit is far away: only the CPU limit's SIGXCPU can end this job,
+    # and the decoder is not its namespace's init, which would ignore it.
+    with DecoderProcess(LIMITS, timeout=120.0, memory_mb=1024, program=hostile("spin")) as proc:
+        error = attack(proc)
+    assert error.detail == "child killed by SIGXCPU"
+
+
+def test_a_timeout_kills_the_decoder_and_its_init_at_once() -> None:
+    with DecoderProcess(LIMITS, timeout=1.0, memory_mb=1024, program=hostile("hang")) as proc:
+        proc.start()
+        decoder = child_pid(proc)
+        init = int(status(decoder)["PPid"])
+        with pytest.raises(DeriveError) as info:
+            proc.derive(DUNE)
+        assert info.value.code == ErrorCode.PROCESSING_TIMEOUT
+    # The decoder died with its namespace, before the worker saw the pipe close; the init
+    # (the kill's target, through its parent-death signal) is at most a zombie, which the
+    # host reaps.
+    assert not Path(f"/proc/{decoder}").exists()
+    wait_for(lambda: ended(init), timeout=5.0, what="init ended")
+
+
+def test_a_new_owner_gets_a_fresh_child_forked_by_the_zygote(secrets: dict[str, str]) -> None:
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) as proc:
+        proc.derive(DUNE, owner="a")
+        first, zygote = child_pid(proc), proc.zygote_pid
+        assert zygote is not None
+        proc.derive(DUNE, owner="b")
+        second = child_pid(proc)
+        assert second != first
+        wait_for(lambda: ended(first), timeout=5.0, what="first child ended")
+        # decoder → its init → the child's first process → the same zygote
+        outer = int(status(int(status(second)["PPid"]))["PPid"])
+        assert int(status(outer)["PPid"]) == zygote == proc.zygote_pid
+        # The zygote: no secret, no privilege to gain by exec, its own seccomp filter,
+        # and of its live child only a pidfd and the pipe for its exit code (besides its
+        # stdin, stdout, stderr and control socket): none of the child's own pipes.
+        environ = Path(f"/proc/{zygote}/environ").read_bytes()
+        assert not any(value.encode() in environ for value in secrets.values())
+        assert status(zygote)["NoNewPrivs"] == "1" and status(zygote)["Seccomp"] == "2"
+        assert len(os.listdir(f"/proc/{zygote}/fd")) == 4 + 2
+    assert ended(zygote)  # close() ends the zygote too
+
+
+def test_a_child_started_on_its_own_is_jailed_the_same() -> None:
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024, zygote=False) as proc:
+        assert proc.derive(DUNE).width == 1680
+        pid = child_pid(proc)
+        assert proc.zygote_pid is None
+        assert status(pid)["NSpid"].split() == [str(pid), "2"]
+        assert status(pid)["Seccomp"] == "2" and status(pid)["NoNewPrivs"] == "1"
+        if AS_ROOT:
+            assert status(pid)["Uid"].split()[0] == str(OWN_UID_BASE + pid)
+
+
+def test_a_dead_zygote_is_replaced_and_the_next_file_is_fine() -> None:
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) as proc:
+        proc.derive(DUNE, owner="a")
+        zygote = proc.zygote_pid
+        assert zygote is not None
+        os.kill(zygote, 9)
+        wait_for(lambda: ended(zygote), timeout=5.0, what="zygote killed")
+        assert proc.derive(DUNE, owner="b").width == 1680
+        assert proc.zygote_pid not in (None, zygote)
+
+
 def test_hostile_cannot_map_executable_memory() -> None:
     with compromised("exec-memory") as proc:
         detail = attack(proc).detail
@@ -499,6 +601,7 @@ from darkroom.derive import Limits
 from darkroom.errors import DeriveError
 from darkroom.sandbox import DecoderProcess
 from tests.derive.hostile_child import hostile
+from tests.support.services import wait_for
 limits = Limits.from_settings(load_settings())
 # The worker's own user reads all of them: only the jail may stand in the way.
 for path in sys.argv[2:]:

@@ -63,7 +63,9 @@ class TestPostgres:
     def restart(self) -> None:
         """Restart the server under its clients (fast shutdown: every session is cut)."""
         assert self.pgdata is not None, "only the embedded server can be restarted"
-        self._pg_ctl("restart")
+        # Its log where the start put it: without one, the new postmaster keeps pg_ctl's
+        # output pipe open and pg_ctl never seems to finish.
+        self._pg_ctl("restart", "-l", str(self.pgdata / "log"))
 
     def stop(self) -> None:
         """Stop our own server and delete its files; an external server is left alone.
@@ -78,9 +80,10 @@ class TestPostgres:
         self._pg_ctl("stop", check=False)
         shutil.rmtree(self.pgdata.parent, ignore_errors=True)
 
-    def _pg_ctl(self, action: str, *, check: bool = True) -> None:
+    def _pg_ctl(self, action: str, *extra: str, check: bool = True) -> None:
         assert self.pgdata is not None
-        embedded.pg_ctl(self.pgdata, "-w", "-m", "fast", action, check=check, timeout=60)
+        embedded.pg_ctl(self.pgdata, "-w", "-m", "fast", *extra, action, check=check,
+                        timeout=60)
 
     def url_for(self, dbname: str) -> str:
         params = conninfo_to_dict(self.server_url)

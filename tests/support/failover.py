@@ -359,8 +359,8 @@ def _recover_and_verify(system: System, db: psycopg.Connection[Any], outcome: Ou
     if outcome.max_starts > MAX_ATTEMPTS:
         problems.append(f"a file was started {outcome.max_starts} times")
     # No original a user stored is gone: every upload's version is still in the store.
-    objects = {(p.file_id, o.version) for o in system.store.list(ORIGINALS)
-               if (p := parse_key(o.key)) is not None}
+    listed = system.store.list(ORIGINALS)
+    objects = {(p.file_id, o.version) for o in listed if (p := parse_key(o.key)) is not None}
     outcome.originals_deleted = sum(1 for i, v in stored.items() if (i, v) not in objects)
     if outcome.originals_deleted:
         problems.append(f"{outcome.originals_deleted} stored originals deleted")
@@ -373,8 +373,9 @@ def _recover_and_verify(system: System, db: psycopg.Connection[Any], outcome: Ou
             wanted.add((card["derived_key"], card["derived_version"]))
             if card["thumb_key"]:
                 wanted.add((card["thumb_key"], card["thumb_version"]))
-    if objects - wanted:
-        problems.append(f"{len(objects - wanted)} objects no card accounts for")
+    stored_keys = {(o.key, o.version) for o in listed}  # by key: the layout names the owner
+    if stored_keys - wanted:
+        problems.append(f"{len(stored_keys - wanted)} objects no card accounts for")
 
 
 def _past_guard(db: psycopg.Connection[Any]) -> bool:

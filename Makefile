@@ -36,9 +36,9 @@ test-fast: install
 		--hypothesis-profile=fast -n 2
 
 # The tests that talk to PostgreSQL (the fleets aside); .ci/run repeats them against a
-# second server.
+# second server. One process: both would share that server's template database.
 test-db: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not fleet and not browser" -n 2 \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not fleet and not browser" \
 		tests/db tests/queue tests/sweeper tests/worker tests/api
 
 lint: install

@@ -787,7 +787,7 @@ def _pause_json(p: PauseRow) -> ClaimPause:
     "/v1/queue/pause",
     response_model=Paused,
     tags=["operations"],
-    responses=problems(401, 403, 422),
+    responses=problems(401, 403, 413, 422),
     summary="Stop every worker starting attempts on these cards (admin key)",
 )
 async def pause_claims(body: PauseScope, who: Admin, request: Request) -> Paused:
@@ -803,7 +803,7 @@ async def pause_claims(body: PauseScope, who: Admin, request: Request) -> Paused
     "/v1/queue/resume",
     response_model=Resumed,
     tags=["operations"],
-    responses=problems(401, 403, 422),
+    responses=problems(401, 403, 413, 422),
     summary="Lift the pause of exactly these cards, or every pause (admin key)",
 )
 async def resume_claims(body: ResumeScope, who: Admin, request: Request) -> Resumed:
@@ -821,7 +821,7 @@ async def resume_claims(body: ResumeScope, who: Admin, request: Request) -> Resu
     "/v1/queue/retry",
     response_model=RetriedPicked,
     tags=["operations"],
-    responses=problems(401, 403, 422),
+    responses=problems(401, 403, 413, 422),
     summary="Queue again the rejected cards picked in the console, any owner's (admin key)",
     description="At most 500 ids. Each card rejected for a fault that was not the file's "
     "own is queued again as bulk work; the answer says per id what became of it. Safe to "

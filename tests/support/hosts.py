@@ -33,6 +33,7 @@ from darkroom.db.migrations import migrate
 from tests.support.chaos import MAX_ATTEMPTS, Client, Outcome, Tally, hostile_inputs, photos, verify
 from tests.support.seaweed import SeaweedServer
 from tests.support.services import wait_for, wait_past_guard
+from tests.support.sql import SQL
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "dr16"
@@ -381,8 +382,7 @@ def faults(system: System, tally: Tally, hf: HostFaults, tl: Timeline, client: T
         if not wait_mark(marks[0]):
             return
         def w1_leases() -> int:
-            row = db.execute("SELECT count(*) FROM archive_files WHERE status = 'processing' "
-                             "AND lease_owner LIKE 'w1-%%' AND lease_until > now()").fetchone()
+            row = db.execute(SQL["live_leases_of_worker"], {"prefix": "w1-"}).fetchone()
             return int(row[0]) if row else 0
 
         try:
@@ -455,11 +455,7 @@ def sampler(system: System, tl: Timeline, stop: threading.Event) -> None:
         try:
             if conn is None:
                 conn = psycopg.connect(system.db_url, autocommit=True, connect_timeout=3)
-            row = conn.execute(
-                "SELECT count(*) FILTER (WHERE status IN ('ready', 'rejected')),"
-                " count(*) FILTER (WHERE status = 'processing'),"
-                " (SELECT count(*) FROM archive_events WHERE kind = 'lease_lost')"
-                " FROM archive_files").fetchone()
+            row = conn.execute(SQL["progress"]).fetchone()
             if row:
                 tl.samples.append((tl.now(), int(row[0]), int(row[1]), int(row[2])))
         except psycopg.Error:

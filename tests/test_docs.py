@@ -49,3 +49,39 @@ def test_every_module_is_on_the_map_and_under_its_contract() -> None:
     modules |= {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
     assert sorted(m for m in modules if m not in section and f"{m}/" not in section) == []
     assert sorted(modules - _layered_modules()) == []
+
+
+def test_benchmarks_blocks_are_the_reports() -> None:
+    """docs/BENCHMARKS.md's figures are generated blocks: each marked block is one that
+    bench/report.py writes (for a benchmark it knows, with its banner) or that a benchmark
+    script splices in itself (bench/fleet.py, bench/failover.py), and every benchmark
+    report.py renders has its block in its own section, so rerunning the benchmarks
+    rewrites every figure and nothing else."""
+    from bench.sections import RENDERERS
+    from bench.runs import BY_NAME
+    from bench.splice import DOC, END, START, block
+
+    doc = DOC.read_text(encoding="utf-8")
+    names = re.findall(r"<!-- report:(\w+):start -->", doc)
+    assert len(names) == len(set(names)), names
+    own = {n for n in names if n != "intro" and n not in BY_NAME}
+    for name in own:
+        script = ROOT / "bench" / f"{name}.py"
+        assert script.exists() and f'"{name}"' in script.read_text(), name
+        assert "splice(" in script.read_text(), name
+    banner = block("x", []).splitlines()[1]
+    for name in set(names) - own:
+        start = doc.index(START.format(name))
+        end = doc.index(END.format(name), start)
+        assert doc[start:end].splitlines()[1] == banner, name
+    for name in RENDERERS:
+        heading = re.search(rf"^## .*\(bench/{name}\.py\)$", doc, re.M)
+        assert heading is not None and name in names, name
+        assert doc.index(START.format(name)) > heading.start(), name
+
+
+def test_benchmarks_keep_no_diary() -> None:
+    """Hand-written notes explain a figure; the history of how it came to be is git's."""
+    from bench.splice import DOC
+
+    assert re.findall(r"\b[Ii]ssue \d+", DOC.read_text(encoding="utf-8")) == []

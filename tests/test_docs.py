@@ -57,8 +57,8 @@ def test_benchmarks_blocks_are_the_reports() -> None:
     script splices in itself (bench/fleet.py, bench/failover.py), and every benchmark
     report.py renders has its block in its own section, so rerunning the benchmarks
     rewrites every figure and nothing else."""
-    from bench.sections import RENDERERS
     from bench.runs import BY_NAME
+    from bench.sections import RENDERERS
     from bench.splice import DOC, END, START, block
 
     doc = DOC.read_text(encoding="utf-8")
@@ -85,3 +85,22 @@ def test_benchmarks_keep_no_diary() -> None:
     from bench.splice import DOC
 
     assert re.findall(r"\b[Ii]ssue \d+", DOC.read_text(encoding="utf-8")) == []
+
+
+# The tests of the database layer itself (servers, connections, failover) and the
+# fixtures that run PostgreSQL speak to the server, not to darkroom's tables.
+_SERVER_SQL = {"tests/db/test_connection.py", "tests/db/test_database.py",
+               "tests/db/test_embedded.py", "tests/db/test_failover.py",
+               "tests/support/postgres.py", "tests/support/replica.py"}
+
+
+def test_tests_spell_no_sql_of_their_own() -> None:
+    """A test reads or pokes darkroom's tables only through a named statement: the
+    product's (darkroom/db/*.sql) or the tests' (tests/support/queries.sql)."""
+    inline = re.compile(r"\.execute\(\s*f?[\"'](SELECT|UPDATE|INSERT|DELETE|TRUNCATE|WITH"
+                        r"|ALTER|CREATE|DROP)\b", re.IGNORECASE)
+    files = subprocess.run(["git", "ls-files", "tests/*.py"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    offenders = [f for f in files if f not in _SERVER_SQL
+                 and inline.search((ROOT / f).read_text(errors="replace"))]
+    assert offenders == []

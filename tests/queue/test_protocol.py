@@ -304,8 +304,7 @@ async def test_cards_and_events_are_read_from_a_newer_schema(pool: Any, db_url: 
     assert await q.get_file(fid, "alice") is not None
     assert len(await q.events(fid)) == 2
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("ALTER TABLE archive_files ADD COLUMN later text DEFAULT 'x'")
-        conn.execute("ALTER TABLE archive_events ADD COLUMN later text")
+        conn.execute(SQL["add_later_columns"])
     got = await q.get_file(fid, "alice")
     assert got is not None and got.status is Status.READY and got.derived_key == derived_key(lease)
     assert [c.id for c in await q.list_files("alice")] == [fid]

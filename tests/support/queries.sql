@@ -380,3 +380,9 @@ SELECT to_regclass('archive_files') IS NOT NULL AS made;
 -- name: lock_card
 -- Hold a card's row lock (in the caller's open transaction), as a slow writer would.
 SELECT 1 FROM archive_files WHERE id = %(id)s FOR UPDATE;
+
+-- name: add_later_columns
+-- What a later migration does (it only adds): a column in each table this release does
+-- not know.
+ALTER TABLE archive_files ADD COLUMN later text DEFAULT 'x';
+ALTER TABLE archive_events ADD COLUMN later text;

@@ -230,7 +230,7 @@ DERIVE_MEASURES = (("decode_resize", "decode + resize alone (pyvips)"),
                    ("encode", "encode alone (WebP)"),
                    ("pipeline_child", "pipeline, child process (production)"),
                    ("pipeline_child_unjailed",
-                    "pipeline, child without the jail (before issue 12)"),
+                    "pipeline, child without the jail"),
                    ("pipeline_in_process", "pipeline, in process"),
                    ("pillow", "Pillow, same job"),
                    ("pillow_encode", "encode alone, Pillow's libwebp"))

@@ -239,9 +239,9 @@ class Darkroom:
         card.raise_for_status()
         body = card.json()
         up = body["upload"]
-        put = httpx.request(up["method"], httpx.URL(self.base).join(up["url"]),
-                            headers={**up.get("headers", {}),
-                                     "Authorization": f"Bearer {self.key}"}, content=data)
+        # On the client's kept-alive connection: a client uploading many photos does so.
+        put = self.client.request(up["method"], httpx.URL(self.base).join(up["url"]),
+                                  headers=up.get("headers", {}), content=data)
         put.raise_for_status()
         self.client.post(f"/v1/files/{body['id']}/confirm",
                          json={"version": put.json()["version"]}).raise_for_status()
@@ -265,7 +265,9 @@ class Darkroom:
                     break
                 if time.monotonic() > deadline:
                     raise TimeoutError("cards not ready")
-                time.sleep(0.02)
+                # Often enough to end the round within 1 % of its time, seldom enough that
+                # the watching costs next to nothing (it shares the cores).
+                time.sleep(0.1)
         seconds = time.perf_counter() - start
         after = self.cpu()
         by = {k: after[k] - before[k] for k in after}

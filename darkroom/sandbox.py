@@ -370,6 +370,8 @@ class DecoderProcess:
         self._closed = False
         # Whose images the current child has seen (None: no owner named, one trust domain).
         self._owner: str | None = None
+        # Whether the current child has been sent an image (then it belongs to `_owner`).
+        self._fed = False
         # Wall seconds of the last job's steps, for the worker's stage histogram: `spawn`
         # (a fresh child, when one was needed), `send` (the image down the pipe), `decode`
         # (the child's work, until its answer starts), `receive` (the answer up the pipe)
@@ -540,6 +542,7 @@ class DecoderProcess:
     def _retire_locked(self) -> None:
         """Kill the current child and forget it; it is reaped later, never reused."""
         proc, self._proc = self._proc, None
+        self._fed = False
         decoder, self._decoder_fd, self._decoder_pid = self._decoder_fd, None, None
         if decoder is not None:
             # The decoder itself, not the child's first process: its init reaps it and
@@ -622,9 +625,14 @@ class DecoderProcess:
             self.last_stages = stages = {}
             with self._lock:
                 if owner != self._owner:
-                    self._retire_locked()  # a no-op when no child runs yet
+                    if self._fed:
+                        # It has decoded another owner's image. A child that has decoded
+                        # nothing yet (started ahead: `start()`, or after a retirement)
+                        # holds nobody's bytes and takes the owner without a fork.
+                        self._retire_locked()
                     self._owner = owner
                 proc = self._ensure_child_locked()
+                self._fed = True
                 self._next_job += 1
                 job = self._job = self._next_job
                 self._kill_reason = None

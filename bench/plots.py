@@ -25,7 +25,6 @@ from bench.results import (
 )
 from bench.sections import (
     API_PHASES,
-    ENGINES_LABELS,
     ENGINES_STAGES,
     QUEUE_LABELS,
     best,
@@ -470,7 +469,7 @@ def engines_plot(src: Source) -> str | None:
              for r in runners]
     cpu = [statistics.median(1000 * x.cpu_seconds / x.images for x in res.runs if x.runner == r)
            for r in runners]
-    bars = ax.bar([ENGINES_LABELS[r] for r in runners], rates, color=["C2", "C1", "C0"][
+    bars = ax.bar(list(runners), rates, color=["C2", "C1", "C0"][
         :len(runners)] if len(runners) == 3 else None)
     base = "sharp" if "sharp" in runners else "pyvips"
     for bar, runner, ms in zip(bars, runners, cpu, strict=True):

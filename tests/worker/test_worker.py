@@ -46,6 +46,10 @@ def test_thirty_photos_end_ready_each_published_once(harness: Harness) -> None:
     metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     assert 'darkroom_jobs_total{outcome="ready"} 30.0' in metrics
     assert "darkroom_stage_duration_seconds_bucket" in metrics
+    # Every stage of every attempt, the decoder's own steps among them.
+    for stage in ("fetch", "derive", "derive_spawn", "derive_send", "derive_decode",
+                  "derive_receive", "derive_check", "register", "put", "commit"):
+        assert f'darkroom_stage_duration_seconds_count{{stage="{stage}"}} 30.0' in metrics
     logs = [json.loads(line) for line in w.log().splitlines() if line.startswith("{")]
     ready = [entry for entry in logs if entry["msg"] == "ready"]
     assert len(ready) == 30

@@ -152,8 +152,15 @@ class Worker:
         # most 30 s): a store back is noticed as soon as a retried card would be.
         self.breaker = StoreBreaker(self._probe_store, on_change=self._record_pause,
                                     cap_seconds=settings.retry_cap_seconds)
-        # Fenced commits, batched: one statement for the results that finish together.
-        self.completer = Completer(queue, self._db_for_leases)
+        # Fenced commits, batched: one statement for the results that finish together,
+        # sent with the claim of the slots they free.
+        self.completer = Completer(queue, self._db_for_leases, refill=_Refill(self))
+        # Leases claimed with a batch's commit, by token, each with until when it surely
+        # holds: started as soon as their slots are free (heartbeated meanwhile).
+        self.claimed_ahead: dict[uuid.UUID, tuple[Lease, float]] = {}
+        # Cards being claimed right now (by the loop or with a batch's commit), so that
+        # the two together never claim more than the free slots.
+        self.claiming = 0
         # By file: when (monotonic) this worker last handed it back for the store.
         self._deferred_at: dict[uuid.UUID, float] = {}
         self.wake = asyncio.Event()
@@ -203,11 +210,13 @@ class Worker:
 
     async def _claim_free_slots(self) -> int:
         adopted = await self._adopt_late_claims() if self._unknown_claims else 0
-        free = self.concurrency - len(self.jobs)
+        adopted += self._start_claimed_ahead()
+        free = self.concurrency - len(self.jobs) - len(self.claimed_ahead) - self.claiming
         if free <= 0:
             return adopted
         sent = time.monotonic()
         held_until = sent + self.settings.lease_seconds
+        self.claiming += free
         try:
             leases = await self.queue.claim(free)
         except ClaimUnknown as unknown:
@@ -235,9 +244,21 @@ class Worker:
             log.warning("claim failed; database unavailable", extra={"error": type(exc).__name__})
             await self._pause(self._rng.uniform(0.5, 2.0))
             return 0
+        finally:
+            self.claiming -= free
         for lease in leases:
             self._start(lease, held_until)
         return len(leases)
+
+    def _start_claimed_ahead(self) -> int:
+        """Start the leases claimed with a batch's commit, as far as slots are free."""
+        room = self.concurrency - len(self.jobs)
+        started = 0
+        for token in list(self.claimed_ahead)[:max(room, 0)]:
+            lease, held_until = self.claimed_ahead.pop(token)
+            self._start(lease, held_until)
+            started += 1
+        return started
 
     async def _adopt_late_claims(self) -> int:
         """Run what a claim whose answer was lost leased after its first lookup. A claim
@@ -566,6 +587,7 @@ class Worker:
             await asyncio.sleep(wait)
             wait = interval
             held = [job.lease for job in self.jobs.values() if not job.abandoned]
+            held += [lease for lease, _ in self.claimed_ahead.values()]
             if not held:
                 continue
             sent = time.monotonic()
@@ -582,6 +604,15 @@ class Worker:
             retry = HEARTBEAT_RETRY_SECONDS
             metrics.HEARTBEATS.inc()
             for lease in held:
+                ahead = self.claimed_ahead.get(lease.token)
+                if ahead is not None:  # still waiting for its slot
+                    if lease.token in lost:
+                        metrics.LEASE_LOST.inc()
+                        del self.claimed_ahead[lease.token]
+                    else:
+                        self.claimed_ahead[lease.token] = (
+                            lease, max(ahead[1], sent + self.settings.lease_seconds))
+                    continue
                 # A job that ended while the heartbeat was in flight is gone from here.
                 job = self.jobs.get(lease.token)
                 if job is None:
@@ -621,14 +652,18 @@ class Worker:
                                return_when=asyncio.FIRST_COMPLETED)
             skipped.cancel()
         unfinished = list(self.jobs.values())
-        if not unfinished:
+        # Claimed with a commit and never started: handed back with the unfinished.
+        unstarted = [lease for lease, _ in self.claimed_ahead.values()]
+        self.claimed_ahead.clear()
+        if not unfinished and not unstarted:
             return
         for job in unfinished:
             job.abandon()
         try:
             # Bounded, so a stop always ends within the grace and a few seconds.
             async with asyncio.timeout(HAND_BACK_SECONDS):
-                released = await self.queue.release([job.lease for job in unfinished])
+                released = await self.queue.release(
+                    [job.lease for job in unfinished] + unstarted)
         except (TimeoutError, *CONNECTION_ERRORS):
             released = set()
             log.warning("could not hand leases back; they will expire instead")
@@ -640,6 +675,44 @@ class Worker:
                 job.task.cancel()
         await asyncio.wait([job.task for job in unfinished if job.task is not None],
                            timeout=HAND_BACK_SECONDS)
+
+
+class _Refill:
+    """The worker's side of claiming with a batch's commit (completer.Refill): the slots
+    the batch frees, less what is already claimed for them; none while the worker stops,
+    its store breaker is open, or a claim's answer is still being looked for."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    def wanted(self, finishing: int) -> int:
+        w = self.worker
+        if w.stopping.is_set() or w.breaker.is_open or w._unknown_claims:
+            return 0
+        free = w.concurrency - len(w.jobs) + finishing - len(w.claimed_ahead) - w.claiming
+        n = max(0, min(free, finishing))
+        w.claiming += n
+        return n
+
+    def claimed(self, leases: list[Lease], asked: int, sent: float) -> None:
+        w = self.worker
+        w.claiming -= asked
+        held_until = sent + w.settings.lease_seconds
+        for lease in leases:
+            w.claimed_ahead[lease.token] = (lease, held_until)
+        if leases:
+            w.wake.set()
+
+    def unknown(self, claim_id: uuid.UUID, asked: int, sent: float) -> None:
+        w = self.worker
+        w.claiming -= asked
+        metrics.DB_ERRORS.inc()
+        log.warning("the answer of a commit with a claim was lost; committing again and"
+                    " looking up what the claim leased")
+        # Looked up at the loop's next turn, as any claim whose answer was lost.
+        w._unknown_claims[claim_id] = (sent + 2 * w.settings.lease_seconds,
+                                       sent + w.settings.lease_seconds)
+        w.wake.set()
 
 
 def pick_decoder(idle: list[DecoderProcess], owner: str) -> int:

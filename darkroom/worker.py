@@ -169,8 +169,9 @@ class Worker:
         self._rng = random.Random()
         # Claims whose answer was lost and whose lookup found nothing yet: the claim may
         # still commit (its statement was on its way, or still running on the server).
-        # By claim id: until when to look again, and until when its leases surely hold.
-        self._unknown_claims: dict[uuid.UUID, tuple[float, float]] = {}
+        # By claim id: until when to look again, until when its leases surely hold, and
+        # whether it was claimed with a batch's commit (for slots that free with it).
+        self._unknown_claims: dict[uuid.UUID, tuple[float, float, bool]] = {}
 
     # --- the main loop -----------------------------------------------------------------
 
@@ -238,7 +239,7 @@ class Worker:
                 # Nothing yet; the claim may commit later. Looked up again at every turn
                 # of the loop, so what it leases is run, not left to run out its lease.
                 self._unknown_claims[claim_id] = (sent + 2 * self.settings.lease_seconds,
-                                                  held_until)
+                                                  held_until, False)
         except CONNECTION_ERRORS as exc:
             metrics.DB_ERRORS.inc()
             log.warning("claim failed; database unavailable", extra={"error": type(exc).__name__})
@@ -265,7 +266,7 @@ class Worker:
         commits all its rows at once: once some are found, it is settled."""
         started = 0
         now = time.monotonic()
-        for claim_id, (look_until, held_until) in list(self._unknown_claims.items()):
+        for claim_id, (look_until, held_until, ahead) in list(self._unknown_claims.items()):
             if now > look_until:
                 del self._unknown_claims[claim_id]
                 continue
@@ -282,12 +283,19 @@ class Worker:
             metrics.CLAIMS_ADOPTED.inc(len(leases))
             log.info("a lost claim committed late; running what it leased",
                      extra={"leases": len(leases)})
-            # Its rows were claimed for the slots free then; any more than are free now
-            # go back at once (due now) rather than wait for their lease.
-            room = max(self.concurrency - len(self.jobs), 0)
-            for lease in leases[:room]:
-                self._start(lease, held_until)
-            started += min(room, len(leases))
+            if ahead:
+                # Claimed with a batch's commit, for the slots its jobs free once their
+                # commits (repeated now) are answered: they wait for those slots.
+                room = max(self.concurrency - len(self.claimed_ahead), 0)
+                for lease in leases[:room]:
+                    self.claimed_ahead[lease.token] = (lease, held_until)
+            else:
+                # Its rows were claimed for the slots free then; any more than are free
+                # now go back at once (due now) rather than wait for their lease.
+                room = max(self.concurrency - len(self.jobs), 0)
+                for lease in leases[:room]:
+                    self._start(lease, held_until)
+                started += min(room, len(leases))
             if leases[room:]:
                 try:
                     await self.queue.release(leases[room:])
@@ -711,7 +719,7 @@ class _Refill:
                     " looking up what the claim leased")
         # Looked up at the loop's next turn, as any claim whose answer was lost.
         w._unknown_claims[claim_id] = (sent + 2 * w.settings.lease_seconds,
-                                       sent + w.settings.lease_seconds)
+                                       sent + w.settings.lease_seconds, True)
         w.wake.set()
 
 

@@ -6,9 +6,9 @@
 A simulated worker behaves as `darkroom worker` does towards the database, and does
 nothing else: it claims as many cards as it has free slots (`Queue.claim(free)`, so one
 at a time once it is running), registers the attempt's object key, "derives" by sleeping
-a uniformly drawn image time, and publishes with the fenced `Queue.complete_many` of its
-one result (the worker's completer batches only jobs that finish together, rare with
-a few slots and image times spread over seconds); one
+a uniformly drawn image time, and publishes its one result with the claim of the slot it
+frees (`Queue.complete_and_claim`, as the worker's completer does; it batches only jobs
+that finish together, rare with a few slots and image times spread over seconds); one
 `Queue.heartbeat` per worker every lease/3 extends all its leases. Slots are asyncio tasks,
 spread over a few processes that share connection pools (a real fleet has a pool per
 worker; PostgreSQL's work per statement is the same). The backlog is seeded large enough
@@ -88,7 +88,6 @@ class SimWorker:
         self.tasks: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
-        tasks = self.tasks
         while True:
             free = self.slots - len(self.held)
             if free > 0:
@@ -96,22 +95,30 @@ class SimWorker:
                 leases = await self.jobs.claim(free)
                 self.meter.claimed(time.perf_counter() - t, len(leases))
                 for lease in leases:
-                    self.held[lease.file_id] = lease
-                    task = asyncio.create_task(self.job(lease))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
+                    self.start(lease)
                 if not leases:  # never in a sized run: the backlog outlasts the window
                     await asyncio.sleep(0.5)
                     continue
             await self.wake.wait()
             self.wake.clear()
 
+    def start(self, lease: Lease) -> None:
+        self.held[lease.file_id] = lease
+        task = asyncio.create_task(self.job(lease))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
     async def job(self, lease: Lease) -> None:
         await self.jobs.register_attempt_objects(lease, [derived_key(lease)])
         await asyncio.sleep(self.rng.uniform(*self.job_seconds))
-        lost = await self.jobs.complete_many([(lease, noop_result(lease))])
+        # The worker's completer: the commit carries the claim of the slot it frees.
+        t = time.perf_counter()
+        lost, leases = await self.jobs.complete_and_claim([(lease, noop_result(lease))], 1)
+        self.meter.claimed(time.perf_counter() - t, len(leases))
         del self.held[lease.file_id]
         self.meter.completed(len(lost))
+        for nxt in leases:
+            self.start(nxt)
         self.wake.set()
 
     async def heartbeat(self, interval: float) -> None:
@@ -404,8 +411,9 @@ def write_doc(result: dict[str, Any]) -> None:
         f"{a['slots_per_worker']} slots per simulated worker, images of "
         f"{a['job_seconds'][0]}–{a['job_seconds'][1]} s (uniform), lease {a['lease']:.0f} s "
         f"(a heartbeat per worker every {a['lease'] / 3:.0f} s), {a['warmup']:.0f} s warm-up "
-        f"then a {a['window']:.0f} s window per size; per job: claim (one row once "
-        "running), register the attempt's key, fenced complete. Ideal = slots ÷ mean image "
+        f"then a {a['window']:.0f} s window per size; per job: register the "
+        "attempt's key, then the fenced complete with the claim of the freed slot in one "
+        "transaction. Ideal = slots ÷ mean image "
         "time. PG cores = PostgreSQL's CPU seconds per second, all its processes.",
         "",
         "| slots | jobs/s | of ideal | PG cores | PG µs/job | heartbeat share | "

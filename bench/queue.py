@@ -233,11 +233,35 @@ def darkroom_seed_jobs(url: str, n: int) -> None:
         conn.execute("VACUUM ANALYZE archive_files")
 
 
+class _Refill:
+    """The worker's refill (darkroom/worker.py `_Refill`) without its breaker and stop:
+    the slots a batch frees are claimed with the batch's commit."""
+
+    def __init__(self, slots: int, running: set[asyncio.Task[None]]) -> None:
+        self.slots, self.running = slots, running
+        self.ahead: list[Lease] = []
+        self.claiming = 0
+
+    def wanted(self, finishing: int) -> int:
+        free = self.slots - len(self.running) + finishing - len(self.ahead) - self.claiming
+        n = max(0, min(free, finishing))
+        self.claiming += n
+        return n
+
+    def claimed(self, leases: list[Lease], asked: int, sent: float) -> None:
+        self.claiming -= asked
+        self.ahead += leases
+
+    def unknown(self, claim_id: uuid.UUID, asked: int, sent: float) -> None:
+        raise RuntimeError("a claim's answer was lost in a no-op run")
+
+
 async def drain_like_worker(queue: Queue, slots: int) -> int:
     """The worker's own loop with no-op jobs: claim as many leases as there are free
     slots, run each as its own task that commits through the worker's `Completer` (the
-    fenced commits of the jobs that finish together go in one statement, as
-    `Worker._attempt` does), claim again as slots free up; until the queue is empty.
+    fenced commits of the jobs that finish together go in one statement, sent with the
+    claim of the slots they free, as `Worker._attempt` does), start what that claim
+    leased, claim again for slots still free; until the queue is empty.
     Answers the jobs done."""
     async def job(lease: Lease) -> None:
         if not await completer.complete(lease, noop_result(lease)):
@@ -247,18 +271,21 @@ async def drain_like_worker(queue: Queue, slots: int) -> int:
                      _leases: Sequence[Lease]) -> set[uuid.UUID]:
         return await call()
 
-    completer = Completer(queue, direct)
     running: set[asyncio.Task[None]] = set()
+    refill = _Refill(slots, running)
+    completer = Completer(queue, direct, refill=refill)
     done = 0
     async with completer_running(completer):
         while True:
-            free = slots - len(running)
-            for lease in await queue.claim(free) if free else []:
+            while refill.ahead and len(running) < slots:
+                running.add(asyncio.create_task(job(refill.ahead.pop(0))))
+            free = slots - len(running) - len(refill.ahead) - refill.claiming
+            for lease in await queue.claim(free) if free > 0 else []:
                 running.add(asyncio.create_task(job(lease)))
             if not running:
                 return done
-            finished, running = await asyncio.wait(running,
-                                                   return_when=asyncio.FIRST_COMPLETED)
+            finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            running -= finished  # the same set the refill counts
             for task in finished:
                 task.result()
             done += len(finished)

@@ -9,17 +9,30 @@ alone, and a batch repeated after its answer was lost is recognized row by row.
 A batch being tried again through a database fault does not hold up the results that
 finish meanwhile: they are committed as batches of their own, so one batch's cut
 connections never keep other jobs waiting past their leases.
+
+With a `Refill`, the slots a batch frees are claimed by the batch's own transaction
+(`Queue.complete_and_claim`: one round trip, one commit), and the leases are handed over
+before the batch's jobs hear their answers, so a busy worker's next jobs start without a
+claim of their own. A batch whose answer was lost is repeated as commits alone, and its
+claim is left to be looked up (`Queue.adopt_claim`); any other error of the pair is
+followed by the commits alone, so a claim's trouble never fails a finished job.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Protocol, TypeVar
 
-from darkroom.queue import Derived, Lease
+import psycopg
+
+from darkroom.queue import ClaimUnknown, Derived, Lease
+
+log = logging.getLogger("darkroom.completer")
 
 T = TypeVar("T")
 # How a batch's statement is tried: the call, and the leases it commits (the worker retries
@@ -33,18 +46,38 @@ GATHER_SECONDS = 0.5
 
 
 class Completions(Protocol):
-    """The queue call the completer makes (`Queue.complete_many`)."""
+    """The queue calls the completer makes: `Queue.complete_many`, and
+    `Queue.complete_and_claim` when the worker refills the slots a batch frees."""
 
     async def complete_many(self, results: Sequence[tuple[Lease, Derived]]
                             ) -> set[uuid.UUID]: ...
 
+    async def complete_and_claim(self, results: Sequence[tuple[Lease, Derived]], n: int,
+                                 claim_id: uuid.UUID | None = None,
+                                 ) -> tuple[set[uuid.UUID], list[Lease]]: ...
+
+
+class Refill(Protocol):
+    """The worker's side of claiming with a batch's commit."""
+
+    def wanted(self, finishing: int) -> int:
+        """How many cards to claim with a batch of `finishing` results (0: none)."""
+
+    def claimed(self, leases: list[Lease], asked: int, sent: float) -> None:
+        """The claim of `asked` sent at `sent` (monotonic) leased these (maybe none).
+        Called before the batch's jobs hear their answers."""
+
+    def unknown(self, claim_id: uuid.UUID, asked: int, sent: float) -> None:
+        """The claim's answer was lost: it may have leased cards (`Queue.adopt_claim`)."""
+
 
 class Completer:
     def __init__(self, queue: Completions, retry: Retry[set[uuid.UUID]], *,
-                 max_batch: int = MAX_BATCH) -> None:
+                 max_batch: int = MAX_BATCH, refill: Refill | None = None) -> None:
         self.queue = queue
         self._retry = retry
         self.max_batch = max_batch
+        self._refill = refill
         self._pending: list[tuple[Lease, Derived, asyncio.Future[bool]]] = []
         self._wake = asyncio.Event()
         # Batches being committed: one at a time while they go through at once, more
@@ -101,8 +134,10 @@ class Completer:
     async def _commit(self, batch: list[tuple[Lease, Derived, asyncio.Future[bool]]]) -> None:
         results = [(lease, derived) for lease, derived, _ in batch]
         try:
-            lost = await self._retry(lambda: self.queue.complete_many(results),
-                                     [lease for lease, _ in results])
+            lost = await self._commit_and_claim(results)
+            if lost is None:
+                lost = await self._retry(lambda: self.queue.complete_many(results),
+                                         [lease for lease, _ in results])
         except asyncio.CancelledError:
             for *_, answer in batch:
                 answer.cancel()
@@ -115,6 +150,33 @@ class Completer:
         for lease, _, answer in batch:
             if not answer.done():  # its job may have been cancelled meanwhile
                 answer.set_result(lease.token not in lost)
+
+
+    async def _commit_and_claim(self, results: list[tuple[Lease, Derived]]
+                                ) -> set[uuid.UUID] | None:
+        """The batch's commits with the claim of the slots it frees; None when the commits
+        are still to be made (or repeated) on their own."""
+        asked = self._refill.wanted(len(results)) if self._refill else 0
+        if self._refill is None or asked <= 0:
+            return None
+        sent = time.monotonic()
+        try:
+            lost, leases = await self.queue.complete_and_claim(results, asked)
+        except ClaimUnknown as unknown:
+            self._refill.unknown(unknown.claim_id, asked, sent)
+            return None
+        except psycopg.Error as exc:
+            # Rolled back whole: nothing of it committed.
+            log.warning("commit with a claim failed; committing alone",
+                        extra={"error": type(exc).__name__})
+            self._refill.claimed([], asked, sent)
+            return None
+        except asyncio.CancelledError:
+            # Stopping: whatever it may have leased runs out its lease.
+            self._refill.claimed([], asked, sent)
+            raise
+        self._refill.claimed(leases, asked, sent)
+        return lost
 
 
 @contextlib.asynccontextmanager

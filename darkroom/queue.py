@@ -331,13 +331,35 @@ class Queue:
             return []
         claim_id = uuid.uuid4()
         try:
-            return await self._leases("claim", {
-                "n": n, "max_attempts": self.max_attempts, "claim": claim_id,
-                "lease_seconds": self.lease_seconds, "worker": self.worker,
-                "bulk_share": self.bulk_share,
-            })
+            return await self._leases("claim", self._claim_params(n, claim_id))
         except CONNECTION_ERRORS as exc:
             raise ClaimUnknown(claim_id) from exc
+
+    def _claim_params(self, n: int, claim_id: uuid.UUID) -> dict[str, Any]:
+        return {"n": n, "max_attempts": self.max_attempts, "claim": claim_id,
+                "lease_seconds": self.lease_seconds, "worker": self.worker,
+                "bulk_share": self.bulk_share}
+
+    async def complete_and_claim(self, results: Sequence[tuple[Lease, Derived]], n: int,
+                                 claim_id: uuid.UUID | None = None,
+                                 ) -> tuple[set[uuid.UUID], list[Lease]]:
+        """`complete_many`, then `claim(n)`, in one transaction sent in one round trip:
+        the worker refills the slots a batch frees with the batch's own commit.
+
+        Both statements are the protocol's own, each row still fenced by its token; they
+        commit together or not at all. Raises `ClaimUnknown` when the answer was lost:
+        the commits are then repeated on their own (`complete_many` recognizes a repeat
+        of one that went through), and what the claim leased is found by `adopt_claim`.
+        Any other error rolled both back.
+        """
+        claim_id = claim_id or uuid.uuid4()
+        try:
+            lost, leases = await self.db.together(
+                ("complete", self._complete_params(results), None),
+                ("claim", self._claim_params(n, claim_id), Lease))
+        except CONNECTION_ERRORS as exc:
+            raise ClaimUnknown(claim_id) from exc
+        return {r["token"] for r in lost}, leases
 
     async def adopt_claim(self, claim_id: uuid.UUID) -> list[Lease]:
         """The leases a claim made whose answer was lost (none if it never committed)."""
@@ -372,7 +394,11 @@ class Queue:
         """
         if not results:
             return set()
-        rows = await self._rows("complete", {
+        rows = await self._rows("complete", self._complete_params(results))
+        return {r["token"] for r in rows}
+
+    def _complete_params(self, results: Sequence[tuple[Lease, Derived]]) -> dict[str, Any]:
+        return {
             "ids": [lease.file_id for lease, _ in results],
             "tokens": [lease.token for lease, _ in results],
             "keys": [d.key for _, d in results],
@@ -389,8 +415,7 @@ class Queue:
             "thumb_sizes": [d.thumb.size if d.thumb else None for _, d in results],
             "thumbhashes": [d.thumbhash for _, d in results],
             "worker": self.worker, "fingerprint": self.fingerprint,
-        })
-        return {r["token"] for r in rows}
+        }
 
     async def complete(self, lease: Lease, derived: Derived) -> None:
         """Publish one result; raises `LeaseLost` when the attempt lost its right to."""

@@ -169,8 +169,15 @@ class Worker:
         # most 30 s): a store back is noticed as soon as a retried card would be.
         self.breaker = StoreBreaker(self._probe_store, on_change=self._record_pause,
                                     cap_seconds=settings.retry_cap_seconds)
-        # Fenced commits, batched: one statement for the results that finish together.
-        self.completer = Completer(queue, self._db_for_leases)
+        # Fenced commits, batched: one statement for the results that finish together,
+        # sent with the claim of the slots they free.
+        self.completer = Completer(queue, self._db_for_leases, refill=_Refill(self))
+        # Leases claimed with a batch's commit, by token, each with until when it surely
+        # holds: started as soon as their slots are free (heartbeated meanwhile).
+        self.claimed_ahead: dict[uuid.UUID, tuple[Lease, float]] = {}
+        # Cards being claimed right now (by the loop or with a batch's commit), so that
+        # the two together never claim more than the free slots.
+        self.claiming = 0
         # By file: when (monotonic) this worker last handed it back for the store.
         self._deferred_at: dict[uuid.UUID, float] = {}
         self.wake = asyncio.Event()
@@ -179,8 +186,9 @@ class Worker:
         self._rng = random.Random()
         # Claims whose answer was lost and whose lookup found nothing yet: the claim may
         # still commit (its statement was on its way, or still running on the server).
-        # By claim id: until when to look again, and until when its leases surely hold.
-        self._unknown_claims: dict[uuid.UUID, tuple[float, float]] = {}
+        # By claim id: until when to look again, until when its leases surely hold, and
+        # whether it was claimed with a batch's commit (for slots that free with it).
+        self._unknown_claims: dict[uuid.UUID, tuple[float, float, bool]] = {}
 
     # --- the main loop -----------------------------------------------------------------
 
@@ -220,11 +228,13 @@ class Worker:
 
     async def _claim_free_slots(self) -> int:
         adopted = await self._adopt_late_claims() if self._unknown_claims else 0
-        free = self.concurrency - len(self.jobs)
+        adopted += self._start_claimed_ahead()
+        free = self.concurrency - len(self.jobs) - len(self.claimed_ahead) - self.claiming
         if free <= 0:
             return adopted
         sent = time.monotonic()
         held_until = sent + self.settings.lease_seconds
+        self.claiming += free
         try:
             leases = await self.queue.claim(free)
         except ClaimUnknown as unknown:
@@ -246,22 +256,34 @@ class Worker:
                 # Nothing yet; the claim may commit later. Looked up again at every turn
                 # of the loop, so what it leases is run, not left to run out its lease.
                 self._unknown_claims[claim_id] = (sent + 2 * self.settings.lease_seconds,
-                                                  held_until)
+                                                  held_until, False)
         except CONNECTION_ERRORS as exc:
             metrics.DB_ERRORS.inc()
             log.warning("claim failed; database unavailable", extra={"error": type(exc).__name__})
             await self._pause(self._rng.uniform(0.5, 2.0))
             return 0
+        finally:
+            self.claiming -= free
         for lease in leases:
             self._start(lease, held_until)
         return len(leases)
+
+    def _start_claimed_ahead(self) -> int:
+        """Start the leases claimed with a batch's commit, as far as slots are free."""
+        room = self.concurrency - len(self.jobs)
+        started = 0
+        for token in list(self.claimed_ahead)[:max(room, 0)]:
+            lease, held_until = self.claimed_ahead.pop(token)
+            self._start(lease, held_until)
+            started += 1
+        return started
 
     async def _adopt_late_claims(self) -> int:
         """Run what a claim whose answer was lost leased after its first lookup. A claim
         commits all its rows at once: once some are found, it is settled."""
         started = 0
         now = time.monotonic()
-        for claim_id, (look_until, held_until) in list(self._unknown_claims.items()):
+        for claim_id, (look_until, held_until, ahead) in list(self._unknown_claims.items()):
             if now > look_until:
                 del self._unknown_claims[claim_id]
                 continue
@@ -278,12 +300,19 @@ class Worker:
             metrics.CLAIMS_ADOPTED.inc(len(leases))
             log.info("a lost claim committed late; running what it leased",
                      extra={"leases": len(leases)})
-            # Its rows were claimed for the slots free then; any more than are free now
-            # go back at once (due now) rather than wait for their lease.
-            room = max(self.concurrency - len(self.jobs), 0)
-            for lease in leases[:room]:
-                self._start(lease, held_until)
-            started += min(room, len(leases))
+            if ahead:
+                # Claimed with a batch's commit, for the slots its jobs free once their
+                # commits (repeated now) are answered: they wait for those slots.
+                room = max(self.concurrency - len(self.claimed_ahead), 0)
+                for lease in leases[:room]:
+                    self.claimed_ahead[lease.token] = (lease, held_until)
+            else:
+                # Its rows were claimed for the slots free then; any more than are free
+                # now go back at once (due now) rather than wait for their lease.
+                room = max(self.concurrency - len(self.jobs), 0)
+                for lease in leases[:room]:
+                    self._start(lease, held_until)
+                started += min(room, len(leases))
             if leases[room:]:
                 try:
                     await self.queue.release(leases[room:])
@@ -587,6 +616,7 @@ class Worker:
             await asyncio.sleep(wait)
             wait = interval
             held = [job.lease for job in self.jobs.values() if not job.abandoned]
+            held += [lease for lease, _ in self.claimed_ahead.values()]
             if not held:
                 continue
             sent = time.monotonic()
@@ -603,6 +633,15 @@ class Worker:
             retry = HEARTBEAT_RETRY_SECONDS
             metrics.HEARTBEATS.inc()
             for lease in held:
+                ahead = self.claimed_ahead.get(lease.token)
+                if ahead is not None:  # still waiting for its slot
+                    if lease.token in lost:
+                        metrics.LEASE_LOST.inc()
+                        del self.claimed_ahead[lease.token]
+                    else:
+                        self.claimed_ahead[lease.token] = (
+                            lease, max(ahead[1], sent + self.settings.lease_seconds))
+                    continue
                 # A job that ended while the heartbeat was in flight is gone from here.
                 job = self.jobs.get(lease.token)
                 if job is None:
@@ -642,14 +681,18 @@ class Worker:
                                return_when=asyncio.FIRST_COMPLETED)
             skipped.cancel()
         unfinished = list(self.jobs.values())
-        if not unfinished:
+        # Claimed with a commit and never started: handed back with the unfinished.
+        unstarted = [lease for lease, _ in self.claimed_ahead.values()]
+        self.claimed_ahead.clear()
+        if not unfinished and not unstarted:
             return
         for job in unfinished:
             job.abandon()
         try:
             # Bounded, so a stop always ends within the grace and a few seconds.
             async with asyncio.timeout(HAND_BACK_SECONDS):
-                released = await self.queue.release([job.lease for job in unfinished])
+                released = await self.queue.release(
+                    [job.lease for job in unfinished] + unstarted)
         except (TimeoutError, *CONNECTION_ERRORS):
             released = set()
             log.warning("could not hand leases back; they will expire instead")
@@ -661,6 +704,44 @@ class Worker:
                 job.task.cancel()
         await asyncio.wait([job.task for job in unfinished if job.task is not None],
                            timeout=HAND_BACK_SECONDS)
+
+
+class _Refill:
+    """The worker's side of claiming with a batch's commit (completer.Refill): the slots
+    the batch frees, less what is already claimed for them; none while the worker stops,
+    its store breaker is open, or a claim's answer is still being looked for."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    def wanted(self, finishing: int) -> int:
+        w = self.worker
+        if w.stopping.is_set() or w.breaker.is_open or w._unknown_claims:
+            return 0
+        free = w.concurrency - len(w.jobs) + finishing - len(w.claimed_ahead) - w.claiming
+        n = max(0, min(free, finishing))
+        w.claiming += n
+        return n
+
+    def claimed(self, leases: list[Lease], asked: int, sent: float) -> None:
+        w = self.worker
+        w.claiming -= asked
+        held_until = sent + w.settings.lease_seconds
+        for lease in leases:
+            w.claimed_ahead[lease.token] = (lease, held_until)
+        if leases:
+            w.wake.set()
+
+    def unknown(self, claim_id: uuid.UUID, asked: int, sent: float) -> None:
+        w = self.worker
+        w.claiming -= asked
+        metrics.DB_ERRORS.inc()
+        log.warning("the answer of a commit with a claim was lost; committing again and"
+                    " looking up what the claim leased")
+        # Looked up at the loop's next turn, as any claim whose answer was lost.
+        w._unknown_claims[claim_id] = (sent + 2 * w.settings.lease_seconds,
+                                       sent + w.settings.lease_seconds, True)
+        w.wake.set()
 
 
 def pick_decoder(idle: list[DecoderProcess], owner: str) -> int:

@@ -105,6 +105,20 @@ class Database:
         async with self.pool.connection() as conn, conn.transaction():
             yield Statements(conn)
 
+    async def together(self, *statements: tuple[str, Params, type[Any] | None]
+                       ) -> list[list[Any]]:
+        """Named statements in one transaction, sent in one round trip (a pipeline): they
+        commit together or not at all. Answers each one's rows, built into its class
+        (dataclass by column name) where one is given, else dicts."""
+        async with self.pool.connection() as conn, conn.pipeline():
+            cursors = []
+            async with conn.transaction():
+                for name, params, cls in statements:
+                    cur = conn.cursor(row_factory=class_row(cls)) if cls else conn.cursor()
+                    await cur.execute(QUERIES[name], params, prepare=True)
+                    cursors.append(cur)
+            return [list(await cur.fetchall()) for cur in cursors]
+
     async def ping(self, timeout: float) -> None:
         """One round trip within `timeout` seconds, for readiness checks."""
         async with self.pool.connection(timeout=timeout) as conn:

@@ -103,11 +103,16 @@ WITH expired AS (
     SELECT id, owner, fair_stamp FROM archive_files
     WHERE status = 'queued' AND priority = 'bulk' AND available_at <= now()
       -- Not while paused (claim_pauses): a pause of the whole class is one probe before
-      -- the scan, which then reads nothing; a paused owner's cards are passed over.
+      -- the scan, which then reads nothing; a paused owner's cards are passed over. The
+      -- owner is compared as an expression, not as the column: the column's statistics
+      -- price `<> ALL` of a list unknown at planning at nearly no rows when a few owners
+      -- hold the backlog (one, on a personal server), and the planner would then sort
+      -- the whole backlog at every claim instead of reading the index in order.
       AND NOT EXISTS (SELECT 1 FROM claim_pauses p WHERE p.owner IS NULL
                       AND coalesce(p.priority, 'bulk') = 'bulk')
-      AND owner <> ALL (ARRAY(SELECT p.owner FROM claim_pauses p WHERE p.owner IS NOT NULL
-                              AND coalesce(p.priority, 'bulk') = 'bulk'))
+      AND (owner || '') <> ALL (ARRAY(SELECT p.owner FROM claim_pauses p
+                                      WHERE p.owner IS NOT NULL
+                                        AND coalesce(p.priority, 'bulk') = 'bulk'))
     ORDER BY fair_stamp, owner
     LIMIT (SELECT m FROM owed)
     FOR UPDATE SKIP LOCKED
@@ -118,8 +123,9 @@ WITH expired AS (
       -- the scan, which then reads nothing; a paused owner's cards are passed over.
       AND NOT EXISTS (SELECT 1 FROM claim_pauses p WHERE p.owner IS NULL
                       AND coalesce(p.priority, 'interactive') = 'interactive')
-      AND owner <> ALL (ARRAY(SELECT p.owner FROM claim_pauses p WHERE p.owner IS NOT NULL
-                              AND coalesce(p.priority, 'interactive') = 'interactive'))
+      AND (owner || '') <> ALL (ARRAY(SELECT p.owner FROM claim_pauses p
+                                      WHERE p.owner IS NOT NULL
+                                        AND coalesce(p.priority, 'interactive') = 'interactive'))
     ORDER BY fair_stamp, owner
     LIMIT greatest((SELECT k FROM slots) - (SELECT count(*) FROM bulk_owed), 0)
     FOR UPDATE SKIP LOCKED
@@ -130,8 +136,9 @@ WITH expired AS (
       -- the scan, which then reads nothing; a paused owner's cards are passed over.
       AND NOT EXISTS (SELECT 1 FROM claim_pauses p WHERE p.owner IS NULL
                       AND coalesce(p.priority, 'bulk') = 'bulk')
-      AND owner <> ALL (ARRAY(SELECT p.owner FROM claim_pauses p WHERE p.owner IS NOT NULL
-                              AND coalesce(p.priority, 'bulk') = 'bulk'))
+      AND (owner || '') <> ALL (ARRAY(SELECT p.owner FROM claim_pauses p
+                                      WHERE p.owner IS NOT NULL
+                                        AND coalesce(p.priority, 'bulk') = 'bulk'))
       AND id <> ALL (ARRAY(SELECT id FROM bulk_owed))
     ORDER BY fair_stamp, owner
     LIMIT greatest((SELECT k FROM slots) - (SELECT count(*) FROM bulk_owed)

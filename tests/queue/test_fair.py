@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from darkroom.db.queries import QUERIES
 from darkroom.errors import ErrorCode
 from darkroom.owners import set_owner_weight
 from darkroom.queue import Derived, Lease, Priority, Queue, derived_key
@@ -284,3 +285,23 @@ async def test_concurrent_claims_leave_the_virtual_time_at_the_last_card_claimed
         waiting = conn.execute(SQL["first_waiting_stamp"]).fetchone()
     assert head == keys[0]
     assert waiting is not None and waiting[0] >= head[0]
+
+
+def test_the_claim_reads_the_line_in_order_when_one_owner_holds_the_backlog(
+        db_url: str) -> None:
+    """One owner's backlog (a personal server's): the claim still reads the due index in
+    fair-share order and stops at its limit, instead of sorting every waiting card."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for priority in ("interactive", "bulk"):
+            conn.execute(
+                "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
+                " original_key, original_version, status, priority, fair_stamp)"
+                " SELECT 'alice', 'f.jpg', 'image/jpeg', 1, 'originals/' || i, 'v1', 'queued',"
+                " %s, i FROM generate_series(1, 5000) AS i", (priority,))
+        conn.execute("ANALYZE archive_files")
+        plan = "\n".join(r[0] for r in conn.execute(
+            ("EXPLAIN " + QUERIES["claim"]).encode(),
+            {"n": 4, "max_attempts": 3, "claim": uuid.uuid4(), "lease_seconds": 60,
+             "worker": "w", "bulk_share": 0.1}).fetchall())
+    # A sort of archive_files rows: every due card read and ordered at each claim.
+    assert "Sort Key: archive_files" not in plan, plan

@@ -101,3 +101,99 @@ async def test_a_batch_being_tried_again_does_not_hold_up_the_next(pool: Any) ->
         released.set()
         assert await asyncio.wait_for(one, 10) is True
     assert calls == 2
+
+
+class Refilled:
+    """A refill (completer.Refill) that asks for `n` cards with every batch, and records."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.leases: list[Lease] = []
+        self.unknown_claims: list[uuid.UUID] = []
+        self.heard_before_answers: list[bool] = []
+        self.answers: list[asyncio.Future[bool]] = []
+
+    def wanted(self, finishing: int) -> int:
+        return self.n
+
+    def claimed(self, leases: list[Lease], asked: int, sent: float) -> None:
+        assert asked == self.n
+        self.heard_before_answers.append(not any(a.done() for a in self.answers))
+        self.leases += leases
+
+    def unknown(self, claim_id: uuid.UUID, asked: int, sent: float) -> None:
+        self.unknown_claims.append(claim_id)
+
+
+async def direct(call: Callable[[], Awaitable[set[uuid.UUID]]],
+                 _leases: Sequence[Lease]) -> set[uuid.UUID]:
+    return await call()
+
+
+def kinds(db_url: str) -> list[tuple[str, int]]:
+    with psycopg.connect(db_url) as conn:
+        return conn.execute("SELECT kind, count(*) FROM archive_events"
+                            " WHERE kind IN ('ready', 'claimed', 'lease_lost')"
+                            " GROUP BY kind ORDER BY kind").fetchall()
+
+
+async def test_a_batch_commits_with_the_claim_of_the_slots_it_frees(
+        pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    await new_queued(q, 5)
+    leases = await q.claim(2)
+    refill = Refilled(2)
+    completer = Completer(q, direct, refill=refill)
+    async with running(completer):
+        refill.answers = [completer.submit(lease, result(lease)) for lease in leases]
+        assert await asyncio.gather(*refill.answers) == [True, True]
+    # Handed over before the jobs heard their answers: their slots are refilled at once.
+    assert refill.heard_before_answers == [True]
+    assert len(refill.leases) == 2
+    assert {lease.attempt for lease in refill.leases} == {1}
+    assert {lease.file_id for lease in refill.leases}.isdisjoint(
+        {lease.file_id for lease in leases})
+    assert kinds(db_url) == [("claimed", 4), ("ready", 2)]
+
+
+async def test_a_commit_with_a_claim_whose_answer_was_lost_ends_right(
+        pool: Any, db_url: str) -> None:
+    """Committed, answer lost: the commits are repeated and recognized as published, and
+    the claim's leases are found by its id, each started once. Not committed: the commits
+    go through on their own, and the claim leased nothing."""
+    from darkroom.queue import ClaimUnknown, Queue
+
+    class AnswerLost(Queue):
+        """The network of this test: the pair commits (or not), its answer never comes."""
+
+        commits = True
+
+        async def complete_and_claim(self, results: Sequence[tuple[Lease, Derived]], n: int,
+                                     claim_id: uuid.UUID | None = None,
+                                     ) -> tuple[set[uuid.UUID], list[Lease]]:
+            claims.append(claim_id or uuid.uuid4())
+            if self.commits:
+                await super().complete_and_claim(results, n, claims[-1])
+            raise ClaimUnknown(claims[-1]) from psycopg.OperationalError("cut")
+
+    claims: list[uuid.UUID] = []
+    q = AnswerLost(make_queue(pool).db, lease_seconds=30.0, max_attempts=3,
+                   retry_base_seconds=0.0, retry_cap_seconds=0.0, worker="test")
+    await new_queued(q, 6)
+    for commits in (True, False):
+        q.commits = commits
+        leases = await q.claim(2)
+        refill = Refilled(2)
+        completer = Completer(q, direct, refill=refill)
+        async with running(completer):
+            answers = [completer.submit(lease, result(lease)) for lease in leases]
+            assert await asyncio.gather(*answers) == [True, True]
+        assert refill.unknown_claims == claims[-1:]
+        adopted = await q.adopt_claim(claims[-1])
+        if commits:
+            assert len(adopted) == 2 and {lease.attempt for lease in adopted} == {1}
+            for lease in adopted:
+                assert await q.complete_many([(lease, result(lease))]) == set()
+        else:
+            assert adopted == []
+    assert kinds(db_url) == [("claimed", 6), ("ready", 6)]

@@ -91,6 +91,12 @@ class ScriptedQueue:
         await self.commit_gate.wait()
         return {lease.token for lease, _ in results if lease.token in self.lost_at_commit}
 
+    async def complete_and_claim(self, results: Sequence[tuple[Lease, Derived]], n: int,
+                                 claim_id: uuid.UUID | None = None,
+                                 ) -> tuple[set[uuid.UUID], list[Lease]]:
+        lost = await self.complete_many(results)
+        return lost, await self.claim(n)
+
     async def fail(self, lease: Lease, code: ErrorCode) -> Status:
         self.log.append(f"fail {code}")
         self.failed.append((lease.token, code))
@@ -175,6 +181,7 @@ class ScriptedDecoder(DecoderProcess):
     def __init__(self, script: Script) -> None:  # no child, no limits: nothing to start
         self.script = script
         self._kill = threading.Event()
+        self.last_stages: dict[str, float] = {}
 
     @property
     def owner(self) -> str | None:

@@ -11,6 +11,7 @@ same `NotFound`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
 import uuid
@@ -385,8 +386,7 @@ class Files:
             # Only the confirmed version is kept: a presigned URL may have been used more
             # than once. (The local store takes uploads only through `store_content`,
             # which already keeps just the latest.)
-            store, kept = self.store, version
-            tidy = lambda: drop_versions(store, key, keep=kept)  # noqa: E731
+            tidy = functools.partial(drop_versions, self.store, key, keep=version)
         card = done.card
         if card is None:  # confirmed before with this version (maybe concurrently)
             card = await self.queue.get_file(file_id, owner)

@@ -53,7 +53,7 @@ IdempotencyKey = Annotated[
 _background: set[asyncio.Task[None]] = set()
 
 
-def background(work: Callable[[], None]) -> None:
+def _after_answer(work: Callable[[], None]) -> None:
     """Run blocking clean-up `work` in a thread after the answer."""
     task = asyncio.get_running_loop().create_task(to_thread.run_sync(work))
     _background.add(task)
@@ -202,7 +202,7 @@ async def confirm(file_id: FileId, body: Confirm, who: Caller, flow: FilesDep) -
     match done:
         case files.Confirmed(card, tidy):
             if tidy is not None:
-                background(tidy)  # off the answer's path: the card is already queued
+                _after_answer(tidy)  # off the answer's path: the card is already queued
             return json_answer(card_from_row(card), 202, {"Location": f"/v1/files/{fid}"})
         case files.NotFound():
             raise not_found()

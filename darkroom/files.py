@@ -27,6 +27,7 @@ from darkroom.config import Settings
 from darkroom.errors import ObjectMissing, StorageError, StorageUnavailable
 from darkroom.layout import original_key
 from darkroom.queue import Confirmation, ConfirmOutcome, Queue, QuotaExceeded
+from darkroom.reads import Reads
 from darkroom.storage import ObjectInfo, ObjectStore, PresignedRequest
 
 log = logging.getLogger(__name__)
@@ -207,6 +208,7 @@ class Files:
     def __init__(self, queue: Queue, store: ObjectStore, settings: Settings) -> None:
         self.queue = queue
         self.store = store
+        self.reads = Reads(queue.db)
         self.uploads = uploads.Uploads(queue.db)
         self.max_upload_bytes = settings.max_upload_bytes
         self.quota_files = settings.owner_quota_files
@@ -300,7 +302,7 @@ class Files:
         limit, whatever was announced. Only the newest upload is kept: the earlier ones
         can never be confirmed usefully, and would otherwise let one card fill the store.
         `StorageError` when the store fails."""
-        card = await self.queue.get_file(file_id, owner)
+        card = await self.reads.get_file(file_id, owner)
         if card is None:
             return NotFound()
         if card.status is not Status.PENDING:
@@ -351,7 +353,7 @@ class Files:
             # Decided from the card: a repeat stays idempotent even if the original has
             # since gone (the worker will report that as original_missing) or the store
             # is down.
-            card = await self.queue.get_file(file_id, owner)
+            card = await self.reads.get_file(file_id, owner)
             if card is None:
                 return NotFound()
             if card.status is not Status.PENDING:
@@ -389,7 +391,7 @@ class Files:
             tidy = functools.partial(drop_versions, self.store, key, keep=version)
         card = done.card
         if card is None:  # confirmed before with this version (maybe concurrently)
-            card = await self.queue.get_file(file_id, owner)
+            card = await self.reads.get_file(file_id, owner)
             if card is None:  # deleted in between
                 return NotFound()
         return Confirmed(card, tidy)

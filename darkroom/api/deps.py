@@ -15,15 +15,27 @@ from fastapi import Depends, Path, Request
 from darkroom.api.auth import Caller
 from darkroom.api.problems import not_found
 from darkroom.config import Settings
+from darkroom.db.database import Database
 from darkroom.files import Files
 from darkroom.keys import key_name
 from darkroom.queue import Queue
+from darkroom.reads import Reads
 from darkroom.storage import ObjectStore
 
 
 def _queue(request: Request) -> Queue:
     queue: Queue = request.app.state.queue
     return queue
+
+
+def _reads(request: Request) -> Reads:
+    reads: Reads = request.app.state.reads
+    return reads
+
+
+def _db(request: Request) -> Database:
+    db: Database = request.app.state.db
+    return db
 
 
 def _store(request: Request) -> ObjectStore:
@@ -48,6 +60,8 @@ def _actor(request: Request, who: Caller) -> str:
 
 
 QueueDep = Annotated[Queue, Depends(_queue)]
+ReadsDep = Annotated[Reads, Depends(_reads)]
+DbDep = Annotated[Database, Depends(_db)]
 StoreDep = Annotated[ObjectStore, Depends(_store)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
 FilesDep = Annotated[Files, Depends(_files)]

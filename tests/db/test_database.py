@@ -11,6 +11,7 @@ import pytest
 
 from darkroom.db.database import Database, opened
 from darkroom.queue import NOTIFY_CHANNEL, Card, Lease, Priority, Status
+from darkroom.reads import Reads
 from tests.support.services import make_queue
 
 
@@ -35,7 +36,7 @@ async def test_a_transaction_that_fails_commits_nothing(pool: Any) -> None:
                       "sha256": None, "key_hash": None, "request_hash": None}
             await tx.rows("create_file", params)
             await tx.rows("create_file", params)  # the same id again: the whole block fails
-    assert await make_queue(pool).get_file(file_id, "o") is None
+    assert await Reads(Database(pool)).get_file(file_id, "o") is None
 
 
 async def test_listen_yields_what_is_notified_after_it_began(db_url: str) -> None:

@@ -117,7 +117,7 @@ async def test_a_create_past_the_limit_is_refused_before_it_is_throttled(
     assert asked == []  # a refused create spends nothing of the key's rate
     assert await files.create("alice", new(), throttle=throttle) == Throttled(7)
     assert asked == ["asked"]
-    assert await files.queue.list_files("alice") == []
+    assert await files.reads.list_files("alice") == []
 
 
 async def test_quotas_refuse_a_new_card_but_not_a_replay(pool: Any, store: ObjectStore) -> None:
@@ -155,7 +155,7 @@ async def test_a_key_answers_its_card_until_the_request_differs(
     # Another owner's key of the same name is another key.
     other = await created(files, "bob", key="k")
     assert other.card.id != first.card.id
-    assert [c.id for c in await files.queue.list_files("alice")] == [first.card.id]
+    assert [c.id for c in await files.reads.list_files("alice")] == [first.card.id]
 
 
 async def test_a_replayed_create_names_the_upload_its_client_could_not_confirm(
@@ -179,7 +179,7 @@ async def test_known_bytes_answer_the_owners_card_unless_a_duplicate_is_allowed(
     assert isinstance(await files.create("alice", new(claim=True)), Created)
     version = await upload(files, first)
     assert isinstance(await files.confirm(first.card.id, "alice", version), Confirmed)
-    card = await files.queue.get_file(first.card.id, "alice")
+    card = await files.reads.get_file(first.card.id, "alice")
     assert card is not None
     assert await files.create("alice", new(claim=True)) == Duplicate(card)
     assert isinstance(await files.create("alice", new(claim=True, allow_duplicate=True)),
@@ -195,7 +195,7 @@ async def test_bytes_without_the_claimed_digest_are_refused_and_deleted(
     bad = await upload(files, made, wrong)
     assert await files.confirm(made.card.id, "alice", bad) == DigestMismatch()
     assert bad not in versions(store, made.card)
-    card = await files.queue.get_file(made.card.id, "alice")
+    card = await files.reads.get_file(made.card.id, "alice")
     assert card is not None and card.status is Status.PENDING
     # The refused version is gone: confirming it again finds nothing to confirm.
     assert await files.confirm(made.card.id, "alice", bad) == VersionNotFound()
@@ -216,7 +216,7 @@ async def test_a_stored_version_of_the_wrong_size_is_refused_and_deleted(
     assert await files.confirm(made.card.id, "alice", huge) == TooLarge(LIMIT)
     assert versions(store, made.card) == []
     assert await files.confirm(made.card.id, "alice", "no-such-version") == VersionNotFound()
-    card = await files.queue.get_file(made.card.id, "alice")
+    card = await files.reads.get_file(made.card.id, "alice")
     assert card is not None and card.status is Status.PENDING
 
 

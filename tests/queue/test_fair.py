@@ -11,7 +11,10 @@ import psycopg
 import pytest
 
 from darkroom.errors import ErrorCode
+from darkroom.owners import set_owner_weight
 from darkroom.queue import Derived, Lease, Priority, Queue, derived_key
+from darkroom.reads import Reads
+from darkroom.stats import read as read_stats
 from tests.support.services import confirm, make_queue
 
 
@@ -87,7 +90,7 @@ async def test_past_work_is_no_debt(pool: Any, db_url: str) -> None:
 
 async def test_weight_gives_a_larger_share(pool: Any, db_url: str) -> None:
     q = make_queue(pool)
-    await q.set_owner_weight("heavy", 3)
+    await set_owner_weight(q.db, "heavy", 3)
     await add(q, "light", 20)
     await add(q, "heavy", 20)
     owners = owners_of(db_url, await claim_order(q))[:16]
@@ -137,11 +140,12 @@ async def test_rederive_keeps_the_old_derivative_until_the_new_one_is_published(
     [lease] = await q.claim(1)
     await q.complete(lease, derived_for(lease))
     new = make_queue(pool, fingerprint="new")
-    assert await new.rederive_owners("new") == {"a": 1}
-    assert await new.rederive_owners("old") == {}
+    assert await Reads(new.db).rederive_owners("new") == {"a": 1}
+    assert await Reads(new.db).rederive_owners("old") == {}
     assert await new.rederive("a", "new") == 1
     assert await new.rederive("a", "new") == 0  # a repeat queues nothing twice
-    assert await new.rederive_pending() == 1 and await new.rederive_pending("b") == 0
+    reads = Reads(new.db)
+    assert await reads.rederive_pending() == 1 and await reads.rederive_pending("b") == 0
     with psycopg.connect(db_url, row_factory=psycopg.rows.dict_row) as conn:
         row = conn.execute("SELECT * FROM archive_files WHERE id = %s", (fid,)).fetchone()
         assert row is not None
@@ -150,7 +154,7 @@ async def test_rederive_keeps_the_old_derivative_until_the_new_one_is_published(
     [again] = await new.claim(1)
     assert again.file_id == fid and again.attempt == 1
     await new.complete(again, derived_for(again))
-    assert await new.rederive_pending() == 0
+    assert await Reads(new.db).rederive_pending() == 0
     with psycopg.connect(db_url, row_factory=psycopg.rows.dict_row) as conn:
         row = conn.execute("SELECT * FROM archive_files WHERE id = %s", (fid,)).fetchone()
         assert row is not None
@@ -162,14 +166,14 @@ async def test_rederive_keeps_the_old_derivative_until_the_new_one_is_published(
     assert [(o["object_key"], o["reason"]) for o in orphans] == [
         (derived_key(lease), "superseded")]
     assert kinds == ["claimed", "ready", "rederive", "claimed", "ready"]
-    assert await new.rederive_owners("new") == {}
+    assert await Reads(new.db).rederive_owners("new") == {}
 
 
 async def test_backlog_figures(pool: Any) -> None:
     q = make_queue(pool)
     await add(q, "a", 3)
     await add(q, "b", 1, Priority.BULK)
-    stats = await q.stats(top=1)
+    stats = (await read_stats(q.db, top=1)).to_json()
     backlog = stats["backlog"]
     assert backlog["by_priority"]["interactive"]["waiting"] == 3
     assert backlog["by_priority"]["bulk"]["waiting"] == 1

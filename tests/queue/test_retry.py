@@ -18,6 +18,7 @@ from darkroom.config import ConfigError, Settings
 from darkroom.db.queries import QUERIES
 from darkroom.errors import RETRYABLE_CODES, ErrorCode
 from darkroom.queue import Derived, Lease, Priority, Queue, derived_key
+from darkroom.reads import Reads
 from darkroom.uploads import Uploads
 from tests.support.services import confirm, make_queue
 
@@ -83,7 +84,7 @@ async def test_retry_requeues_retryable_rejected_cards_once_with_a_fresh_budget(
     other = await rejected(q, ErrorCode.STORAGE_UNAVAILABLE, owner="bob")
     waiting = await queued(q)
 
-    assert await q.retry_candidates(owner=None, codes=CODES, since=None) == {
+    assert await Reads(q.db).retry_candidates(owner=None, codes=CODES, since=None) == {
         ("alice", "attempts_exhausted"): 1, ("alice", "processing_timeout"): 1,
         ("alice", "storage_unavailable"): 1, ("bob", "storage_unavailable"): 1}
     run = uuid.uuid4()
@@ -230,7 +231,7 @@ async def test_a_failed_rederive_keeps_the_photo_ready_and_is_tried_again(
         "ready", None, "invalid_image")
     assert r["derived_key"] == derived_key(first) and r["derive_fingerprint"] == "old"
     assert events(db_url, fid)[-1] == ("rederive_failed", "test", "invalid_image")
-    card = await q.get_file(fid, "alice")
+    card = await Reads(q.db).get_file(fid, "alice")
     assert card is not None and card.rederive_error == "invalid_image"
     # The failure is answered again if the statement is repeated (its answer lost).
     assert await q.fail(lease, ErrorCode.INVALID_IMAGE) == "ready"
@@ -239,7 +240,7 @@ async def test_a_failed_rederive_keeps_the_photo_ready_and_is_tried_again(
     known = await Uploads(q.db).known_original("alice", digest)
     assert known is not None and known.id == fid
     # The next `darkroom rederive` takes it again; a success clears the error.
-    assert await q.rederive_owners("new") == {"alice": 1}
+    assert await Reads(q.db).rederive_owners("new") == {"alice": 1}
     assert await q.rederive("alice", "new") == 1
     [again] = await q.claim(1)
     await q.complete(again, derived_for(again))

@@ -14,6 +14,7 @@ from darkroom.canary import round_trip
 from darkroom.errors import StorageUnavailable
 from darkroom.layout import CANARY, canary_key, derived_key, original_key, thumb_key
 from darkroom.queue import Derived, DerivedObject, Lease, Queue
+from darkroom.reads import Reads
 from darkroom.storage import ObjectStore, open_store
 from darkroom.sweeper import (
     BATCH,
@@ -144,7 +145,7 @@ async def test_deleted_files_lose_every_byte_then_the_card(
     assert await unit.run_once() == 1
     assert list(store.list(original_key(file_id, "o"))) == []
     assert list(store.list(f"derived/{file_id}/")) == []
-    assert await q.get_file(file_id, "o") is None
+    assert await Reads(q.db).get_file(file_id, "o") is None
 
 
 async def test_reconcile_deletes_only_what_nothing_accounts_for(
@@ -182,7 +183,7 @@ async def test_reconcile_deletes_only_what_nothing_accounts_for(
     assert chosen.deleted == 2 and chosen.kept == {}
     again = await unit.run(dry_run=False)
     assert again.unaccounted == []
-    card = await q.get_file(file_id, "o")
+    card = await Reads(q.db).get_file(file_id, "o")
     assert card is not None
     assert card.original_version is not None
     assert store.get(card.original_key, card.original_version) == b"abc"
@@ -204,10 +205,10 @@ async def test_reconcile_restore_makes_cards_for_old_layout_originals_whose_reco
     unit = Reconcile(q.db, store, guard_seconds=0, queue=q)
     dry = await unit.run(dry_run=True, restore=True, owner="alice")
     assert dry.restored == {f"{original_key(lost, None)}@{newest}": "alice"}
-    assert await q.get_file(lost, "alice") is None
+    assert await Reads(q.db).get_file(lost, "alice") is None
     # Without an owner, and with no single owner holding API keys, nothing is restored.
     unknown = await unit.run(dry_run=False, restore=True)
-    assert unknown.restored == {} and await q.get_file(lost, "alice") is None
+    assert unknown.restored == {} and await Reads(q.db).get_file(lost, "alice") is None
     assert "--owner" in unknown.kept[f"{original_key(lost, None)}@{newest}"]
     done = await unit.run(dry_run=False, restore=True, owner="alice")
     assert done.restored == {f"{original_key(lost, None)}@{newest}": "alice"}
@@ -216,10 +217,10 @@ async def test_reconcile_restore_makes_cards_for_old_layout_originals_whose_reco
     assert {v: why for v, why in done.kept.items() if v.startswith(original_key(deleted, None))}
     assert all(why == "its file was deleted" for v, why in done.kept.items()
                if v.startswith(original_key(deleted, None)))
-    card = await q.get_file(lost, "alice")
+    card = await Reads(q.db).get_file(lost, "alice")
     assert card is not None and card.status == "queued"
     assert (card.original_version, card.size_bytes) == (newest, 4)
-    assert [e.kind for e in await q.events(lost)][-1] == "restored"
+    assert [e.kind for e in await Reads(q.db).events(lost)][-1] == "restored"
     [lease] = await q.claim(1)
     assert lease.file_id == lost and lease.original_version == newest
     again = await unit.run(dry_run=False, restore=True, owner="alice")
@@ -254,18 +255,18 @@ async def test_reconcile_restore_gives_a_lost_original_to_the_owner_its_key_name
     # The key names bob; the old-form key names no one, and no --owner says who.
     assert done.restored == {f"{original_key(lost, 'bob')}@{versions[lost]}": "bob"}
     assert list(done.kept) == [f"{original_key(old, None)}@{versions[old]}"]
-    card = await q.get_file(lost, "bob")
+    card = await Reads(q.db).get_file(lost, "bob")
     assert card is not None and card.status == "queued"
     assert (card.original_key, card.original_version) == (original_key(lost, "bob"),
                                                            versions[lost])
-    assert await q.get_file(lost, "alice") is None
-    assert await q.get_file(old, "alice") is None
+    assert await Reads(q.db).get_file(lost, "alice") is None
+    assert await Reads(q.db).get_file(old, "alice") is None
     # With --owner, the old-form key's card keeps the key its bytes are at.
     named = await unit.run(dry_run=False, restore=True, owner="alice")
     assert named.restored == {f"{original_key(old, None)}@{versions[old]}": "alice"}
-    restored = await q.get_file(old, "alice")
+    restored = await Reads(q.db).get_file(old, "alice")
     assert restored is not None and restored.original_key == original_key(old, None)
-    assert [e.kind for e in await q.events(lost)][-1] == "restored"
+    assert [e.kind for e in await Reads(q.db).events(lost)][-1] == "restored"
 
 
 async def test_an_expired_pending_card_whose_upload_is_stored_is_confirmed_not_purged(
@@ -300,14 +301,14 @@ async def test_an_expired_pending_card_whose_upload_is_stored_is_confirmed_not_p
     report = await sweeper.sweep_once()
     assert (report.pending_confirmed, report.pending_expired) == (2, 4)
     for file_id in (stored, claimed):
-        card = await q.get_file(file_id, "o")
+        card = await Reads(q.db).get_file(file_id, "o")
         assert card is not None and card.status == "queued"
         assert card.original_version == next(iter(store.list(original_key(file_id, "o")))).version
-        assert [e.kind for e in await q.events(file_id)] == ["upload_found"]
+        assert [e.kind for e in await Reads(q.db).events(file_id)] == ["upload_found"]
     for file_id in (wrong_digest, never, short, superseded):
-        assert await q.get_file(file_id, "o") is None
+        assert await Reads(q.db).get_file(file_id, "o") is None
         assert list(store.list(original_key(file_id, "o"))) == []
-    young_card = await q.get_file(young, "o")
+    young_card = await Reads(q.db).get_file(young, "o")
     assert young_card is not None and young_card.status == "pending"
     claimed_ids = {lease.file_id for lease in await q.claim(5)}
     assert claimed_ids == {stored, claimed}
@@ -328,7 +329,7 @@ async def test_pending_cards_wait_while_the_store_cannot_be_read(
     unit = PendingExpiry(q, DownStore(store, set()), 86_400)
     with pytest.raises(StorageUnavailable):
         await unit.run_once()
-    still = await q.get_file(card.id, "o")
+    still = await Reads(q.db).get_file(card.id, "o")
     assert still is not None and still.status == "pending"
 
 

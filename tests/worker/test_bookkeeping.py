@@ -13,6 +13,7 @@ import pytest
 from darkroom.config import Settings
 from darkroom.db.database import Database
 from darkroom.queue import Queue
+from darkroom.reads import Reads
 from darkroom.storage import open_store
 from darkroom.worker import Worker
 from tests.support.services import confirm, small_photos
@@ -51,10 +52,10 @@ async def test_reclaiming_its_own_card_runs_one_attempt_and_keeps_the_slots(
         assert worker.jobs == {} and len(worker.idle_decoders) == 2
         leases = await queue.claim(2)
         assert leases == []
-        row = await queue.get_file(card.id, "o")
+        row = await Reads(queue.db).get_file(card.id, "o")
         assert row is not None and row.status == "ready" and row.attempts == 2
         assert row.derived_key is not None and str(fresh.token) in row.derived_key
-        kinds = [e.kind for e in await queue.events(fresh.file_id)]
+        kinds = [e.kind for e in await Reads(queue.db).events(fresh.file_id)]
         assert kinds == ["claimed", "claimed", "ready"]
     finally:
         completer.cancel()
@@ -143,10 +144,10 @@ async def test_a_timeout_racing_the_attempts_own_commit_records_no_lost_lease(
         completer.cancel()
         for decoder in worker.idle_decoders:
             decoder.close()
-    row = await queue.get_file(card.id, "o")
+    row = await Reads(queue.db).get_file(card.id, "o")
     assert row is not None and row.status == "ready"
     assert row.derived_key is not None and str(lease.token) in row.derived_key
-    kinds = [e.kind for e in await queue.events(card.id)]
+    kinds = [e.kind for e in await Reads(queue.db).events(card.id)]
     assert kinds == ["claimed", "ready"]
 
 
@@ -200,7 +201,7 @@ async def test_a_lost_claim_that_commits_after_its_lookup_is_still_adopted(
         await asyncio.to_thread(late.commit)
 
         async def ready() -> bool:
-            row = await queue.get_file(card.id, "o")
+            row = await Reads(queue.db).get_file(card.id, "o")
             return row is not None and row.status == "ready"
 
         deadline = time.monotonic() + 20
@@ -211,8 +212,8 @@ async def test_a_lost_claim_that_commits_after_its_lookup_is_still_adopted(
         worker.request_stop()
         await asyncio.wait_for(running, 30)
         late.close()
-    row = await queue.get_file(card.id, "o")
+    row = await Reads(queue.db).get_file(card.id, "o")
     assert row is not None and row.attempts == 1
-    kinds = [e.kind for e in await queue.events(card.id)]
+    kinds = [e.kind for e in await Reads(queue.db).events(card.id)]
     assert kinds == ["claimed", "ready"]
     assert lookups[-1] == 1

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import RedirectResponse
 
 from darkroom.api.auth import Caller
-from darkroom.api.deps import Actor, FileId, QueueDep, StoreDep, file_uuid
+from darkroom.api.deps import Actor, FileId, QueueDep, ReadsDep, StoreDep, file_uuid
 from darkroom.api.problems import Problem, invalid_field, not_found, problems
 from darkroom.api.schemas import (
     Card,
@@ -35,7 +35,7 @@ from darkroom.api.schemas import (
 from darkroom.card import Card as CardRow
 from darkroom.card import Status as CardStatus
 from darkroom.errors import ObjectMissing
-from darkroom.queue import Queue
+from darkroom.reads import Reads
 from darkroom.retry import RetryOutcome, retry_card
 
 log = logging.getLogger(__name__)
@@ -45,8 +45,8 @@ router = APIRouter(tags=["files"])
 _PRESIGN_GET_SECONDS = 300
 
 
-async def _card(queue: Queue, raw_id: str, owner: str) -> CardRow:
-    card = await queue.get_file(file_uuid(raw_id), owner)
+async def _card(reads: Reads, raw_id: str, owner: str) -> CardRow:
+    card = await reads.get_file(file_uuid(raw_id), owner)
     if card is None:
         raise not_found()
     return card
@@ -58,8 +58,8 @@ async def _card(queue: Queue, raw_id: str, owner: str) -> CardRow:
     responses=problems(401, 404),
     summary="One card",
 )
-async def get_file(file_id: FileId, who: Caller, queue: QueueDep) -> Response:
-    return json_answer(card_from_row(await _card(queue, file_id, who.owner)), 200)
+async def get_file(file_id: FileId, who: Caller, reads: ReadsDep) -> Response:
+    return json_answer(card_from_row(await _card(reads, file_id, who.owner)), 200)
 
 
 @router.get(
@@ -70,7 +70,7 @@ async def get_file(file_id: FileId, who: Caller, queue: QueueDep) -> Response:
 )
 async def list_files(
     who: Caller,
-    queue: QueueDep,
+    reads: ReadsDep,
     status: Annotated[Status | None, Query(description="Only cards in this status.")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[
@@ -95,9 +95,9 @@ async def list_files(
             raise Problem(403, "forbidden", "This needs an admin key.")
         if status != CardStatus.REJECTED:
             raise invalid_field("status", "all_owners lists rejected cards only")
-        rows = await queue.list_rejected(code=code, limit=limit + 1, after=after)
+        rows = await reads.list_rejected(code=code, limit=limit + 1, after=after)
     else:
-        rows = await queue.list_files(
+        rows = await reads.list_files(
             who.owner, status=None if status is None else CardStatus(status),
             limit=limit + 1, after=after, code=code)
     page = rows[:limit]
@@ -116,7 +116,7 @@ async def list_files(
 async def file_events(
     file_id: FileId,
     who: Caller,
-    queue: QueueDep,
+    reads: ReadsDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     cursor: Annotated[
         str | None, Query(max_length=100, description="`next_cursor` of the previous page.")
@@ -128,7 +128,7 @@ async def file_events(
             after = decode_event_cursor(cursor)
         except ValueError:
             raise invalid_field("cursor", "not a cursor of this API") from None
-    rows = await queue.history(
+    rows = await reads.history(
         file_uuid(file_id), None if who.admin else who.owner, limit=limit + 1, after=after)
     if rows is None:
         raise not_found()
@@ -159,7 +159,7 @@ async def file_events(
 async def derivative(
     file_id: FileId,
     who: Caller,
-    queue: QueueDep,
+    reads: ReadsDep,
     store: StoreDep,
     request: Request,
     size: Annotated[
@@ -167,7 +167,7 @@ async def derivative(
         Query(description="`preview` (≤ 2048 px) or `thumb` (≤ 400 px)."),
     ] = "preview",
 ) -> Response:
-    row = await _card(queue, file_id, who.owner)
+    row = await _card(reads, file_id, who.owner)
     # A card being re-derived keeps serving its previous derivative until the new one is
     # published.
     # (The fenced commit writes an object's key and version together.)

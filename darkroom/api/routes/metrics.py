@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from darkroom.api.auth import admin, bearer, principal
-from darkroom.api.deps import QueueDep
+from darkroom.api.deps import DbDep
 from darkroom.api.metrics import CONTENT_TYPE, StatsCache, on_metrics_listener, render
 from darkroom.api.problems import problems
 
@@ -26,10 +26,10 @@ router = APIRouter(tags=["operations"])
     },
     summary="Prometheus metrics (admin key, or the metrics listener)",
 )
-async def metrics(request: Request, queue: QueueDep) -> Response:
+async def metrics(request: Request, db: DbDep) -> Response:
     if not on_metrics_listener(request.scope):
         # On the API's port the figures are an admin's, as /v1/queue is.
         await admin(await principal(request, await bearer(request)))
     cache: StatsCache = request.app.state.stats_cache
-    stats = await cache.get(queue)
-    return Response(render(request.app.state.metrics, stats), media_type=CONTENT_TYPE)
+    figures = await cache.get(db)
+    return Response(render(request.app.state.metrics, figures), media_type=CONTENT_TYPE)

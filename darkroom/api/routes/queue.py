@@ -8,8 +8,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from darkroom import stats
 from darkroom.api.auth import Admin
-from darkroom.api.deps import Actor, QueueDep
+from darkroom.api.deps import Actor, DbDep, QueueDep
 from darkroom.api.problems import invalid_field, problems
 from darkroom.api.schemas import (
     ClaimPause,
@@ -22,7 +23,9 @@ from darkroom.api.schemas import (
     RetryPicked,
 )
 from darkroom.card import Priority
-from darkroom.queue import ClaimPause as PauseRow
+from darkroom.pauses import ClaimPause as PauseRow
+from darkroom.pauses import pause_claims as make_pause
+from darkroom.pauses import resume_claims as lift_pauses
 from darkroom.retry import RetryOutcome, retry_picked
 
 log = logging.getLogger(__name__)
@@ -36,8 +39,8 @@ router = APIRouter(tags=["operations"])
     responses=problems(401, 403),
     summary="Queue health (admin key)",
 )
-async def queue_stats(who: Admin, queue: QueueDep) -> dict[str, Any]:
-    return await queue.stats()
+async def queue_stats(who: Admin, db: DbDep) -> dict[str, Any]:
+    return (await stats.read(db)).to_json()
 
 
 def _pause_json(p: PauseRow) -> ClaimPause:
@@ -51,9 +54,9 @@ def _pause_json(p: PauseRow) -> ClaimPause:
     responses=problems(401, 403, 413, 422),
     summary="Stop every worker starting attempts on these cards (admin key)",
 )
-async def pause_claims(body: PauseScope, who: Admin, queue: QueueDep) -> Paused:
-    pause, changed = await queue.pause_claims(
-        actor=f"api:{who.owner}", owner=body.owner,
+async def pause_claims(body: PauseScope, who: Admin, db: DbDep) -> Paused:
+    pause, changed = await make_pause(
+        db, actor=f"api:{who.owner}", owner=body.owner,
         priority=None if body.priority is None else Priority(body.priority))
     if changed:
         log.info("claiming paused", extra={"scope": pause.scope(), "by": pause.paused_by})
@@ -66,11 +69,11 @@ async def pause_claims(body: PauseScope, who: Admin, queue: QueueDep) -> Paused:
     responses=problems(401, 403, 413, 422),
     summary="Lift the pause of exactly these cards, or every pause (admin key)",
 )
-async def resume_claims(body: ResumeScope, who: Admin, queue: QueueDep) -> Resumed:
+async def resume_claims(body: ResumeScope, who: Admin, db: DbDep) -> Resumed:
     if body.all and (body.owner is not None or body.priority is not None):
         raise invalid_field("all", "all takes no owner or priority")
-    lifted = await queue.resume_claims(
-        actor=f"api:{who.owner}", owner=body.owner,
+    lifted = await lift_pauses(
+        db, actor=f"api:{who.owner}", owner=body.owner,
         priority=None if body.priority is None else Priority(body.priority), every=body.all)
     for p in lifted:
         log.info("claiming resumed", extra={"scope": p.scope(), "by": f"api:{who.owner}"})

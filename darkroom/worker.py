@@ -386,13 +386,17 @@ class Worker:
                 # Named, so that a child that saw another owner's image is replaced first.
                 result = await asyncio.to_thread(job.decoder.derive, original,
                                                  owner=lease.owner)
+            # The decoder's own steps, inside "derive": where its wall time goes.
+            for step, seconds in job.decoder.last_stages.items():
+                metrics.STAGE_SECONDS.labels(f"derive_{step}").observe(seconds)
             if job.abandoned:
                 return Outcome.LEASE_LOST
             key, small_key = derived_key(lease), thumb_key(lease)
             thumb = result.thumb
             keys = [key] if thumb is None else [key, small_key]
-            await self._db(lambda: self.queue.register_attempt_objects(lease, keys),
-                           lambda: job.held_until)
+            with _stage("register"):
+                await self._db(lambda: self.queue.register_attempt_objects(lease, keys),
+                               lambda: job.held_until)
             with _stage("put"), self._on_store(job):
                 version = await asyncio.to_thread(
                     self.store.put, key, result.data, content_type="image/webp")

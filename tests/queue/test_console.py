@@ -15,6 +15,7 @@ from darkroom.reads import Reads
 from darkroom.stats import read as read_stats
 from tests.queue.test_protocol import derived_for, expire, new_queued
 from tests.support.services import make_queue, wait_for
+from tests.support.sql import SQL
 
 
 async def test_history_is_in_order_with_attempt_durations_and_pages(pool: Any) -> None:
@@ -91,8 +92,7 @@ async def test_a_pause_stops_claims_of_its_scope_only_and_is_logged(
     assert sorted(lease.file_id for lease in await q.claim(5)) == sorted([*alice, carol])
 
     with psycopg.connect(db_url) as conn:
-        log = conn.execute("SELECT kind, owner, actor FROM claim_pause_events ORDER BY id"
-                           ).fetchall()
+        log = conn.execute(SQL["claim_pause_log"]).fetchall()
     assert log == [("paused", "alice", "cli:ops"), ("paused", None, "api:root"),
                    ("resumed", "alice", "api:root"), ("resumed", None, "cli:ops")]
 
@@ -129,14 +129,13 @@ async def test_a_pause_racing_the_same_pause_answers_the_one_that_won(
 
     q = make_queue(pool)
     with psycopg.connect(db_url) as other:
-        other.execute("INSERT INTO claim_pauses (owner, paused_by) VALUES ('alice', 'other')")
+        other.execute(SQL["pause_claims_unlogged"], {"owner": "alice", "actor": "other"})
         racing = asyncio.create_task(pause_claims(q.db, actor="me", owner="alice"))
 
         def waiting() -> bool:
             with psycopg.connect(db_url, autocommit=True) as probe:
-                row = probe.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                    " AND query LIKE '%%INSERT INTO claim_pauses%%'").fetchone()
+                row = probe.execute(SQL["lock_waiters_on"],
+                                    {"text": "INSERT INTO claim_pauses"}).fetchone()
             return bool(row and row[0])
 
         await asyncio.to_thread(wait_for, waiting, what="the pause to wait on the other")
@@ -144,4 +143,4 @@ async def test_a_pause_racing_the_same_pause_answers_the_one_that_won(
     pause, made = await racing
     assert (pause.owner, pause.paused_by, made) == ("alice", "other", False)
     with psycopg.connect(db_url) as conn:
-        assert conn.execute("SELECT count(*) FROM claim_pause_events").fetchone() == (0,)
+        assert conn.execute(SQL["claim_pause_event_count"]).fetchone() == (0,)

@@ -27,6 +27,7 @@ from darkroom.queue import (
 from darkroom.reads import Reads
 from darkroom.stats import read as read_stats
 from tests.support.services import confirm, make_queue, wait_for
+from tests.support.sql import SQL
 
 
 async def new_queued(q: Any, n: int = 1, owner: str = "alice") -> list[uuid.UUID]:
@@ -47,25 +48,23 @@ def derived_for(lease: Any) -> Derived:
 def expire(db_url: str, file_id: uuid.UUID) -> None:
     """Move a lease into the past: the controllable clock of these tests."""
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("UPDATE archive_files SET lease_until = now() - interval '1 second' "
-                     "WHERE id = %s", (file_id,))
+        conn.execute(SQL["expire_lease"], {"id": file_id})
 
 
 def events(db_url: str, file_id: uuid.UUID) -> list[str]:
     with psycopg.connect(db_url) as conn:
-        rows = conn.execute("SELECT kind FROM archive_events WHERE file_id = %s ORDER BY id",
-                            (file_id,)).fetchall()
+        rows = conn.execute(SQL["event_kinds"], {"id": file_id}).fetchall()
     return [r[0] for r in rows]
 
 
 def orphans(db_url: str) -> list[tuple[str, uuid.UUID]]:
     with psycopg.connect(db_url) as conn:
-        return conn.execute("SELECT object_key, token FROM orphan_objects").fetchall()
+        return conn.execute(SQL["orphan_tokens"]).fetchall()
 
 
 def card(db_url: str, file_id: uuid.UUID) -> dict[str, Any]:
     with psycopg.connect(db_url, row_factory=psycopg.rows.dict_row) as conn:
-        row = conn.execute("SELECT * FROM archive_files WHERE id = %s", (file_id,)).fetchone()
+        row = conn.execute(SQL["card"], {"id": file_id}).fetchone()
     assert row is not None
     return row
 
@@ -310,8 +309,7 @@ async def test_cards_and_events_are_read_from_a_newer_schema(pool: Any, db_url: 
     assert await Reads(q.db).get_file(fid, "alice") is not None
     assert len(await Reads(q.db).events(fid)) == 2
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("ALTER TABLE archive_files ADD COLUMN later text DEFAULT 'x'")
-        conn.execute("ALTER TABLE archive_events ADD COLUMN later text")
+        conn.execute(SQL["add_later_columns"])
     got = await Reads(q.db).get_file(fid, "alice")
     assert got is not None and got.status is Status.READY and got.derived_key == derived_key(lease)
     assert [c.id for c in await Reads(q.db).list_files("alice")] == [fid]
@@ -351,8 +349,7 @@ async def test_preview_and_thumb_are_published_by_one_fenced_commit(
         await q.complete(a, derived_with_thumb(a))
     assert card(db_url, fid)["thumb_key"] == thumb_key(b)
     with psycopg.connect(db_url) as conn:
-        orphans = conn.execute(
-            "SELECT object_key, reason FROM orphan_objects ORDER BY object_key").fetchall()
+        orphans = conn.execute(SQL["orphans_by_key"]).fetchall()
     assert orphans == sorted([(derived_key(a), "lease_lost"), (thumb_key(a), "lease_lost")])
 
 
@@ -481,9 +478,7 @@ async def _racing_the_original(db_url: str, lease: Any, repeat: Any) -> Any:
         with psycopg.connect(db_url, autocommit=True) as waiting:
             # The repeat is blocked on the original's row lock: wait for that, not a clock.
             def blocked() -> bool:
-                row = waiting.execute("SELECT count(*) FROM pg_stat_activity WHERE"
-                                      " wait_event_type = 'Lock' AND datname = current_database()"
-                                      ).fetchone()
+                row = waiting.execute(SQL["lock_waiters"]).fetchone()
                 return bool(row and row[0] > 0)
 
             await asyncio.to_thread(wait_for, blocked, interval=0.005,
@@ -544,7 +539,7 @@ async def test_counted_deferrals_give_the_attempt_back_until_the_bound_rejects(
     assert events(db_url, fid)[-1] == "lease_lost"
     assert card(db_url, fid)["deferrals"] == 4
     with psycopg.connect(db_url) as conn, pytest.raises(psycopg.errors.CheckViolation):
-        conn.execute("UPDATE archive_files SET deferrals = -1 WHERE id = %s", (fid,))
+        conn.execute(SQL["set_deferrals"], {"id": fid, "deferrals": -1})
 
 
 async def test_a_counted_deferral_waits_a_growing_backoff(pool: Any, db_url: str) -> None:
@@ -555,6 +550,5 @@ async def test_a_counted_deferral_waits_a_growing_backoff(pool: Any, db_url: str
     assert await q.defer_counted(lease, ErrorCode.STORAGE_UNAVAILABLE) == (Status.QUEUED, 1)
     assert await q.claim(1) == []  # not due before its backoff
     with psycopg.connect(db_url) as conn:
-        row = conn.execute("SELECT extract(epoch FROM available_at - updated_at) FROM"
-                           " archive_files WHERE id = %s", (fid,)).fetchone()
+        row = conn.execute(SQL["backoff_seconds"], {"id": fid}).fetchone()
     assert row is not None and 0 < float(row[0]) <= 100.0

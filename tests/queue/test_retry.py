@@ -21,6 +21,7 @@ from darkroom.queue import Derived, Lease, Priority, Queue, derived_key
 from darkroom.reads import Reads
 from darkroom.uploads import Uploads
 from tests.support.services import confirm, make_queue
+from tests.support.sql import SQL
 
 CODES = sorted(RETRYABLE_CODES)
 
@@ -32,8 +33,7 @@ def derived_for(lease: Lease) -> Derived:
 
 def row(db_url: str, file_id: uuid.UUID) -> dict[str, Any]:
     with psycopg.connect(db_url, row_factory=dict_row) as conn:
-        found = conn.execute("SELECT * FROM archive_files WHERE id = %s",
-                             (file_id,)).fetchone()
+        found = conn.execute(SQL["card"], {"id": file_id}).fetchone()
     assert found is not None
     return found
 
@@ -41,14 +41,12 @@ def row(db_url: str, file_id: uuid.UUID) -> dict[str, Any]:
 def events(db_url: str, file_id: uuid.UUID) -> list[tuple[str, str | None, str | None]]:
     with psycopg.connect(db_url) as conn:
         return [(k, w, c) for k, w, c in conn.execute(
-            "SELECT kind, worker, error_code FROM archive_events WHERE file_id = %s"
-            " ORDER BY id", (file_id,)).fetchall()]
+            SQL["event_log"], {"id": file_id}).fetchall()]
 
 
 def expire(db_url: str, file_id: uuid.UUID) -> None:
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("UPDATE archive_files SET lease_until = now() - interval '1 second'"
-                     " WHERE id = %s", (file_id,))
+        conn.execute(SQL["expire_lease"], {"id": file_id})
 
 
 async def queued(q: Queue, owner: str = "alice", sha256: str | None = None) -> uuid.UUID:
@@ -136,9 +134,8 @@ async def test_retry_since_takes_only_cards_rejected_from_then_on(
     q = make_queue(pool, max_attempts=1)
     old = await rejected(q, ErrorCode.STORAGE_UNAVAILABLE)
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("UPDATE archive_files SET finished_at = now() - interval '2 hours'"
-                     " WHERE id = %s", (old,))
-        [(now,)] = conn.execute("SELECT now() - interval '1 hour'").fetchall()
+        conn.execute(SQL["age_rejection"], {"id": old})
+        [(now,)] = conn.execute(SQL["an_hour_ago"]).fetchall()
     new = await rejected(q, ErrorCode.STORAGE_UNAVAILABLE)
     assert await q.retry("alice", run=uuid.uuid4(), actor="a", codes=CODES,
                          since=now) == [new]

@@ -33,6 +33,7 @@ from darkroom.db.migrations import migrate
 from tests.support.chaos import MAX_ATTEMPTS, Client, Outcome, Tally, hostile_inputs, photos, verify
 from tests.support.seaweed import SeaweedServer
 from tests.support.services import wait_for, wait_past_guard
+from tests.support.sql import SQL
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "dr16"
@@ -383,9 +384,8 @@ def faults(system: System, tally: Tally, hf: HostFaults, tl: Timeline, client: T
         if not wait_mark(marks[0]):
             return
         def w1_leases() -> list[tuple[uuid.UUID, uuid.UUID]]:
-            return [(r[0], r[1]) for r in db.execute(
-                "SELECT id, lease_token FROM archive_files WHERE status = 'processing' "
-                "AND lease_owner LIKE 'w1-%%' AND lease_until > now()").fetchall()]
+            return [(r[0], r[1]) for r in db.execute(SQL["live_leases_of_worker"],
+                                                     {"prefix": "w1-"}).fetchall()]
 
         try:
             leases = wait_for(w1_leases, timeout=60, interval=0.02, what="w1 to hold a lease")
@@ -459,11 +459,7 @@ def sampler(system: System, tl: Timeline, stop: threading.Event) -> None:
         try:
             if conn is None:
                 conn = psycopg.connect(system.db_url, autocommit=True, connect_timeout=3)
-            row = conn.execute(
-                "SELECT count(*) FILTER (WHERE status IN ('ready', 'rejected')),"
-                " count(*) FILTER (WHERE status = 'processing'),"
-                " (SELECT count(*) FROM archive_events WHERE kind = 'lease_lost')"
-                " FROM archive_files").fetchone()
+            row = conn.execute(SQL["progress"]).fetchone()
             if row:
                 tl.samples.append((tl.now(), int(row[0]), int(row[1]), int(row[2])))
         except psycopg.Error:
@@ -579,13 +575,8 @@ def check_hosts(db: psycopg.Connection[dict[str, Any]], hf: HostFaults,
     # w1 then tried a late write (recorded as lease_lost) or saw by its own clock that the
     # lease was gone and wrote nothing is its choice; both leave the card to the others.
     for file_id, token in hf.link_cut_leases:
-        row = db.execute(
-            "SELECT count(*) FILTER (WHERE kind IN ('claimed', 'expired', 'exhausted')"
-            "                        AND token IS DISTINCT FROM %(t)s) AS taken,"
-            " count(*) FILTER (WHERE kind IN ('ready', 'rejected', 'exhausted')"
-            "                  AND token = %(t)s) AS published"
-            " FROM archive_events WHERE file_id = %(id)s",
-            {"id": file_id, "t": token}).fetchone()
+        row = db.execute(SQL["takeover_of_lease"],
+                         {"id": file_id, "t": token}).fetchone()
         if row is None or row["taken"] < 1:
             p.append(f"card {file_id}, held by w1 when its link went down, was not taken over")
         elif row["published"]:

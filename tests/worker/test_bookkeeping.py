@@ -17,6 +17,7 @@ from darkroom.reads import Reads
 from darkroom.storage import open_store
 from darkroom.worker import Worker
 from tests.support.services import confirm, small_photos
+from tests.support.sql import SQL
 
 
 async def test_reclaiming_its_own_card_runs_one_attempt_and_keeps_the_slots(
@@ -34,7 +35,7 @@ async def test_reclaiming_its_own_card_runs_one_attempt_and_keeps_the_slots(
     await confirm(queue, card.id, "o", version)
     [stale] = await queue.claim(1)
     with psycopg.connect(db_url, autocommit=True) as conn:  # the outage outlived the lease
-        conn.execute("UPDATE archive_files SET lease_until = now() - interval '1 s'")
+        conn.execute(SQL["expire_every_lease"])
     [fresh] = await queue.claim(1)
     assert fresh.file_id == stale.file_id and fresh.attempt == 2
 
@@ -117,8 +118,7 @@ async def test_a_timeout_racing_the_attempts_own_commit_records_no_lost_lease(
 
     def commit_waits() -> bool:
         with psycopg.connect(db_url) as conn:
-            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type"
-                               " = 'Lock' AND query LIKE %s", ("%unnest%",)).fetchone()
+            row = conn.execute(SQL["lock_waiters_on"], {"text": "unnest"}).fetchone()
         return row is not None and row[0] > 0
 
     before = timeouts()
@@ -128,9 +128,7 @@ async def test_a_timeout_racing_the_attempts_own_commit_records_no_lost_lease(
     completer = asyncio.create_task(worker.completer.run())
     locker: psycopg.Connection[Any] = await asyncio.to_thread(psycopg.connect, db_url)
     try:
-        await asyncio.to_thread(locker.execute,
-                                "SELECT 1 FROM archive_files WHERE id = %s FOR UPDATE",
-                                (card.id,))
+        await asyncio.to_thread(locker.execute, SQL["lock_card"], {"id": card.id})
         worker._start(lease, time.monotonic() + settings.lease_seconds)
         job = worker.jobs[lease.token]
         await asyncio.to_thread(wait_for, commit_waits, timeout=30, what="the commit to wait")

@@ -14,6 +14,7 @@ from darkroom.queue import Derived, Lease, derived_key
 from darkroom.reads import Reads
 from darkroom.stats import read as read_stats
 from tests.support.services import confirm, make_queue
+from tests.support.sql import SQL
 
 
 async def new_queued(q: Any, n: int) -> None:
@@ -33,8 +34,7 @@ async def test_results_that_finish_together_commit_in_one_statement(
     await new_queued(q, 12)
     leases = await q.claim(12)
     with psycopg.connect(db_url, autocommit=True) as conn:  # one lease lost meanwhile
-        conn.execute("UPDATE archive_files SET lease_until = now() - interval '1 s'"
-                     " WHERE id = %s", (leases[0].file_id,))
+        conn.execute(SQL["expire_lease"], {"id": leases[0].file_id})
     [thief] = await q.claim(1)
     assert thief.file_id == leases[0].file_id
     statements = 0

@@ -39,7 +39,7 @@ test-fast: install
 # second server. One process: both would share that server's template database.
 test-db: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not fleet and not browser" \
-		tests/db tests/queue tests/sweeper tests/worker tests/api
+		tests/db tests/queue tests/files tests/sweeper tests/worker tests/api
 
 lint: install
 	$(BIN)/ruff check darkroom tests bench

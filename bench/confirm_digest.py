@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.confirm_digest [--n 40]
 
 A card created with a claimed sha256 is confirmed only after the API has hashed the
-stored bytes (darkroom/api/routes.py: `_confirm_digest`); a card without one takes the
+stored bytes (darkroom/files.py: `Files._confirm_digest`); a card without one takes the
 path it always took (a HEAD and one statement). This measures both, interleaved in one
 run (plain, digest, plain, digest, ...) so the machine's noise falls on both alike, for a
 tiny original and a corpus photo, on the local store and on SeaweedFS (S3; the presigned

@@ -24,19 +24,24 @@ from darkroom.api import problems
 from darkroom.api.auth import KeyCache, UnknownKeys
 from darkroom.api.events import Hub
 from darkroom.api.limits import BodyLimit, RateLimiter, SecurityHeaders, origin_of, security_headers
-from darkroom.api.metrics import MetricsMiddleware, RequestMetrics
+from darkroom.api.metrics import (
+    MetricsMiddleware,
+    RequestMetrics,
+    StatsCache,
+    on_metrics_listener,
+)
 from darkroom.api.problems import problem_response
-from darkroom.api.routes import StatsCache, on_metrics_listener, router
+from darkroom.api.routes import router
 from darkroom.api.schemas import ProblemDoc
 from darkroom.api.server import Wire, listen, uvicorn_config
 from darkroom.config import ConfigError, Settings
 from darkroom.db.connection import database_url
 from darkroom.db.database import Database
+from darkroom.files import Files
 from darkroom.queue import Queue
 from darkroom.reads import Reads
 from darkroom.services import start
 from darkroom.storage import ObjectStore, open_store
-from darkroom.uploads import Uploads
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +84,7 @@ def create_app(
             max_seconds=settings.events_max_seconds,
             # A stream's key is looked up again as often as a request's would be.
             recheck_seconds=max(settings.key_cache_seconds, 0.5))
-        app.state.uploads = Uploads(db)
+        app.state.files = Files(app.state.queue, app.state.store, settings)
         # What start-up allocated (FastAPI, pydantic, boto3: ~84k objects) lives as long
         # as the process. Left to the collector, each full pass walks all of it while every
         # request waits (38-47 ms here, bench/api.py); frozen, a full pass walks only what

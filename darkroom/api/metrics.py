@@ -7,6 +7,8 @@ same truth, not what it happened to see.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import time
 from collections.abc import Iterable, Iterator
@@ -15,8 +17,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from darkroom import stats
 from darkroom.card import STATUSES
+from darkroom.db.database import Database
 from darkroom.stats import QueueStats
+
+log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -40,6 +46,39 @@ class RequestMetrics:
             registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
+
+
+def on_metrics_listener(scope: Scope) -> bool:
+    """Whether the request came in on the metrics listener (`DARKROOM_API_METRICS_PORT`):
+    the local address it reached, which the client cannot choose."""
+    port = scope["app"].state.settings.api_metrics_port
+    server = scope.get("server")
+    return bool(port) and server is not None and server[1] == port
+
+
+class StatsCache:
+    """The queue gauges, read from the database at most once per `ttl` seconds however
+    often /metrics is scraped (each read is a count over the whole queue)."""
+
+    def __init__(self, ttl: float = 5.0, timeout: float = 3.0) -> None:
+        self.ttl = ttl
+        self.timeout = timeout
+        self._at = -math.inf
+        self._value: QueueStats | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self, db: Database) -> QueueStats | None:
+        async with self._lock:  # concurrent scrapes share one read
+            now = time.monotonic()
+            if now - self._at < self.ttl:
+                return self._value
+            try:
+                self._value = await asyncio.wait_for(stats.read(db), self.timeout)
+            except Exception as exc:  # a scrape must still answer, with stats_up 0
+                log.warning("queue stats unavailable for /metrics: %s", type(exc).__name__)
+                self._value = None
+            self._at = time.monotonic()
+            return self._value
 
 
 def route_template(scope: Scope) -> str:

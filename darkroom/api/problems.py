@@ -113,6 +113,31 @@ def invalid_field(field: str, message: str, *, slug: str = "validation_error",
     return Problem(422, slug, detail, errors=[{"field": field, "message": message}])
 
 
+def documented(description: str) -> dict[str, Any]:
+    """The OpenAPI declaration of one problem answer."""
+    return {
+        "description": description,
+        "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+    }
+
+
+_DESCRIPTIONS = {
+    401: "No API key, or not a valid one.",
+    403: "The key is valid but not allowed here.",
+    404: "No such file (or it belongs to another owner).",
+    409: "The file is not in a state that allows this.",
+    413: "Larger than the upload limit.",
+    422: "The request is not valid; `errors` names the fields.",
+    429: "Too many requests; `Retry-After` says when to try again.",
+    503: "The database or the object store is unavailable.",
+}
+
+
+def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI declarations of the problem answers a route can give (503 always)."""
+    return {status: documented(_DESCRIPTIONS[status]) for status in (*statuses, 503)}
+
+
 _STATUS_SLUGS = {
     401: "unauthorized",
     403: "forbidden",

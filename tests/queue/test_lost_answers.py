@@ -10,9 +10,10 @@ each event written once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,8 @@ class Lossy:
     url: str
     queue: Queue
 
-    async def lost(self, fragment: bytes, where: str, write: Any) -> None:
+    async def lost(self, fragment: bytes, where: str,
+                   write: Callable[[], Awaitable[Any]]) -> None:
         """Run `write` with the statement holding `fragment` cut `where`: it fails as a
         lost connection does."""
         self.proxy.cut_statement(fragment, where=where)
@@ -102,7 +104,7 @@ async def test_a_counted_deferral_sent_again_counts_once(
             conn.execute("UPDATE archive_files SET available_at = now() WHERE id = %s", (fid,))
     [lease] = await q.claim(1)
     before = card(db_url, fid)
-    defer = lambda: lossy.queue.defer_counted(lease, ErrorCode.STORAGE_UNAVAILABLE)  # noqa: E731
+    defer = functools.partial(lossy.queue.defer_counted, lease, ErrorCode.STORAGE_UNAVAILABLE)
     await lossy.lost(b"deferred_counted", where, defer)
     assert (card(db_url, fid) == before) is (where == "before")
 
@@ -134,8 +136,8 @@ async def test_a_stored_upload_found_by_the_sweep_is_confirmed_once(
     await lossy.lost(b"'upload_found'", where, sweep.run_once)
     assert card(db_url, made.id)[0] == ("queued" if where == "after" else "pending")  # type: ignore[index]
 
-    found = lambda: lossy.queue.confirm_found_upload(  # noqa: E731
-        due, ttl_seconds=86_400, version=version, sha256=None)
+    found = functools.partial(lossy.queue.confirm_found_upload, due, ttl_seconds=86_400,
+                              version=version, sha256=None)
     assert await found() is (where == "before")
     assert await found() is False
     assert await sweep.run_once() == 0
@@ -163,8 +165,7 @@ async def test_a_restore_run_again_makes_one_card_with_its_history(
     key = original_key(file_id, "bob")
     version = await asyncio.to_thread(store.put, key, b"abcd")  # no card holds it
     unit = Reconcile(lossy.queue.db, store, guard_seconds=0, queue=lossy.queue)
-    await lossy.lost(statement, where,
-                     lambda: unit.run(dry_run=False, restore=True))
+    await lossy.lost(statement, where, functools.partial(unit.run, dry_run=False, restore=True))
 
     again = await unit.run(dry_run=False, restore=True)
     assert again.deleted == 0
@@ -190,7 +191,7 @@ async def test_a_pause_sent_again_pauses_once(
     q = make_queue(pool)
     [alice] = await new_queued(q, owner="alice")
     [bob] = await new_queued(q, owner="bob")
-    pause = lambda: lossy.queue.pause_claims(actor="cli:ops", owner="alice")  # noqa: E731
+    pause = functools.partial(lossy.queue.pause_claims, actor="cli:ops", owner="alice")
     await lossy.lost(b"INSERT INTO claim_pauses", where, pause)
 
     held, made = await pause()
@@ -209,8 +210,8 @@ async def test_a_resume_sent_again_resumes_once(
     [alice] = await new_queued(q, owner="alice")
     await q.pause_claims(actor="cli:ops", owner="alice", priority=Priority.INTERACTIVE)
     assert await q.claim(5) == []
-    resume = lambda: lossy.queue.resume_claims(  # noqa: E731
-        actor="api:root", owner="alice", priority=Priority.INTERACTIVE)
+    resume = functools.partial(lossy.queue.resume_claims, actor="api:root", owner="alice",
+                               priority=Priority.INTERACTIVE)
     await lossy.lost(b"DELETE FROM claim_pauses", where, resume)
 
     lifted = await resume()

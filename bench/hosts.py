@@ -14,7 +14,8 @@ Each host is a network namespace with its own stack and address on one bridge:
 While the files go through the API (presigned PUT to the store, then confirm), the faults
 are real network faults, not signals:
 - w1's link goes down for longer than the lease while it holds leases, then comes back:
-  its late results must be fenced, its cards finished by the others;
+  its cards are taken over and finished by the others, and nothing it finishes late is
+  published (a late write is fenced and recorded as lease_lost);
 - the store becomes unreachable from w2 only (w2's frames to it go to a MAC nobody has,
   so they vanish silently, as in a real partition; everyone else still reaches it);
 - the database becomes unreachable from the API the same way: /readyz must answer 503
@@ -109,7 +110,7 @@ def report(result: HostsOutcome, seed: int, path: Path, files: int) -> None:
         f"| untracked objects `darkroom reconcile` deleted at the end | "
         f"{hf.reconcile_deleted} |",
         f"| attempts started (claims) | {o.claims} (max per file: {o.max_starts}) |",
-        f"| lease_lost events (late results fenced) | {o.lease_lost} |",
+        f"| lease_lost events (late writes fenced) | {o.lease_lost} |",
         f"| retries scheduled, by cause | {o.retries or 'none'} |",
         f"| orphans swept | {o.orphans_swept} |",
         f"| final statuses | {o.statuses} |",

@@ -17,12 +17,20 @@ from bench.provenance import Source
 from bench.results import (
     ApiResult,
     DeriveResult,
+    EnginesResult,
     FairResult,
     QueueResult,
     WorkerResult,
     load,
 )
-from bench.sections import API_PHASES, QUEUE_LABELS, best, series_of
+from bench.sections import (
+    API_PHASES,
+    ENGINES_STAGES,
+    QUEUE_LABELS,
+    best,
+    engines_ratios,
+    series_of,
+)
 from bench.stats import percentile
 
 IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
@@ -447,3 +455,40 @@ def fair_mixed_plot(src: Source) -> str | None:
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper right")
     return save(fig, "fair_mixed.png")
+
+
+def engines_plot(src: Source) -> str | None:
+    """darkroom end to end against bare pyvips and sharp (median images/s of the rounds,
+    the ratio to sharp above each bar), and darkroom's wall time per image by stage."""
+    if src.data is None:
+        return None
+    res = load(EnginesResult, src.data)
+    fig, (ax, ax2) = figure("darkroom end to end against the bare engines", [src])
+    runners = [r for r in ("pyvips", "sharp", "darkroom") if any(x.runner == r for x in res.runs)]
+    rates = [statistics.median(x.images / x.seconds for x in res.runs if x.runner == r)
+             for r in runners]
+    cpu = [statistics.median(1000 * x.cpu_seconds / x.images for x in res.runs if x.runner == r)
+           for r in runners]
+    bars = ax.bar(list(runners), rates, color=["C2", "C1", "C0"][
+        :len(runners)] if len(runners) == 3 else None)
+    base = "sharp" if "sharp" in runners else "pyvips"
+    for bar, runner, ms in zip(bars, runners, cpu, strict=True):
+        ratio = engines_ratios(res, runner, base)
+        label = f"{statistics.median(ratio):.2f}× {base}\n" if ratio else ""
+        ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(),
+                f"{label}{ms:.0f} ms CPU/img", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("images/s (median of rounds)")
+    ax.set_title(f"{res.images_per_round} images × {res.rounds} rounds, {res.parallel} "
+                 "processes or slots", fontsize=9)
+    ax.set_ylim(0, max(rates) * 1.3)
+    named = [(label, res.stage_ms_per_image[key]) for key, label in ENGINES_STAGES
+             if key in res.stage_ms_per_image]
+    if named:
+        ax2.barh([n for n, _ in named][::-1], [ms for _, ms in named][::-1], color="C0")
+        ax2.set_xscale("log")
+        ax2.set_xlabel("darkroom, wall ms per image (log)")
+        ax2.tick_params(axis="y", labelsize=7)
+        ax2.set_title("by stage (stages overlap across slots)", fontsize=9)
+    else:
+        no_data(ax2, "no stage histograms")
+    return save(fig, "engines.png")

@@ -120,7 +120,8 @@ def main() -> int:
         (("derive", "worker"), lambda: plots.images_plot(sources["derive"], sources["worker"])),
         (("api", "worker", "queue"),
          lambda: plots.latency_plot(sources["api"], sources["worker"], sources["queue"])),
-        (("soak",), lambda: plots.soak_plot(sources["soak"])))
+        (("soak",), lambda: plots.soak_plot(sources["soak"])),
+        (("engines",), lambda: plots.engines_plot(sources["engines"])))
     for needs, draw in draws:
         if kept.intersection(needs):
             continue  # drawn from figures this checkout does not have: keep the old plot

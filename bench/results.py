@@ -512,3 +512,52 @@ class QueueSplitResult:
     repeats: int
     variants: dict[str, str]  # name -> the SQL that altered its schema ("" = as built)
     runs: dict[str, list[QueueSplitRun]]  # by variant
+
+
+# --- bench/engines.py ---------------------------------------------------------------------
+
+
+@dataclass
+class EnginesRound:
+    """One runner's pass over the photos in one round. CPU is the runner's own processes'
+    (darkroom's: API, worker, decoders and PostgreSQL, split in `cpu_by_process`, where
+    `client` is the uploading bench process, left out of `cpu_seconds`)."""
+
+    runner: str  # pyvips | sharp | darkroom
+    round: int
+    images: int
+    seconds: float
+    cpu_seconds: float
+    cpu_by_process: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class EnginesQuality:
+    """One runner's derivatives of each photo once: bytes, and the mean SSIM of its
+    previews against the original resized by libvips, never compressed."""
+
+    runner: str
+    preview_bytes: int
+    thumb_bytes: int
+    ssim: float
+    ssim_by_photo: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class EnginesResult:
+    photos: list[str]
+    images_per_round: int
+    rounds: int
+    parallel: int
+    sharp_missing: str | None
+    runs: list[EnginesRound]
+    quality: list[EnginesQuality]
+    # darkroom's wall ms per image, by "worker STAGE" and "api METHOD ROUTE", all rounds
+    stage_ms_per_image: dict[str, float]
+    stage_calls: dict[str, int]
+    # CPU ms per image of the pipeline's steps, in the bench process, same photos
+    pipeline_cpu_ms: dict[str, float]
+    versions: dict[str, str]
+    machine: dict[str, Any]
+    command: str | None = None
+    loadavg_at_end: list[float] = field(default_factory=list)

@@ -51,6 +51,8 @@ BENCHES = (
     # soak.py has no small mode of its own; 1,500 images at 100/s is about a minute.
     Bench("soak", "Soak", ("--images", "1500", "--rate", "100", "--sample", "5"),
           optional=True),
+    Bench("engines", "Against the bare engines", ("--rounds", "1", "--copies", "1"),
+          optional=True),
 )
 BY_NAME = {b.name: b for b in BENCHES}
 

@@ -22,6 +22,7 @@ from bench.results import (
     ConfirmDigestResult,
     DeriveFormatsResult,
     DeriveResult,
+    EnginesResult,
     FairResult,
     QueueClaim,
     QueueResult,
@@ -43,6 +44,9 @@ from bench.targets import (
     DERIVE_PIPELINE_RATIO,
     DERIVE_THUMB_EXTRA,
     DERIVE_TWO_VS_ONE,
+    ENGINES_QUALITY_SLACK,
+    ENGINES_VS_PYVIPS,
+    ENGINES_VS_SHARP,
     FAIR_A_VS_FIFO,
     FAIR_B_WAIT_JOBS,
     FAIR_CLAIM_GROWTH,
@@ -230,7 +234,7 @@ DERIVE_MEASURES = (("decode_resize", "decode + resize alone (pyvips)"),
                    ("encode", "encode alone (WebP)"),
                    ("pipeline_child", "pipeline, child process (production)"),
                    ("pipeline_child_unjailed",
-                    "pipeline, child without the jail (before issue 12)"),
+                    "pipeline, child without the jail"),
                    ("pipeline_in_process", "pipeline, in process"),
                    ("pillow", "Pillow, same job"),
                    ("pillow_encode", "encode alone, Pillow's libwebp"))
@@ -637,11 +641,124 @@ def _backlog_label(c: QueueClaim) -> str:
     return f"backlog {c.backlog_rows:,} queued"
 
 
+ENGINES_LABELS = {"pyvips": "bare pyvips", "sharp": "sharp (Immich's engine)",
+                  "darkroom": "darkroom end to end"}
+# darkroom's stages, in the order an image meets them, and how the section names them.
+ENGINES_STAGES = (
+    ("api POST /v1/files", "API: create the card"),
+    ("api PUT /v1/files/{file_id}/content", "API: upload handling (bytes to the store)"),
+    ("api POST /v1/files/{file_id}/confirm", "API: confirm (hash, enqueue)"),
+    ("worker fetch", "worker: read the original from the store"),
+    ("worker derive_spawn", "decoder: a fresh child (owner change), if any"),
+    ("worker derive_send", "decoder: image bytes down to the child"),
+    ("worker derive_decode", "decoder: the child's work (decode, encode, thumbhash)"),
+    ("worker derive_receive", "decoder: derivatives back from the child"),
+    ("worker derive_check", "decoder: the parent checks the WebP (darkroom.webp)"),
+    ("worker register", "database: register the attempt's objects"),
+    ("worker put", "store: write preview and thumb"),
+    ("worker commit", "database: fenced publication"),
+)
+
+
+def engines_ratios(res: EnginesResult, runner: str, baseline: str, *, cpu: bool = False
+                   ) -> list[float]:
+    """`runner`'s images/s over `baseline`'s, within each round; with `cpu`, its images per
+    CPU-second over `baseline`'s (what a machine of its own would give, all else equal)."""
+    by = {(r.round, r.runner): r.images / (r.cpu_seconds if cpu else r.seconds)
+          for r in res.runs}
+    return [by[(n, runner)] / by[(n, baseline)] for n in range(1, res.rounds + 1)
+            if (n, runner) in by and (n, baseline) in by]
+
+
+def engines_section(src: Source) -> tuple[list[str], list[Target]]:
+    res = load(EnginesResult, src.data or {})
+    v = res.versions
+    runners = [r for r in ("pyvips", "sharp", "darkroom") if any(x.runner == r for x in res.runs)]
+    lines = ["", f"{len(res.photos)} corpus photos × {res.images_per_round // len(res.photos)} "
+             f"= {res.images_per_round} images per round, {res.rounds} interleaved rounds "
+             f"(order rotating), {res.parallel} processes or slots, one libvips thread each, "
+             f"every process at the same priority. libvips {v.get('libvips', '?')} (pyvips, "
+             f"darkroom); sharp {v.get('sharp', '–')} on libvips {v.get('sharp_libvips', '–')}"
+             f", node {v.get('node', '–')}. Medians of the rounds; a ratio is taken within "
+             "each round, then its median.", ""]
+    if res.sharp_missing:
+        lines += [f"sharp was skipped: {res.sharp_missing}.", ""]
+    rows = []
+    for name in runners:
+        mine = [r for r in res.runs if r.runner == name]
+        rate = statistics.median(r.images / r.seconds for r in mine)
+        cpu = statistics.median(1000 * r.cpu_seconds / r.images for r in mine)
+        vs = [statistics.median(ratio) if (ratio := engines_ratios(res, name, base, cpu=c))
+              else None for c in (False, True) for base in ("sharp", "pyvips")]
+        rows.append([ENGINES_LABELS[name], f"{rate:.2f}", f"{cpu:.0f}",
+                     *(f"{x:.2f}×" if x is not None else "–" for x in vs),
+                     " / ".join(f"{r.images / r.seconds:.2f}" for r in mine)])
+    lines += table(["runner", "images/s", "CPU ms per image", "× sharp", "× pyvips",
+                    "× sharp per CPU-s", "× pyvips per CPU-s", "each round"], rows)
+    quality = {q.runner: q for q in res.quality}
+    ref = quality.get("sharp") or quality.get("pyvips")
+    lines += ["", "Derivatives of each photo once: bytes, and SSIM of the previews (luminance, "
+              "alpha on white) against the original resized by libvips, never compressed.", ""]
+    ref_bytes = ref.preview_bytes + ref.thumb_bytes if ref else 0
+    lines += table(["runner", "preview KB", "thumb KB", "mean SSIM", "bytes × sharp",
+                    "SSIM × sharp"],
+                   [[ENGINES_LABELS[q.runner], f"{q.preview_bytes / 1000:.0f}",
+                     f"{q.thumb_bytes / 1000:.1f}", f"{q.ssim:.4f}",
+                     f"{(q.preview_bytes + q.thumb_bytes) / ref_bytes:.3f}" if ref else "–",
+                     f"{q.ssim / ref.ssim:.4f}" if ref else "–"]
+                    for q in res.quality])
+    dark = [r for r in res.runs if r.runner == "darkroom"]
+    if dark and dark[0].cpu_by_process:
+        parts = list(dark[0].cpu_by_process)
+        lines += ["", "darkroom's CPU per image by process (median of rounds; `client` is the "
+                  "uploading bench, not counted above):", ""]
+        per_image = {p: statistics.median(1000 * r.cpu_by_process[p] / r.images for r in dark)
+                     for p in parts}
+        lines += table(["process", "CPU ms per image"],
+                       [[p, f"{ms:.1f}"] for p, ms in per_image.items()])
+    stages = res.stage_ms_per_image
+    named = [(label, stages[key]) for key, label in ENGINES_STAGES if key in stages]
+    if named:
+        lines += ["", "darkroom's wall time per image by stage (all rounds; the slots and "
+                  "the API run in parallel, so the stages overlap and do not add up to "
+                  "1 / images/s):", ""]
+        lines += table(["stage", "wall ms per image"], [[n, f"{ms:.1f}"] for n, ms in named])
+    steps = res.pipeline_cpu_ms
+    if steps:
+        total = sum(steps.values())
+        lines += ["", "The child's work, step by step, in one process on the same photos (CPU "
+                  f"ms per image, best of three): {total:.0f} ms in all, "
+                  + ", ".join(f"{k.replace('_', ' ')} {ms:.1f} ({ms / total:.0%})"
+                              for k, ms in steps.items()) + "."]
+    targets = []
+    for base, bound in (("sharp", ENGINES_VS_SHARP), ("pyvips", ENGINES_VS_PYVIPS)):
+        ratios = engines_ratios(res, "darkroom", base)
+        if ratios:
+            r = statistics.median(ratios)
+            per_cpu = statistics.median(engines_ratios(res, "darkroom", base, cpu=True))
+            targets.append(Target(f"darkroom end to end ≥ {bound:.2f}× {ENGINES_LABELS[base]}",
+                                  f"**{r:.2f}×** (rounds: "
+                                  f"{', '.join(f'{x:.2f}' for x in ratios)}; per CPU-second "
+                                  f"{per_cpu:.2f}×)", r >= bound))
+    if ref is not None and "darkroom" in quality and ref.runner != "darkroom":
+        d = quality["darkroom"]
+        size = (d.preview_bytes + d.thumb_bytes) / (ref.preview_bytes + ref.thumb_bytes)
+        score = d.ssim / ref.ssim
+        targets.append(Target(
+            f"derivatives within ±{ENGINES_QUALITY_SLACK:.0%} of {ref.runner}'s in bytes and "
+            "SSIM", f"bytes **{size:.3f}×**, SSIM **{score:.4f}×**",
+            abs(size - 1) <= ENGINES_QUALITY_SLACK and abs(score - 1) <= ENGINES_QUALITY_SLACK))
+    lines += images(["img/engines.png"], {"engines": "darkroom end to end against the bare "
+                                          "engines"})
+    return lines, targets
+
+
 Renderer = Callable[[Source], tuple[list[str], list[Target]]]
 # The report's benchmarks (bench/runs.py BENCHES), each by its one renderer.
 RENDERERS: dict[str, Renderer] = {
     "queue": queue_section, "fair": fair_section, "derive": derive_section,
-    "worker": worker_section, "api": api_section, "soak": soak_section}
+    "worker": worker_section, "api": api_section, "soak": soak_section,
+    "engines": engines_section}
 
 
 def publish(name: str, result: Any, path: Path | None = None) -> None:

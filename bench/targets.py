@@ -46,3 +46,8 @@ FAIR_CLAIM_THROUGHPUT = 0.8  # concurrent claims/s with the shared clock row, ×
 # bench/soak.py: the issue says the claim time "must not drift up" without a number; the
 # report reads that with issue 2's bound for claim growth and says so wherever it shows it.
 SOAK_DRIFT = QUEUE_CLAIM_GROWTH
+
+# bench/engines.py (issue 27): darkroom end to end against the bare engines, same run
+ENGINES_VS_SHARP = 1.0  # darkroom end to end images/s, × sharp's
+ENGINES_VS_PYVIPS = 0.95  # darkroom end to end images/s, × bare pyvips'
+ENGINES_QUALITY_SLACK = 0.02  # derivatives' bytes and SSIM within ±2 % of sharp's

@@ -16,7 +16,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["CARD_COLUMNS", "STATUSES", "Card", "Event", "HistoryEntry", "Priority", "Status"]
+__all__ = ["CARD_COLUMNS", "STATUSES", "Card", "Event", "HistoryEntry", "PendingCard", "Priority",
+           "Status"]
 
 
 class Status(StrEnum):
@@ -92,6 +93,17 @@ class Card:
 
 
 CARD_COLUMNS = tuple(f.name for f in fields(Card))
+
+
+@dataclass(frozen=True, slots=True)
+class PendingCard:
+    """A card left pending past the TTL, as the sweeper checks the store for its upload."""
+
+    id: uuid.UUID
+    owner: str
+    original_key: str
+    size_bytes: int
+    original_sha256: str | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,10 +30,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from darkroom.stats import fetch, render
+    from darkroom.stats import cli_json, fetch, render
 
-    stats = asyncio.run(fetch(_settings(args)))
-    print(json.dumps(stats, indent=2) if args.json else render(stats))
+    stats, demand = asyncio.run(fetch(_settings(args)))
+    print(json.dumps(cli_json(stats, demand), indent=2) if args.json else render(stats, demand))
     return 0
 
 
@@ -81,7 +81,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 
 def cmd_owners_weight(args: argparse.Namespace) -> int:
-    from darkroom.stats import set_weight
+    from darkroom.owners import set_weight
 
     if not 0 < args.weight <= 1000:
         raise ConfigError("--weight must be above 0 and at most 1000")

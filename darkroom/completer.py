@@ -17,9 +17,9 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
-from darkroom.queue import Derived, Lease, Queue
+from darkroom.queue import Derived, Lease
 
 T = TypeVar("T")
 # How a batch's statement is tried: the call, and the leases it commits (the worker retries
@@ -32,8 +32,15 @@ MAX_BATCH = 100
 GATHER_SECONDS = 0.5
 
 
+class Completions(Protocol):
+    """The queue call the completer makes (`Queue.complete_many`)."""
+
+    async def complete_many(self, results: Sequence[tuple[Lease, Derived]]
+                            ) -> set[uuid.UUID]: ...
+
+
 class Completer:
-    def __init__(self, queue: Queue, retry: Retry[set[uuid.UUID]], *,
+    def __init__(self, queue: Completions, retry: Retry[set[uuid.UUID]], *,
                  max_batch: int = MAX_BATCH) -> None:
         self.queue = queue
         self._retry = retry

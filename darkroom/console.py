@@ -13,7 +13,8 @@ from darkroom.card import Card, HistoryEntry, Priority
 from darkroom.config import ConfigError, Settings
 from darkroom.db.connection import database_url
 from darkroom.db.database import opened
-from darkroom.queue import ClaimPause, Queue
+from darkroom.pauses import ClaimPause, pause_claims, resume_claims
+from darkroom.reads import Reads
 
 # Events read per statement by `darkroom show`.
 _PAGE = 500
@@ -42,15 +43,15 @@ def _owner(value: str | None) -> str | None:
 async def pause(settings: Settings, *, owner: str | None, priority: str | None
                 ) -> tuple[ClaimPause, bool]:
     async with opened(database_url(settings), name="console") as db:
-        return await Queue.from_settings(db, settings).pause_claims(
-            actor=cli_actor(), owner=_owner(owner), priority=_priority(priority))
+        return await pause_claims(
+            db, actor=cli_actor(), owner=_owner(owner), priority=_priority(priority))
 
 
 async def resume(settings: Settings, *, owner: str | None, priority: str | None,
                  every: bool) -> list[ClaimPause]:
     async with opened(database_url(settings), name="console") as db:
-        return await Queue.from_settings(db, settings).resume_claims(
-            actor=cli_actor(), owner=_owner(owner), priority=_priority(priority),
+        return await resume_claims(
+            db, actor=cli_actor(), owner=_owner(owner), priority=_priority(priority),
             every=every)
 
 
@@ -60,13 +61,13 @@ async def show(settings: Settings, file_id: str) -> tuple[Card, list[HistoryEntr
     except ValueError:
         raise ConfigError(f"not a card id: {file_id[:60]!r}") from None
     async with opened(database_url(settings), name="console") as db:
-        queue = Queue.from_settings(db, settings)
-        card = await queue.get_any_file(fid)
+        reads = Reads(db)
+        card = await reads.get_any_file(fid)
         if card is None:
             return None
         history: list[HistoryEntry] = []
         while True:
-            page = await queue.history(fid, None, limit=_PAGE,
+            page = await reads.history(fid, None, limit=_PAGE,
                                        after=history[-1].id if history else None)
             if not page:
                 return card, history

@@ -2,7 +2,9 @@
 
 The worker, the API and the sweeper call these methods and never write `status`
 themselves. Each method is one statement (see `db/queries.sql`), so each transition is
-atomic and its event is written in the same transaction as the change it records.
+atomic and its event is written in the same transaction as the change it records. Reading
+cards is `reads.py`'s, the queue's health `stats.py`'s, an operator's pauses of claiming
+`pauses.py`'s and owners' weights `owners.py`'s: none of them changes a status.
 
 The invariants this module keeps:
 - a card is `processing` exactly while some attempt holds a lease (`lease_token`,
@@ -19,7 +21,8 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -28,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from darkroom import layout
-from darkroom.card import STATUSES, Card, Event, HistoryEntry, Priority, Status
+from darkroom.card import STATUSES, Card, Event, HistoryEntry, PendingCard, Priority, Status
 from darkroom.db.database import CONNECTION_ERRORS, Database, Statements
 from darkroom.errors import TRANSIENT_CODES, DarkroomError, ErrorCode
 from darkroom.layout import derived_key, original_key, thumb_key
@@ -37,16 +40,11 @@ from darkroom.recipe import settings_fingerprint
 if TYPE_CHECKING:
     from darkroom.config import Settings
 
-__all__ = ["STATUSES", "Card", "ClaimPause", "ClaimUnknown", "ConfirmOutcome", "Confirmation",
+__all__ = ["STATUSES", "Card", "ClaimUnknown", "ConfirmOutcome", "Confirmation",
            "Derived", "Event", "HistoryEntry", "Lease", "LeaseLost", "PendingCard", "Priority",
            "Queue", "Status", "backoff_delay", "derived_key", "original_key", "thumb_key"]
 
 NOTIFY_CHANNEL = "darkroom_jobs"
-# Owners listed by name in the backlog figures (stats, /v1/queue, /metrics): the rest are
-# summed, so no figure grows with the number of owners.
-TOP_OWNERS = 10
-# The latest pauses and resumes in the queue's health, newest first.
-PAUSE_LOG = 10
 
 
 class ClaimUnknown(DarkroomError):
@@ -71,16 +69,6 @@ class LeaseLost(DarkroomError):
 
 
 @dataclass(frozen=True, slots=True)
-class RetryTarget:
-    """A card a console retry names: whose it is and where it stands."""
-
-    id: uuid.UUID
-    owner: str
-    status: str
-    error_code: str | None
-
-
-@dataclass(frozen=True, slots=True)
 class Lease:
     """One attempt's right to publish a result for one card, until `lease_until`."""
 
@@ -95,17 +83,6 @@ class Lease:
     @property
     def token_prefix(self) -> str:
         return str(self.token)[:8]
-
-
-@dataclass(frozen=True, slots=True)
-class PendingCard:
-    """A card left pending past the TTL, as the sweeper checks the store for its upload."""
-
-    id: uuid.UUID
-    owner: str
-    original_key: str
-    size_bytes: int
-    original_sha256: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,21 +111,6 @@ class DerivedObject:
     height: int
     size: int
 
-
-@dataclass(frozen=True, slots=True)
-class ClaimPause:
-    """An operator's pause of claiming: no attempt starts on a card it covers. None in
-    `owner` or `priority` means every one."""
-
-    owner: str | None
-    priority: str | None
-    paused_by: str
-    since: datetime
-
-    def scope(self) -> str:
-        parts = [f"owner {self.owner}" if self.owner else "",
-                 f"{self.priority} cards" if self.priority else ""]
-        return ", ".join(p for p in parts if p) or "every card"
 
 
 class ConfirmOutcome(StrEnum):
@@ -225,6 +187,11 @@ class Queue:
             max_deferrals=settings.max_deferrals,
             bulk_share=settings.bulk_share,
         )
+
+    def listen(self) -> AbstractAsyncContextManager[AsyncIterator[str]]:
+        """Wake-ups (a NOTIFY whenever a card may have become claimable), on a connection
+        of their own for as long as the block lasts."""
+        return self.db.listen(NOTIFY_CHANNEL)
 
     async def _rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         return await self.db.rows(name, params)
@@ -318,61 +285,9 @@ class Queue:
             return Confirmation(ConfirmOutcome.ALREADY)
         return Confirmation(ConfirmOutcome.CONFLICT)
 
-    async def get_file(self, file_id: uuid.UUID, owner: str) -> Card | None:
-        rows = await self._cards("get_file", {"id": file_id, "owner": owner})
-        return rows[0] if rows else None
-
-    async def list_files(
-        self, owner: str, *, status: Status | None = None, limit: int = 50,
-        after: tuple[datetime, uuid.UUID] | None = None, code: str | None = None,
-    ) -> list[Card]:
-        return await self._cards("list_files", {
-            "owner": owner, "status": None if status is None else str(status),
-            "code": code, "limit": limit,
-            "after_created": after[0] if after else None,
-            "after_id": after[1] if after else None,
-        })
-
-    async def get_any_file(self, file_id: uuid.UUID) -> Card | None:
-        """A card whoever owns it (an operator's view)."""
-        rows = await self._cards("get_any_file", {"id": file_id})
-        return rows[0] if rows else None
-
-    async def list_rejected(
-        self, *, code: str | None = None, limit: int = 50,
-        after: tuple[datetime, uuid.UUID] | None = None,
-    ) -> list[Card]:
-        """Every owner's rejected cards (with `code`, or any), newest first: an admin's."""
-        return await self._cards("list_rejected_any_owner", {
-            "code": code, "limit": limit,
-            "after_created": after[0] if after else None,
-            "after_id": after[1] if after else None,
-        })
-
-    async def history(
-        self, file_id: uuid.UUID, owner: str | None, *, limit: int = 100,
-        after: int | None = None,
-    ) -> list[HistoryEntry] | None:
-        """A page of the card's history, oldest first, after event id `after`; None when
-        there is no such card (of `owner`'s; `owner` None: of anyone's)."""
-        rows = await self._rows("file_history", {"id": file_id, "owner": owner,
-                                                 "limit": limit, "after": after})
-        if not rows:
-            return None
-        return [HistoryEntry(**r) for r in rows if r["id"] is not None]
-
-    async def events(self, file_id: uuid.UUID) -> list[Event]:
-        """The file's history, oldest first (while its card exists; see file_events)."""
-        return await self.db.typed("file_events", {"id": file_id}, Event)
-
     async def revoke(self, file_id: uuid.UUID, owner: str) -> bool:
         """Any state -> deleting; the lease (if any) is revoked so nothing can publish."""
         return bool(await self._rows("revoke", {"id": file_id, "owner": owner}))
-
-    async def pending_due(self, *, ttl_seconds: float, limit: int) -> list[PendingCard]:
-        """A batch of cards left pending past `ttl_seconds`, oldest first (reads only)."""
-        return await self.db.typed("pending_due", {"ttl_seconds": ttl_seconds, "limit": limit},
-                                   PendingCard)
 
     async def confirm_found_upload(self, card: PendingCard, *, ttl_seconds: float,
                                    version: str, sha256: str | None) -> bool:
@@ -589,46 +504,7 @@ class Queue:
     async def resume_worker(self) -> None:
         await self._rows("resume_worker", {"worker": self.worker})
 
-    # --- an operator's pause ------------------------------------------------------------
-
-    async def pause_claims(self, *, actor: str, owner: str | None = None,
-                           priority: Priority | None = None) -> tuple[ClaimPause, bool]:
-        """Stop every worker starting attempts on the cards of this scope (running ones go
-        on). Answers the pause in force and whether this call made it; safe to repeat."""
-        params = {"owner": owner, "priority": None if priority is None else str(priority),
-                  "actor": actor}
-        while True:
-            rows = await self._rows("pause_claims", params)
-            if rows:
-                row = rows[0]
-                return (ClaimPause(owner=row["owner"], priority=row["priority"],
-                                   paused_by=row["paused_by"], since=row["since"]),
-                        bool(row["changed"]))
-            # No row: the same pause was made (or lifted) by a statement that committed
-            # while this one ran, after its snapshot was taken. Asking again sees it.
-
-    async def resume_claims(self, *, actor: str, owner: str | None = None,
-                            priority: Priority | None = None,
-                            every: bool = False) -> list[ClaimPause]:
-        """Lift the pause of exactly this scope (or, `every`, all of them) and wake the
-        workers; answers the pauses lifted (none on a repeat)."""
-        rows = await self._rows("resume_claims", {
-            "owner": owner, "priority": None if priority is None else str(priority),
-            "every": every, "actor": actor})
-        return [ClaimPause(owner=r["owner"], priority=r["priority"],
-                           paused_by=r["paused_by"], since=r["since"]) for r in rows]
-
-    async def claim_pauses(self) -> list[ClaimPause]:
-        return await self.db.typed("claim_pauses", {}, ClaimPause)
-
     # --- re-derive -------------------------------------------------------------------
-
-    async def rederive_owners(self, fingerprint: str, owner: str | None = None
-                              ) -> dict[str, int]:
-        """Ready cards whose derivative was made with other settings, per owner."""
-        rows = await self._rows("rederive_owners",
-                                {"fingerprint": fingerprint, "owner": owner})
-        return {r["owner"]: int(r["n"]) for r in rows}
 
     async def rederive(self, owner: str, fingerprint: str, limit: int = 500) -> int:
         """ready -> queued (bulk) for up to `limit` of `owner`'s stale cards; answers how
@@ -637,19 +513,7 @@ class Queue:
                                              "limit": limit})
         return int(rows[0]["n"])
 
-    async def rederive_pending(self, owner: str | None = None) -> int:
-        rows = await self._rows("rederive_pending", {"owner": owner})
-        return int(rows[0]["n"])
-
     # --- retry ------------------------------------------------------------------------
-
-    async def retry_candidates(
-        self, *, owner: str | None, codes: Sequence[str] | None, since: datetime | None,
-    ) -> dict[tuple[str, str], int]:
-        """Rejected cards a retry would take, by (owner, code). `codes` None: any code."""
-        rows = await self._rows("retry_candidates", {
-            "owner": owner, "codes": None if codes is None else list(codes), "since": since})
-        return {(r["owner"], r["error_code"]): int(r["n"]) for r in rows}
 
     async def retry(
         self, owner: str, *, run: uuid.UUID, actor: str, codes: Sequence[str] | None,
@@ -667,64 +531,6 @@ class Queue:
             "since": since, "run": run, "actor": actor, "priority": str(Priority(priority)),
             "limit": limit})
         return list(rows[0]["ids"])
-
-    async def retry_targets(self, ids: Sequence[uuid.UUID]) -> list[RetryTarget]:
-        """Where each of `ids` stands, and whose it is (a missing or deleted card: absent)."""
-        if not ids:
-            return []
-        return await self.db.typed("retry_targets", {"ids": list(ids)}, RetryTarget)
-
-    async def retry_waiting(self, ids: Sequence[uuid.UUID]) -> int:
-        """How many of `ids` are queued or processing."""
-        if not ids:
-            return 0
-        rows = await self._rows("retry_waiting", {"ids": list(ids)})
-        return int(rows[0]["n"])
-
-    async def set_owner_weight(self, owner: str, weight: float) -> None:
-        """An owner's share of the workers against others with work waiting (default 1).
-        It applies to cards stamped from now on."""
-        await self._rows("set_owner_weight", {"owner": owner, "weight": weight})
-
-    # --- health ----------------------------------------------------------------------
-
-    async def stats(self, top: int = TOP_OWNERS) -> dict[str, Any]:
-        """Queue health (DESIGN §6) as one JSON-ready object."""
-        backlog = (await self._rows("backlog", {"top": top}))[0]
-        row = (await self._rows("stats", {}))[0]
-        pauses = await self.claim_pauses()
-        pause_log = await self._rows("claim_pause_events", {"limit": PAUSE_LOG})
-        rejected = await self._rows("rejected_by_code", {})
-        counts = {status: 0 for status in STATUSES}
-        counts.update({k: int(v) for k, v in row["counts"].items()})
-        return {
-            "counts": counts,
-            "oldest_claimable_age_seconds": row["oldest_claimable_age_seconds"],
-            "expired_leases": int(row["expired_leases"]),
-            "rejected_share_1h": row["rejected_share_1h"],
-            "rejected_share_24h": row["rejected_share_24h"],
-            "completed_last_minute": int(row["completed_last_minute"]),
-            "lease_lost_total": int(row["lease_lost_total"]),
-            "paused_workers": list(row["paused_workers"]),
-            "backlog": {
-                "by_priority": {
-                    p.value: {"waiting": 0, "oldest_wait_seconds": None}
-                    | backlog["by_priority"].get(p.value, {})
-                    for p in Priority
-                },
-                "owners_waiting": int(backlog["owners_waiting"]),
-                "top_owners": backlog["top_owners"],
-            },
-            "rederive_pending": int(backlog["rederive_pending"]),
-            # An operator's pauses of claiming, and the rejected cards by code.
-            "claim_pauses": [
-                {"owner": p.owner, "priority": p.priority, "paused_by": p.paused_by,
-                 "since": p.since.isoformat()} for p in pauses],
-            "claim_pause_log": [
-                {"kind": e["kind"], "owner": e["owner"], "priority": e["priority"],
-                 "actor": e["actor"], "at": e["created_at"].isoformat()} for e in pause_log],
-            "rejected_by_code": {r["code"]: int(r["n"]) for r in rejected},
-        }
 
 
 async def _within_quota(tx: Statements, owner: str, size: int, quota_files: int,

@@ -20,6 +20,7 @@ from darkroom.db.connection import database_url
 from darkroom.db.database import opened
 from darkroom.progress import Bar
 from darkroom.queue import Queue
+from darkroom.reads import Reads
 from darkroom.recipe import settings_fingerprint
 
 BATCH = 500  # cards per statement: short transactions, a few row locks at a time
@@ -33,8 +34,8 @@ async def run(settings: Settings, *, owner: str | None, everyone: bool, dry_run:
         raise ConfigError("rederive needs --owner OWNER or --all")
     fingerprint = settings_fingerprint(settings)
     async with opened(database_url(settings), name="rederive") as db:
-        queue = Queue.from_settings(db, settings)
-        stale = await queue.rederive_owners(fingerprint, owner)
+        queue, reads = Queue.from_settings(db, settings), Reads(db)
+        stale = await reads.rederive_owners(fingerprint, owner)
         total = sum(stale.values())
         scope = f"owner {owner}" if owner else "all owners"
         if dry_run:
@@ -50,13 +51,13 @@ async def run(settings: Settings, *, owner: str | None, everyone: bool, dry_run:
         print(f"queued {queued} re-derive(s) of {scope} as bulk work "
               f"(fingerprint {fingerprint})", file=out)
         if wait:
-            await _wait(queue, owner, queued)
+            await _wait(reads, owner, queued)
         return 0
 
 
-async def _wait(queue: Queue, owner: str | None, queued: int) -> None:
+async def _wait(reads: Reads, owner: str | None, queued: int) -> None:
     """A progress bar until no re-derive of the scope is waiting or running."""
-    pending = await queue.rederive_pending(owner)
+    pending = await reads.rederive_pending(owner)
     # Re-derives queued earlier (by another run) count as well: wait for all of them.
     total = max(queued, pending)
     bar = Bar("rederive", total)
@@ -69,7 +70,7 @@ async def _wait(queue: Queue, owner: str | None, queued: int) -> None:
         if pending == 0:
             return
         await asyncio.sleep(POLL_SECONDS)
-        pending = await queue.rederive_pending(owner)
+        pending = await reads.rederive_pending(owner)
 
 
 def main(settings: Settings, *, owner: str | None, everyone: bool, dry_run: bool,

@@ -30,6 +30,7 @@ from darkroom.db.database import CONNECTION_ERRORS, opened
 from darkroom.errors import RETRYABLE_CODES, ErrorCode
 from darkroom.progress import Bar
 from darkroom.queue import Queue
+from darkroom.reads import Reads
 
 BATCH = 500  # cards per statement: short transactions, a few row locks at a time
 MAX_PICKED = 500  # cards one console retry may name: one page of answers, bounded work
@@ -54,7 +55,7 @@ async def retry_card(queue: Queue, file_id: uuid.UUID, owner: str, actor: str) -
     moved = await queue.retry(owner, run=uuid.uuid4(), actor=actor, file_id=file_id,
                               codes=sorted(RETRYABLE_CODES), priority=Priority.INTERACTIVE,
                               limit=1)
-    card = await queue.get_file(file_id, owner)
+    card = await Reads(queue.db).get_file(file_id, owner)
     if card is None:  # another owner's, missing, or deleted in between
         return Retried(RetryOutcome.NOT_FOUND)
     if not moved:
@@ -86,7 +87,8 @@ async def retry_picked(queue: Queue, ids: Sequence[uuid.UUID], actor: str) -> li
         raise ValueError(f"at most {MAX_PICKED} cards per retry")
     named = list(dict.fromkeys(ids))
     retryable = {str(c) for c in RETRYABLE_CODES}
-    read = {t.id: t for t in await queue.retry_targets(named)}
+    reads = Reads(queue.db)
+    read = {t.id: t for t in await reads.retry_targets(named)}
     mine: dict[str, list[uuid.UUID]] = {}
     for t in read.values():
         if t.status == "rejected" and t.error_code in retryable:
@@ -99,7 +101,7 @@ async def retry_picked(queue: Queue, ids: Sequence[uuid.UUID], actor: str) -> li
                                        codes=sorted(retryable), limit=len(mine[owner])))
     raced = [i for cards in mine.values() for i in cards if i not in moved]
     if raced:
-        again = {t.id: t for t in await queue.retry_targets(raced)}
+        again = {t.id: t for t in await reads.retry_targets(raced)}
         for file_id in raced:
             if file_id in again:
                 read[file_id] = again[file_id]
@@ -165,7 +167,7 @@ async def run(settings: Settings, *, owner: str | None, codes: Sequence[str] | N
     what = "any code" if taken is None else ", ".join(taken)
     async with opened(database_url(settings), name="retry") as db:
         queue = Queue.from_settings(db, settings)
-        found = await queue.retry_candidates(owner=owner, codes=taken, since=after)
+        found = await Reads(db).retry_candidates(owner=owner, codes=taken, since=after)
         if dry_run:
             for (name, code), n in found.items():
                 print(f"{name:<30} {code:<22} {n:>8}", file=out)
@@ -183,7 +185,7 @@ async def run(settings: Settings, *, owner: str | None, codes: Sequence[str] | N
                 ids += moved
         print(f"queued {len(ids)} retry(s) of {scope} ({what}) as bulk work", file=out)
         if wait:
-            await _wait(queue, ids)
+            await _wait(Reads(db), ids)
         return 0
 
 
@@ -198,12 +200,12 @@ async def _fenced(call: Callable[[], Awaitable[list[uuid.UUID]]]) -> list[uuid.U
     return await call()
 
 
-async def _wait(queue: Queue, ids: list[uuid.UUID]) -> None:
+async def _wait(reads: Reads, ids: list[uuid.UUID]) -> None:
     """A progress bar until every re-queued card is final again."""
     bar = Bar("retry", len(ids))
     shown = 0
     while True:
-        waiting = await queue.retry_waiting(ids)
+        waiting = await reads.retry_waiting(ids)
         for _ in range(max(len(ids) - waiting - shown, 0)):
             bar.advance()
         shown = max(shown, len(ids) - waiting)

@@ -370,6 +370,13 @@ class DecoderProcess:
         self._closed = False
         # Whose images the current child has seen (None: no owner named, one trust domain).
         self._owner: str | None = None
+        # Whether the current child has been sent an image (then it belongs to `_owner`).
+        self._fed = False
+        # Wall seconds of the last job's steps, for the worker's stage histogram: `spawn`
+        # (a fresh child, when one was needed), `send` (the image down the pipe), `decode`
+        # (the child's work, until its answer starts), `receive` (the answer up the pipe)
+        # and `check` (`darkroom.webp`'s reading of it).
+        self.last_stages: dict[str, float] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -535,6 +542,7 @@ class DecoderProcess:
     def _retire_locked(self) -> None:
         """Kill the current child and forget it; it is reaped later, never reused."""
         proc, self._proc = self._proc, None
+        self._fed = False
         decoder, self._decoder_fd, self._decoder_pid = self._decoder_fd, None, None
         if decoder is not None:
             # The decoder itself, not the child's first process: its init reaps it and
@@ -613,19 +621,27 @@ class DecoderProcess:
         # address-space limit, which would turn image_too_large into a crash).
         check_size(data, self.limits)
         with self._job_lock:
+            started = time.perf_counter()
+            self.last_stages = stages = {}
             with self._lock:
                 if owner != self._owner:
-                    self._retire_locked()  # a no-op when no child runs yet
+                    if self._fed:
+                        # It has decoded another owner's image. A child that has decoded
+                        # nothing yet (started ahead: `start()`, or after a retirement)
+                        # holds nobody's bytes and takes the owner without a fork.
+                        self._retire_locked()
                     self._owner = owner
                 proc = self._ensure_child_locked()
+                self._fed = True
                 self._next_job += 1
                 job = self._job = self._next_job
                 self._kill_reason = None
+            stages["spawn"] = time.perf_counter() - started
             timer = threading.Timer(self.timeout, self._on_timeout, args=(job,))
             timer.daemon = True
             timer.start()
             try:
-                meta, payload = self._exchange(proc, data)
+                meta, payload = self._exchange(proc, data, stages)
             except ProtocolError as exc:
                 with self._lock:
                     reason = self._kill_reason
@@ -656,7 +672,10 @@ class DecoderProcess:
                     if self._proc is proc:
                         self._retire_locked()
             try:
-                return self._result(meta, payload)
+                checked = time.perf_counter()
+                result = self._result(meta, payload)
+                stages["check"] = time.perf_counter() - checked
+                return result
             except InvalidDerivative as exc:
                 # Not what a working decoder answers: the child is compromised or broken,
                 # and is never asked again.
@@ -667,16 +686,25 @@ class DecoderProcess:
                 raise DeriveError(ErrorCode.PROCESSING_FAILED, "invalid child output") from None
 
     def _exchange(
-        self, proc: Child, data: bytes
+        self, proc: Child, data: bytes, stages: dict[str, float]
     ) -> tuple[dict[str, Any], bytes]:
         stdin, stdout = proc.stdin, proc.stdout
         assert stdin is not None and stdout is not None
         try:
+            started = time.perf_counter()
             stdin.write(FRAME.pack(len(self._limits_json), len(data)))
             stdin.write(self._limits_json)
             stdin.write(data)
             stdin.flush()
-            return read_frame(stdout, self._max_payload)
+            sent = time.perf_counter()
+            stages["send"] = sent - started
+            # The answer's first bytes end the child's work; the rest is the copy up.
+            cast(io.BufferedReader, stdout).peek(1)
+            answered = time.perf_counter()
+            stages["decode"] = answered - sent
+            frame = read_frame(stdout, self._max_payload)
+            stages["receive"] = time.perf_counter() - answered
+            return frame
         except (OSError, ValueError) as exc:
             # EPIPE, EBADF after a concurrent kill.
             raise ProtocolError(f"{type(exc).__name__}: {exc}") from None

@@ -36,11 +36,13 @@ from typing import Any, Protocol
 import psycopg
 
 from darkroom import metrics
+from darkroom.card import PendingCard
 from darkroom.config import Settings
 from darkroom.db.database import CONNECTION_ERRORS, Database
 from darkroom.errors import ObjectMissing, StorageError
 from darkroom.layout import DERIVED, ORIGINALS, derived_prefix, parse_key
-from darkroom.queue import ConfirmOutcome, PendingCard, Queue
+from darkroom.queue import ConfirmOutcome, Queue
+from darkroom.reads import Reads
 from darkroom.services import prepare
 from darkroom.storage import LocalStore, ObjectStore
 from darkroom.storage.base import ObjectVersion
@@ -395,12 +397,13 @@ class PendingExpiry:
 
     def __init__(self, queue: Queue, store: ObjectStore, ttl_seconds: float) -> None:
         self.queue = queue
+        self.reads = Reads(queue.db)
         self.store = store
         self.ttl_seconds = ttl_seconds
         self.confirmed = 0  # in all, for the --once report
 
     async def run_once(self) -> int:
-        cards = await self.queue.pending_due(ttl_seconds=self.ttl_seconds, limit=BATCH)
+        cards = await self.reads.pending_due(ttl_seconds=self.ttl_seconds, limit=BATCH)
         doomed: list[uuid.UUID] = []
         done = 0
         for card in cards:

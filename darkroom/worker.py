@@ -42,14 +42,15 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from darkroom import canary, health, metrics
 from darkroom.breaker import StoreBreaker
-from darkroom.completer import Completer
+from darkroom.completer import Completer, Completions
 from darkroom.config import ConfigError, Settings
 from darkroom.db.database import CONNECTION_ERRORS, Database
 from darkroom.derive import Limits
@@ -62,7 +63,6 @@ from darkroom.errors import (
 )
 from darkroom.layout import derived_key, thumb_key
 from darkroom.queue import (
-    NOTIFY_CHANNEL,
     ClaimUnknown,
     Derived,
     DerivedObject,
@@ -101,6 +101,23 @@ class Outcome(StrEnum):
     ERROR = "error"  # crashed, or timed out without being recorded
 
 
+class WorkerQueue(Completions, Protocol):
+    """The queue calls a worker makes (`queue.Queue` answers them all): its seam, so that
+    its decisions can be tried against a scripted queue."""
+
+    async def claim(self, n: int) -> list[Lease]: ...
+    async def adopt_claim(self, claim_id: uuid.UUID) -> list[Lease]: ...
+    async def heartbeat(self, leases: Sequence[Lease]) -> set[uuid.UUID]: ...
+    async def register_attempt_objects(self, lease: Lease, keys: Sequence[str]) -> None: ...
+    async def fail(self, lease: Lease, code: ErrorCode) -> Status: ...
+    async def defer(self, lease: Lease, code: ErrorCode, delay: float) -> None: ...
+    async def defer_counted(self, lease: Lease, code: ErrorCode) -> tuple[Status, int]: ...
+    async def release(self, leases: Sequence[Lease]) -> set[uuid.UUID]: ...
+    async def pause_worker(self, reason: str) -> None: ...
+    async def resume_worker(self) -> None: ...
+    def listen(self) -> AbstractAsyncContextManager[AsyncIterator[str]]: ...
+
+
 @dataclass(eq=False)
 class Job:
     lease: Lease
@@ -132,7 +149,7 @@ class Job:
 
 class Worker:
     def __init__(
-        self, settings: Settings, queue: Queue, store: ObjectStore, *,
+        self, settings: Settings, queue: WorkerQueue, store: ObjectStore, *,
         concurrency: int, child: ChildProgram = DECODER,
     ) -> None:
         self.settings = settings
@@ -369,13 +386,17 @@ class Worker:
                 # Named, so that a child that saw another owner's image is replaced first.
                 result = await asyncio.to_thread(job.decoder.derive, original,
                                                  owner=lease.owner)
+            # The decoder's own steps, inside "derive": where its wall time goes.
+            for step, seconds in job.decoder.last_stages.items():
+                metrics.STAGE_SECONDS.labels(f"derive_{step}").observe(seconds)
             if job.abandoned:
                 return Outcome.LEASE_LOST
             key, small_key = derived_key(lease), thumb_key(lease)
             thumb = result.thumb
             keys = [key] if thumb is None else [key, small_key]
-            await self._db(lambda: self.queue.register_attempt_objects(lease, keys),
-                           lambda: job.held_until)
+            with _stage("register"):
+                await self._db(lambda: self.queue.register_attempt_objects(lease, keys),
+                               lambda: job.held_until)
             with _stage("put"), self._on_store(job):
                 version = await asyncio.to_thread(
                     self.store.put, key, result.data, content_type="image/webp")
@@ -598,7 +619,7 @@ class Worker:
         delay = 0.5
         while True:
             try:
-                async with self.queue.db.listen(NOTIFY_CHANNEL) as notifications:
+                async with self.queue.listen() as notifications:
                     delay = 0.5
                     self.wake.set()  # anything enqueued while we were not listening
                     async for _ in notifications:

@@ -8,12 +8,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from darkroom.layout import derived_key, original_key
 from tests.support.services import CORPUS
+from tests.support.sql import SQL, Attempt
 
 STATS_KEYS = {"counts", "oldest_claimable_age_seconds", "expired_leases", "rejected_share_1h",
               "rejected_share_24h", "completed_last_minute", "lease_lost_total"}
@@ -102,13 +105,12 @@ def test_rederive_queues_stale_cards_once_and_stats_count_them(db_url: str) -> N
 
     # Three ready cards: two of alice made with other settings, one of bob likewise.
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
-            " original_key, original_version, status, attempts, derived_key, sha256,"
-            " derive_fingerprint)"
-            " SELECT o, 'f.jpg', 'image/jpeg', 1, 'originals/' || i, 'v1', 'ready', 1,"
-            " 'derived/' || i, repeat('0', 64), 'old'"
-            " FROM unnest(ARRAY['alice', 'alice', 'bob']) WITH ORDINALITY AS t(o, i)")
+        owners = ["alice", "alice", "bob"]
+        ids = [uuid.uuid4() for _ in owners]
+        conn.execute(SQL["seed_ready"], {
+            "ids": ids, "owners": owners,
+            "keys": [original_key(i, o) for i, o in zip(ids, owners, strict=True)],
+            "derived": [derived_key(Attempt(i, uuid.uuid4())) for i in ids]})
     env = {"DARKROOM_DATABASE_URL": db_url}
     assert darkroom("rederive", env=env).returncode == 2  # neither --owner nor --all
     dry = darkroom("rederive", "--all", "--dry-run", env=env)
@@ -193,8 +195,7 @@ def test_reconcile_keeps_an_original_without_a_card_and_restore_gives_it_one(
             " or the one owner with API keys)") in restore.stdout
     assert f"restored {bob_key}@{bob_version} for bob (named in its key)" in restore.stdout
     with psycopg.connect(db_url) as conn:
-        rows = conn.execute("SELECT id, owner, status, original_key, original_version,"
-                            " size_bytes FROM archive_files ORDER BY size_bytes").fetchall()
+        rows = conn.execute(SQL["originals_by_size"]).fetchall()
     assert rows == [(bobs, "bob", "queued", bob_key, bob_version, 32),
                     (file_id, "alice", "queued", old_key, version, 64)]
     again = darkroom("reconcile", env=env)
@@ -206,14 +207,13 @@ def test_retry_takes_back_rejected_cards_once(db_url: str) -> None:
 
     # Rejected: two of alice for a passing fault (one long ago), one of bob for his bytes.
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
-            " original_key, original_version, status, attempts, error_code, finished_at)"
-            " SELECT o, 'f.jpg', 'image/jpeg', 1, 'originals/' || i, 'v1', 'rejected', 3,"
-            " c, now() - make_interval(days => d)"
-            " FROM unnest(ARRAY['alice', 'alice', 'bob'],"
-            "             ARRAY['storage_unavailable', 'attempts_exhausted', 'invalid_image'],"
-            "             ARRAY[0, 30, 0]) WITH ORDINALITY AS t(o, c, d, i)")
+        owners = ["alice", "alice", "bob"]
+        ids = [uuid.uuid4() for _ in owners]
+        conn.execute(SQL["seed_rejected"], {
+            "ids": ids, "owners": owners,
+            "keys": [original_key(i, o) for i, o in zip(ids, owners, strict=True)],
+            "codes": ["storage_unavailable", "attempts_exhausted", "invalid_image"],
+            "days": [0, 30, 0]})
     env = {"DARKROOM_DATABASE_URL": db_url}
     bad = darkroom("retry", "--code", "nope", env=env)
     assert bad.returncode == 2 and "--code 'nope'" in bad.stderr and "Traceback" not in bad.stderr
@@ -233,9 +233,7 @@ def test_retry_takes_back_rejected_cards_once(db_url: str) -> None:
     again = darkroom("retry", "--all", env=env)
     assert "queued 0 retry(s)" in again.stdout
     with psycopg.connect(db_url) as conn:
-        rows = conn.execute("SELECT f.status, f.attempts, f.priority, e.worker"
-                            " FROM archive_files f JOIN archive_events e ON e.file_id = f.id"
-                            " WHERE e.kind = 'retried'").fetchall()
+        rows = conn.execute(SQL["retried_cards"]).fetchall()
     assert len(rows) == 3
     assert {(s, a, p) for s, a, p, _ in rows} == {("queued", 0, "bulk")}
     assert all(w.startswith("cli:") for *_, w in rows)

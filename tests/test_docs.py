@@ -49,3 +49,58 @@ def test_every_module_is_on_the_map_and_under_its_contract() -> None:
     modules |= {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
     assert sorted(m for m in modules if m not in section and f"{m}/" not in section) == []
     assert sorted(modules - _layered_modules()) == []
+
+
+def test_benchmarks_blocks_are_the_reports() -> None:
+    """docs/BENCHMARKS.md's figures are generated blocks: each marked block is one that
+    bench/report.py writes (for a benchmark it knows, with its banner) or that a benchmark
+    script splices in itself (bench/fleet.py, bench/failover.py), and every benchmark
+    report.py renders has its block in its own section, so rerunning the benchmarks
+    rewrites every figure and nothing else."""
+    from bench.runs import BY_NAME
+    from bench.sections import RENDERERS
+    from bench.splice import DOC, END, START, block
+
+    doc = DOC.read_text(encoding="utf-8")
+    names = re.findall(r"<!-- report:(\w+):start -->", doc)
+    assert len(names) == len(set(names)), names
+    own = {n for n in names if n != "intro" and n not in BY_NAME}
+    for name in own:
+        script = ROOT / "bench" / f"{name}.py"
+        assert script.exists() and f'"{name}"' in script.read_text(), name
+        assert "splice(" in script.read_text(), name
+    banner = block("x", []).splitlines()[1]
+    for name in set(names) - own:
+        start = doc.index(START.format(name))
+        end = doc.index(END.format(name), start)
+        assert doc[start:end].splitlines()[1] == banner, name
+    for name in RENDERERS:
+        heading = re.search(rf"^## .*\(bench/{name}\.py\)$", doc, re.M)
+        assert heading is not None and name in names, name
+        assert doc.index(START.format(name)) > heading.start(), name
+
+
+def test_benchmarks_keep_no_diary() -> None:
+    """Hand-written notes explain a figure; the history of how it came to be is git's."""
+    from bench.splice import DOC
+
+    assert re.findall(r"\b[Ii]ssue \d+", DOC.read_text(encoding="utf-8")) == []
+
+
+# The tests of the database layer itself (servers, connections, failover) and the
+# fixtures that run PostgreSQL speak to the server, not to darkroom's tables.
+_SERVER_SQL = {"tests/db/test_connection.py", "tests/db/test_database.py",
+               "tests/db/test_embedded.py", "tests/db/test_failover.py",
+               "tests/support/postgres.py", "tests/support/replica.py"}
+
+
+def test_tests_spell_no_sql_of_their_own() -> None:
+    """A test reads or pokes darkroom's tables only through a named statement: the
+    product's (darkroom/db/*.sql) or the tests' (tests/support/queries.sql)."""
+    inline = re.compile(r"\.execute\(\s*f?[\"'](SELECT|UPDATE|INSERT|DELETE|TRUNCATE|WITH"
+                        r"|ALTER|CREATE|DROP)\b", re.IGNORECASE)
+    files = subprocess.run(["git", "ls-files", "tests/*.py"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    offenders = [f for f in files if f not in _SERVER_SQL
+                 and inline.search((ROOT / f).read_text(errors="replace"))]
+    assert offenders == []

@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from tests.support.services import CORPUS, free_port, wait_for
+from tests.support.sql import SQL
 
 # A fleet of real processes: not in `make test-fast`.
 pytestmark = pytest.mark.fleet
@@ -64,8 +65,7 @@ def test_up_serves_a_photo_to_ready_and_stops_cleanly(tmp_path: Path, db_url: st
         # One start-up path: up migrates once, its API, worker and sweeper not again.
         assert output.count('"schema checked"') == 1, output
         with psycopg.connect(db_url) as conn:
-            row = conn.execute("SELECT count(*) FROM archive_files WHERE status = 'processing'"
-                               ).fetchone()
+            row = conn.execute(SQL["processing_count"]).fetchone()
         assert row == (0,)
         leftovers = subprocess.run(["pgrep", "-f", "--", f"--port {port}"], capture_output=True)
         assert leftovers.returncode == 1, "a child of `up` outlived it"

@@ -33,6 +33,7 @@ from darkroom.config import ConfigError, Settings
 from darkroom.db.connection import database_url
 from darkroom.db.database import Database
 from darkroom.queue import Queue
+from darkroom.reads import Reads
 from darkroom.services import start
 from darkroom.storage import ObjectStore, open_store
 from darkroom.uploads import Uploads
@@ -71,6 +72,7 @@ def create_app(
         db = await Database.open(url, min_size=2, max_size=16, name="api", fail_fast=fail_fast)
         app.state.db = db
         app.state.queue = Queue.from_settings(db, settings)
+        app.state.reads = Reads(db)
         app.state.hub = Hub(
             db, ping_seconds=settings.events_ping_seconds,
             max_per_owner=settings.events_max_streams_per_owner,

@@ -19,6 +19,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 
+from darkroom import stats
 from darkroom.api.auth import Admin, Caller, admin, bearer, principal
 from darkroom.api.events import Hub
 from darkroom.api.limits import RateLimiter
@@ -65,10 +66,14 @@ from darkroom.card import Card as CardRow
 from darkroom.card import Priority
 from darkroom.card import Status as CardStatus
 from darkroom.config import Settings
+from darkroom.db.database import Database
 from darkroom.errors import ObjectMissing, StorageError, StorageUnavailable
 from darkroom.keys import find_key_hash, key_name
-from darkroom.queue import ClaimPause as PauseRow
+from darkroom.pauses import ClaimPause as PauseRow
+from darkroom.pauses import pause_claims as make_pause
+from darkroom.pauses import resume_claims as lift_pauses
 from darkroom.queue import Confirmation, ConfirmOutcome, Queue, QuotaExceeded, original_key
+from darkroom.reads import Reads
 from darkroom.retry import RetryOutcome, retry_card, retry_picked
 from darkroom.storage import ObjectInfo, ObjectStore
 from darkroom.uploads import KeyBusy, KeyReused, valid_key
@@ -155,6 +160,16 @@ def _queue(request: Request) -> Queue:
     return queue
 
 
+def _reads(request: Request) -> Reads:
+    reads: Reads = request.app.state.reads
+    return reads
+
+
+def _db(request: Request) -> Database:
+    db: Database = request.app.state.db
+    return db
+
+
 def _store(request: Request) -> ObjectStore:
     store: ObjectStore = request.app.state.store
     return store
@@ -174,7 +189,7 @@ def _file_id(raw: str) -> uuid.UUID:
 
 
 async def _card_row(request: Request, raw_id: str, owner: str) -> CardRow:
-    row = await _queue(request).get_file(_file_id(raw_id), owner)
+    row = await _reads(request).get_file(_file_id(raw_id), owner)
     if row is None:
         raise not_found()
     return row
@@ -505,7 +520,7 @@ async def confirm(file_id: FileId, body: Confirm, who: Caller, request: Request)
         _background(request, lambda: _drop_versions(_store(request), key,
                                                     keep=body.version))
     if fresh is None:  # confirmed before with this version (maybe concurrently): as it is now
-        fresh = await queue.get_file(fid, who.owner)
+        fresh = await _reads(request).get_file(fid, who.owner)
         if fresh is None:  # deleted in between
             raise not_found()
     return _card_json(card_from_row(fresh), 202, location)
@@ -583,9 +598,9 @@ async def list_files(
             raise Problem(403, "forbidden", "This needs an admin key.")
         if status != CardStatus.REJECTED:
             raise invalid_field("status", "all_owners lists rejected cards only")
-        rows = await _queue(request).list_rejected(code=code, limit=limit + 1, after=after)
+        rows = await _reads(request).list_rejected(code=code, limit=limit + 1, after=after)
     else:
-        rows = await _queue(request).list_files(
+        rows = await _reads(request).list_files(
             who.owner, status=None if status is None else CardStatus(status),
             limit=limit + 1, after=after, code=code)
     page = rows[:limit]
@@ -617,7 +632,7 @@ async def file_events(
             after = decode_event_cursor(cursor)
         except ValueError:
             raise invalid_field("cursor", "not a cursor of this API") from None
-    rows = await _queue(request).history(
+    rows = await _reads(request).history(
         _file_id(file_id), None if who.admin else who.owner, limit=limit + 1, after=after)
     if rows is None:
         raise not_found()
@@ -775,7 +790,7 @@ async def delete_file(file_id: FileId, who: Caller, request: Request) -> Respons
     summary="Queue health (admin key)",
 )
 async def queue_stats(who: Admin, request: Request) -> dict[str, Any]:
-    return await _queue(request).stats()
+    return (await stats.read(_db(request))).to_json()
 
 
 def _pause_json(p: PauseRow) -> ClaimPause:
@@ -791,8 +806,8 @@ def _pause_json(p: PauseRow) -> ClaimPause:
     summary="Stop every worker starting attempts on these cards (admin key)",
 )
 async def pause_claims(body: PauseScope, who: Admin, request: Request) -> Paused:
-    pause, changed = await _queue(request).pause_claims(
-        actor=f"api:{who.owner}", owner=body.owner,
+    pause, changed = await make_pause(
+        _db(request), actor=f"api:{who.owner}", owner=body.owner,
         priority=None if body.priority is None else Priority(body.priority))
     if changed:
         log.info("claiming paused", extra={"scope": pause.scope(), "by": pause.paused_by})
@@ -809,8 +824,8 @@ async def pause_claims(body: PauseScope, who: Admin, request: Request) -> Paused
 async def resume_claims(body: ResumeScope, who: Admin, request: Request) -> Resumed:
     if body.all and (body.owner is not None or body.priority is not None):
         raise invalid_field("all", "all takes no owner or priority")
-    lifted = await _queue(request).resume_claims(
-        actor=f"api:{who.owner}", owner=body.owner,
+    lifted = await lift_pauses(
+        _db(request), actor=f"api:{who.owner}", owner=body.owner,
         priority=None if body.priority is None else Priority(body.priority), every=body.all)
     for p in lifted:
         log.info("claiming resumed", extra={"scope": p.scope(), "by": f"api:{who.owner}"})
@@ -856,8 +871,8 @@ async def metrics(request: Request) -> Response:
         # On the API's port the figures are an admin's, as /v1/queue is.
         await admin(await principal(request, await bearer(request)))
     cache: StatsCache = request.app.state.stats_cache
-    stats = await cache.get(_queue(request))
-    return Response(render(request.app.state.metrics, stats), media_type=METRICS_CONTENT_TYPE)
+    figures = await cache.get(_db(request))
+    return Response(render(request.app.state.metrics, figures), media_type=METRICS_CONTENT_TYPE)
 
 
 def on_metrics_listener(scope: Any) -> bool:
@@ -875,16 +890,16 @@ class StatsCache:
     def __init__(self, ttl: float = 5.0) -> None:
         self.ttl = ttl
         self._at = -math.inf
-        self._value: dict[str, Any] | None = None
+        self._value: stats.QueueStats | None = None
         self._lock = asyncio.Lock()
 
-    async def get(self, queue: Queue) -> dict[str, Any] | None:
+    async def get(self, db: Database) -> stats.QueueStats | None:
         async with self._lock:  # concurrent scrapes share one read
             now = time.monotonic()
             if now - self._at < self.ttl:
                 return self._value
             try:
-                self._value = await asyncio.wait_for(queue.stats(), _READY_TIMEOUT)
+                self._value = await asyncio.wait_for(stats.read(db), _READY_TIMEOUT)
             except Exception as exc:  # a scrape must still answer, with stats_up 0
                 log.warning("queue stats unavailable for /metrics: %s", type(exc).__name__)
                 self._value = None

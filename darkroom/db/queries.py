@@ -12,9 +12,11 @@ from importlib import resources
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
-def _load() -> dict[str, str]:
+def load(package: str) -> dict[str, str]:
+    """Every `-- name: x` statement of the `.sql` files in `package`, by name; a name
+    defined twice is an error, so a statement is spelled in one place only."""
     queries: dict[str, str] = {}
-    folder = resources.files("darkroom.db")
+    folder = resources.files(package)
     for file in sorted(folder.iterdir(), key=lambda f: f.name):
         if not file.name.endswith(".sql"):
             continue
@@ -27,4 +29,4 @@ def _load() -> dict[str, str]:
     return queries
 
 
-QUERIES: dict[str, str] = _load()
+QUERIES: dict[str, str] = load("darkroom.db")

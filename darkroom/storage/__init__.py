@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from darkroom.errors import (
@@ -20,7 +21,9 @@ from darkroom.storage.base import (
     validate_key,
 )
 from darkroom.storage.local import LocalStore
-from darkroom.storage.s3 import S3Store, make_client
+
+if TYPE_CHECKING:
+    from darkroom.storage.s3 import S3Store, make_client
 
 __all__ = [
     "LocalStore",
@@ -66,5 +69,18 @@ def open_store(url: str) -> ObjectStore:
             raise StorageConfigError(_URL_SHAPE)
         if not _BUCKET.fullmatch(bucket) or ".." in bucket:
             raise StorageConfigError("the S3 bucket name in the storage URL is invalid")
+        from darkroom.storage.s3 import S3Store
+
         return S3Store(bucket, unquote(parts.path))
     raise StorageConfigError(_URL_SHAPE)
+
+
+def __getattr__(name: str) -> Any:
+    """S3Store and make_client, imported on first use: boto3 is most of a command's
+    start-up (`darkroom stats`, `migrate`, the embedded database's helpers), and only a
+    process that talks to S3 needs it."""
+    if name in ("S3Store", "make_client"):
+        from darkroom.storage import s3
+
+        return getattr(s3, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

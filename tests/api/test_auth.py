@@ -7,6 +7,7 @@ from pathlib import Path
 import psycopg
 
 from darkroom.api.auth import KeyCache
+from darkroom.db.queries import QUERIES
 from darkroom.keys import Principal, hash_key
 from tests.api.conftest import start_api
 from tests.support.services import wait_for
@@ -47,8 +48,7 @@ def test_the_oldest_entries_go_first() -> None:
 
 def revoke(db_url: str, key: str) -> None:
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("UPDATE api_keys SET revoked_at = now() WHERE key_hash = %s",
-                     (hash_key(key),))
+        conn.execute(QUERIES["revoke_api_key"], {"key_hash": hash_key(key)})
 
 
 def test_a_revoked_key_stops_working_within_the_cache_time(

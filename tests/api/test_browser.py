@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,12 @@ import httpx
 import psycopg
 import pytest
 
+from darkroom.layout import original_key
 from tests.api.conftest import Api
 from tests.support.browser import Chromium
 from tests.support.faults import FaultProxy
 from tests.support.services import CORPUS
+from tests.support.sql import SQL
 
 pytestmark = pytest.mark.browser
 
@@ -40,11 +43,10 @@ def test_upload_watch_view_and_delete(
     # Another owner's bulk card, not due for an hour (so no worker takes it): the
     # panel shows the backlog per priority and the owner among the top owners.
     with psycopg.connect(api.db_url, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
-            " original_key, original_version, status, available_at, priority)"
-            " VALUES ('importer', 'x.jpg', 'image/jpeg', 1, 'originals/x', 'v1',"
-            " 'queued', now() + interval '1 hour', 'bulk')")
+        waiting = uuid.uuid4()
+        conn.execute(SQL["seed_later_bulk"], {
+            "id": waiting, "owner": "importer",
+            "key": original_key(waiting, "importer")})
     expect(page.get_by_test_id("q-bulk")).to_have_text(re.compile(r"^1\b"),
                                                        timeout=10_000)
     owners = page.get_by_test_id("q-owners")
@@ -282,8 +284,7 @@ def test_console_for_an_admin_history_rejected_by_code_pause_and_resume(
     expect(steps.nth(1)).not_to_contain_text("w-9")
 
     with psycopg.connect(api.db_url) as conn:
-        log = conn.execute("SELECT kind, owner, actor FROM claim_pause_events ORDER BY id"
-                           ).fetchall()
+        log = conn.execute(SQL["claim_pause_log"]).fetchall()
     assert log == [("paused", "bob", "api:root"), ("resumed", "bob", "api:root")]
     with api.client(alice) as c:
         assert c.get(f"/v1/files/{mine['id']}").json()["status"] == "rejected"
@@ -328,8 +329,7 @@ def test_a_card_rejected_for_a_passing_fault_has_a_retry_button(
         assert c.get(f"/v1/files/{outage['id']}").json()["status"] == "queued"
         assert c.get(f"/v1/files/{corrupt['id']}").json()["status"] == "rejected"
     with psycopg.connect(api.db_url) as conn:
-        [(who,)] = conn.execute("SELECT worker FROM archive_events WHERE file_id = %s"
-                                " AND kind = 'retried'", (outage["id"],)).fetchall()
+        [(who,)] = conn.execute(SQL["retried_by"], {"id": outage["id"]}).fetchall()
     assert who == f"api:{key[:12]} owner=retrier"
 
 
@@ -402,7 +402,6 @@ def test_an_admin_picks_rejected_cards_of_any_owner_and_retries_them(
         assert [c.get(f"/v1/files/{made[n]}").json()["status"]
                 for n in ("b-1.jpg", "b-2.jpg")] == ["rejected", "queued"]
     with psycopg.connect(api.db_url) as conn:
-        who = conn.execute("SELECT file_id::text, worker FROM archive_events"
-                           " WHERE kind = 'retried' ORDER BY file_id").fetchall()
+        who = conn.execute(SQL["retried_files_by"]).fetchall()
     assert who == sorted((made[n], f"api:{root[:12]} owner=root")
                          for n in ("a-1.jpg", "b-2.jpg"))

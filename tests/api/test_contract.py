@@ -25,6 +25,7 @@ from tests.api.helpers import (
     put_original,
     upload,
 )
+from tests.support.sql import SQL
 
 WEBP = b"RIFF\x1a\x00\x00\x00WEBPVP8L" + b"\x01" * 14
 
@@ -147,8 +148,7 @@ def test_a_card_made_before_owners_were_in_the_key_uploads_and_confirms(api: Api
         old_key = original_key(file_id, None)
         assert stored_key(card) != old_key
         with psycopg.connect(api.db_url, autocommit=True) as conn:
-            conn.execute("UPDATE archive_files SET original_key = %s WHERE id = %s",
-                         (old_key, file_id))
+            conn.execute(SQL["set_original_key"], {"key": old_key, "id": file_id})
         replay = c.post("/v1/files", json=body, headers={"Idempotency-Key": "old-1"})
         assert replay.status_code == 201, replay.text
         version = put_original(c, replay.json()["upload"], JPEG)
@@ -158,8 +158,7 @@ def test_a_card_made_before_owners_were_in_the_key_uploads_and_confirms(api: Api
         assert r.status_code == 202, r.text
         assert r.json()["status"] == "queued"
         with psycopg.connect(api.db_url) as conn:
-            row = conn.execute("SELECT original_key, original_version FROM archive_files"
-                               " WHERE id = %s", (file_id,)).fetchone()
+            row = conn.execute(SQL["original_of"], {"id": file_id}).fetchone()
         assert row == (old_key, version)
 
 

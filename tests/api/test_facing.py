@@ -23,6 +23,7 @@ from darkroom.storage import LocalStore, open_store
 from tests.api.conftest import _storage_url, start_api
 from tests.api.helpers import JPEG, assert_problem, create, put_original, upload
 from tests.support.services import DarkroomProcess, Harness, free_port, wait_for
+from tests.support.sql import SQL
 
 
 @pytest.fixture
@@ -319,9 +320,8 @@ def test_pending_cards_expire_with_their_bytes(harness: Harness, db_url: str,
         stored, stored_version = upload(c)  # uploaded; its confirm never came (or was lost)
         late, late_version = upload(c)
         fresh, _ = upload(c)
-    harness.db.execute("UPDATE archive_files SET created_at = now() - interval '2 days' "
-                       "WHERE id = ANY(%s)", ([uuid.UUID(old["id"]), uuid.UUID(late["id"]),
-                                               uuid.UUID(stored["id"])],))
+    harness.db.execute(SQL["age_cards"], {"ids": [uuid.UUID(old["id"]), uuid.UUID(late["id"]),
+                                                  uuid.UUID(stored["id"])]})
     # The late card is confirmed before the sweeper runs: it is not expired.
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as c:
         assert c.post(f"/v1/files/{late['id']}/confirm",
@@ -329,8 +329,8 @@ def test_pending_cards_expire_with_their_bytes(harness: Harness, db_url: str,
     sweep = harness.start("sweep", "--once")
     assert sweep.wait(120) == 0, sweep.log()
     assert "pending confirmed (upload found): 1, pending expired: 1," in sweep.log()
-    assert harness.db.execute("SELECT count(*) AS n FROM archive_files WHERE id = %s",
-                              (uuid.UUID(old["id"]),)).fetchone() == {"n": 0}
+    assert harness.db.execute(SQL["cards_with_id"],
+                              {"id": uuid.UUID(old["id"])}).fetchone() == {"n": 0}
     assert list(harness.store.list(original_key(uuid.UUID(old["id"]), "alice"))) == []
     kinds = [e["kind"] for e in harness.events(uuid.UUID(old["id"]))]
     assert "expired" in kinds

@@ -21,6 +21,7 @@ from darkroom.sweeper import Sweeper
 from tests.api.conftest import Api
 from tests.api.helpers import JPEG, put_original
 from tests.support.faults import FaultProxy
+from tests.support.sql import SQL
 
 OTHER = b"\xff\xd8\xff\xe0" + b"\1" * 300
 
@@ -32,7 +33,7 @@ def body_for(data: bytes, **extra: Any) -> dict[str, Any]:
 
 def cards(api: Api, owner: str) -> list[dict[str, Any]]:
     with psycopg.connect(api.db_url) as conn:
-        cur = conn.execute("SELECT id, status FROM archive_files WHERE owner = %s", (owner,))
+        cur = conn.execute(SQL["owner_cards"], {"owner": owner})
         return [{"id": r[0], "status": r[1]} for r in cur.fetchall()]
 
 
@@ -185,8 +186,7 @@ def test_a_deleted_card_frees_its_key_and_old_keys_are_swept(local_api: Api) -> 
 
         c.post("/v1/files", json=body_for(JPEG), headers={"Idempotency-Key": "k2"})
         with psycopg.connect(api.db_url, autocommit=True) as conn:
-            conn.execute("UPDATE idempotency_keys SET created_at = now() - interval '25 hours'"
-                         " WHERE file_id = %s", (second.json()["id"],))
+            conn.execute(SQL["age_idempotency_key"], {"id": second.json()["id"]})
 
         async def sweep() -> int:
             pool = await open_pool(api.db_url, min_size=1, max_size=1)
@@ -199,7 +199,7 @@ def test_a_deleted_card_frees_its_key_and_old_keys_are_swept(local_api: Api) -> 
 
         assert asyncio.run(sweep()) == 1
         with psycopg.connect(api.db_url) as conn:
-            (left,) = conn.execute("SELECT count(*) FROM idempotency_keys").fetchone() or (0,)
+            (left,) = conn.execute(SQL["idempotency_key_count"]).fetchone() or (0,)
         assert left == 1
         # Past its retention the key is new again.
         third = c.post("/v1/files", json=body_for(JPEG), headers=headers)

@@ -21,6 +21,7 @@ from darkroom.progress import Bar
 from tests.api.conftest import Api
 from tests.api.helpers import image_bytes
 from tests.support.services import wait_for
+from tests.support.sql import SQL
 
 
 def make_tree(root: Path) -> None:
@@ -204,7 +205,7 @@ def test_import_killed_half_way_and_run_again_ends_with_one_ready_card_per_file(
     db = psycopg.connect(api.db_url, autocommit=True)
 
     def count() -> int:
-        row = db.execute("SELECT count(*) FROM archive_files WHERE owner = 'resumer'").fetchone()
+        row = db.execute(SQL["cards_of_owner"], {"owner": "resumer"}).fetchone()
         return int(row[0]) if row else 0
 
     try:
@@ -225,8 +226,7 @@ def test_import_killed_half_way_and_run_again_ends_with_one_ready_card_per_file(
         assert second.returncode == 0, second.stderr
         assert f"{made - 1} already there" in second.stderr or (
             f"{made} already there" in second.stderr)
-        rows = db.execute("SELECT filename, status FROM archive_files WHERE owner = 'resumer'"
-                          " ORDER BY filename").fetchall()
+        rows = db.execute(SQL["owner_files"], {"owner": "resumer"}).fetchall()
         assert [r[0] for r in rows] == names  # exactly one card per file
         assert {r[1] for r in rows} == {"ready"}
     finally:

@@ -20,6 +20,7 @@ from darkroom.storage import LocalStore, ObjectStore
 from tests.api.conftest import Api, start_api
 from tests.api.helpers import JPEG, assert_problem, create, upload
 from tests.support.services import free_port, wait_for
+from tests.support.sql import SQL
 
 
 class FaultyStore:
@@ -109,7 +110,7 @@ def test_keys_are_stored_hashed_and_work(local_api: Api) -> None:
     key = api.make_key("carol", admin=True)
     assert key.startswith("dk_") and len(key) > 40
     with psycopg.connect(api.db_url) as conn:
-        rows = conn.execute("SELECT key_hash, owner, admin FROM api_keys").fetchall()
+        rows = conn.execute(SQL["api_key_rows"]).fetchall()
     assert rows == [(hash_key(key), "carol", True)]
     assert key not in repr(rows)
     with api.client(key) as c:

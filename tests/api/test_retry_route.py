@@ -14,6 +14,7 @@ from darkroom.errors import ErrorCode
 from darkroom.queue import Queue
 from tests.api.conftest import Api
 from tests.api.helpers import assert_problem, confirmed
+from tests.support.sql import SQL
 
 
 def reject(api: Api, file_id: str, code: ErrorCode) -> None:
@@ -57,9 +58,7 @@ def test_an_owner_retries_a_card_rejected_for_a_transient_fault(local_api: Api) 
         waiting = confirmed(alice)
         assert_problem(alice.post(f"/v1/files/{waiting['id']}/retry"), 409, "not_retryable")
     with psycopg.connect(api.db_url) as conn:
-        rows = conn.execute("SELECT kind, worker, error_code FROM archive_events"
-                            " WHERE file_id = %s AND kind = 'retried'",
-                            (card["id"],)).fetchall()
+        rows = conn.execute(SQL["retries_of"], {"id": card["id"]}).fetchall()
     # Who asked: the key by the prefix `darkroom keys list` shows, and its owner.
     assert rows == [("retried", f"api:{key[:12]} owner=alice", "storage_unavailable")]
 
@@ -103,8 +102,7 @@ def test_an_admin_retries_picked_cards_of_any_owner_with_an_answer_per_card(
             ("not_rejected", "queued"), ("not_rejected", "queued"),
             ("not_retryable", "rejected"), ("not_found", None)]
     with psycopg.connect(api.db_url) as conn:
-        rows = conn.execute("SELECT file_id::text, worker, error_code FROM archive_events"
-                            " WHERE kind = 'retried' ORDER BY file_id").fetchall()
+        rows = conn.execute(SQL["retries"]).fetchall()
     # The history names the admin who asked, once per card.
     assert rows == sorted([(a["id"], f"api:{root[:12]} owner=ops", "storage_unavailable"),
                            (b["id"], f"api:{root[:12]} owner=ops", "processing_timeout")])

@@ -26,5 +26,4 @@ def test_hosts_rehearsal_reduced(tmp_path: Path) -> None:
     assert hf.readyz_during_db_cut.get("503", 0) >= 1
     assert hf.accepted_202_after_db_heal_s is not None
     assert hf.host_kill_processes >= 1
-    assert result.outcome.lease_lost >= 1  # w1's late result was fenced
     assert result.outcome.max_starts <= 8

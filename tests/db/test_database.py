@@ -10,7 +10,9 @@ import psycopg
 import pytest
 
 from darkroom.db.database import Database, opened
+from darkroom.layout import original_key
 from darkroom.queue import NOTIFY_CHANNEL, Card, Lease, Priority, Status
+from darkroom.reads import Reads
 from tests.support.services import make_queue
 
 
@@ -31,11 +33,11 @@ async def test_a_transaction_that_fails_commits_nothing(pool: Any) -> None:
         async with db.transaction() as tx:
             params = {"id": file_id, "owner": "o", "filename": "a.jpg",
                       "content_type": "image/jpeg", "size": 1,
-                      "original_key": f"originals/{file_id}", "priority": str(Priority.BULK),
+                      "original_key": original_key(file_id, "o"), "priority": str(Priority.BULK),
                       "sha256": None, "key_hash": None, "request_hash": None}
             await tx.rows("create_file", params)
             await tx.rows("create_file", params)  # the same id again: the whole block fails
-    assert await make_queue(pool).get_file(file_id, "o") is None
+    assert await Reads(Database(pool)).get_file(file_id, "o") is None
 
 
 async def test_listen_yields_what_is_notified_after_it_began(db_url: str) -> None:

@@ -685,6 +685,17 @@ def test_a_child_never_serves_a_second_owner() -> None:
         assert child_pid(proc) not in (first, second)
 
 
+def test_a_child_started_ahead_takes_its_first_owner_without_a_fork() -> None:
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) as proc:
+        proc.start()  # as the worker starts every slot's child: it has decoded nothing
+        ahead = child_pid(proc)
+        proc.derive(DUNE, owner="alice")
+        assert child_pid(proc) == ahead  # nobody's bytes in it: no fresh child needed
+        assert proc.owner == "alice"
+        proc.derive(DUNE, owner="bob")
+        assert child_pid(proc) != ahead  # but once fed, never a second owner's
+
+
 def test_the_worker_gives_a_job_to_a_child_that_already_holds_its_owners_images() -> None:
     from darkroom.worker import pick_decoder
 

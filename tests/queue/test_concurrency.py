@@ -7,6 +7,7 @@ import multiprocessing as mp
 import random
 import subprocess
 import sys
+import uuid
 from collections import Counter
 from typing import Any
 
@@ -15,7 +16,9 @@ import pytest
 
 from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
+from darkroom.layout import original_key
 from darkroom.queue import Derived, Queue, derived_key
+from tests.support.sql import SQL
 
 # A fleet of real processes: not in `make test-fast`.
 pytestmark = pytest.mark.fleet
@@ -25,12 +28,10 @@ PROCESSES = 8
 
 
 def seed_queued(db_url: str, n: int) -> None:
+    ids = [uuid.uuid4() for _ in range(n)]
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
-            " original_key, original_version, status)"
-            " SELECT 'load', 'f' || i || '.jpg', 'image/jpeg', 1, 'originals/' || i, 'v1',"
-            " 'queued' FROM generate_series(1, %s) AS i", (n,))
+        conn.execute(SQL["seed_queued"], {"owner": "load", "ids": ids,
+                                          "keys": [original_key(i, "load") for i in ids]})
 
 
 async def _drain(db_url: str, name: str, seed: int) -> list[str]:
@@ -68,11 +69,8 @@ def test_eight_processes_start_every_row_exactly_once(db_url: str) -> None:
     assert set(started.values()) == {1}
     assert sum(1 for r in results if r) >= 2  # the work really was shared
     with psycopg.connect(db_url) as conn:
-        status: dict[str, int] = dict(conn.execute(
-            "SELECT status, count(*) FROM archive_files GROUP BY status").fetchall())
-        claims = conn.execute(
-            "SELECT count(*), count(DISTINCT file_id) FROM archive_events"
-            " WHERE kind = 'claimed'").fetchone()
+        status: dict[str, int] = dict(conn.execute(SQL["status_counts"]).fetchall())
+        claims = conn.execute(SQL["claim_counts"]).fetchone()
     assert status == {"ready": ROWS}
     assert claims == (ROWS, ROWS)
 
@@ -85,7 +83,6 @@ def test_two_concurrent_migrations_both_succeed(empty_db_url: str) -> None:
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     with psycopg.connect(empty_db_url) as conn:
-        names = [r[0] for r in conn.execute("SELECT name FROM darkroom_migrations")]
-        assert conn.execute("SELECT to_regclass('archive_files') IS NOT NULL").fetchone() == (
-            True,)
+        names = [r[0] for r in conn.execute(SQL["applied_migrations"])]
+        assert conn.execute(SQL["queue_table_exists"]).fetchone() == (True,)
     assert len(names) == len(set(names)) >= 1

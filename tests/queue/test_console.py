@@ -9,9 +9,13 @@ import psycopg
 
 from darkroom.card import Priority
 from darkroom.errors import ErrorCode
+from darkroom.pauses import claim_pauses, pause_claims, resume_claims
 from darkroom.queue import Status
+from darkroom.reads import Reads
+from darkroom.stats import read as read_stats
 from tests.queue.test_protocol import derived_for, expire, new_queued
 from tests.support.services import make_queue, wait_for
+from tests.support.sql import SQL
 
 
 async def test_history_is_in_order_with_attempt_durations_and_pages(pool: Any) -> None:
@@ -24,7 +28,7 @@ async def test_history_is_in_order_with_attempt_durations_and_pages(pool: Any) -
     [third] = await q.claim(1)
     await q.complete(third, derived_for(third))
 
-    whole = await q.history(fid, "alice")
+    whole = await Reads(q.db).history(fid, "alice")
     assert whole is not None
     assert [(e.kind, e.attempt, e.error_code) for e in whole] == [
         ("claimed", 1, None), ("retry_scheduled", 1, "storage_unavailable"),
@@ -42,7 +46,7 @@ async def test_history_is_in_order_with_attempt_durations_and_pages(pool: Any) -
     # and a duration whose claim was on the previous page is still known.
     pages, after = [], None
     while True:
-        page = await q.history(fid, "alice", limit=2, after=after)
+        page = await Reads(q.db).history(fid, "alice", limit=2, after=after)
         assert page is not None
         if not page:
             break
@@ -51,16 +55,16 @@ async def test_history_is_in_order_with_attempt_durations_and_pages(pool: Any) -
     assert [len(p) for p in pages] == [2, 2, 2]
     assert [e for p in pages for e in p] == whole
     # Another owner's card is no card; an admin (owner None) sees it.
-    assert await q.history(fid, "bob") is None
-    assert await q.history(fid, None) == whole
-    assert await q.history(uuid.uuid4(), None) is None
+    assert await Reads(q.db).history(fid, "bob") is None
+    assert await Reads(q.db).history(fid, None) == whole
+    assert await Reads(q.db).history(uuid.uuid4(), None) is None
 
 
 async def test_history_of_a_card_with_no_event_yet_is_empty(pool: Any) -> None:
     q = make_queue(pool)
     card = await q.create_file(owner="alice", filename="a.jpg", content_type="image/jpeg",
                                size=1)
-    assert await q.history(card.id, "alice") == []
+    assert await Reads(q.db).history(card.id, "alice") == []
 
 
 async def test_a_pause_stops_claims_of_its_scope_only_and_is_logged(
@@ -69,27 +73,26 @@ async def test_a_pause_stops_claims_of_its_scope_only_and_is_logged(
     alice = await new_queued(q, 2, owner="alice")
     [bob] = await new_queued(q, 1, owner="bob")
 
-    pause, made = await q.pause_claims(actor="cli:ops", owner="alice")
+    pause, made = await pause_claims(q.db, actor="cli:ops", owner="alice")
     assert made and (pause.owner, pause.priority, pause.paused_by) == ("alice", None, "cli:ops")
-    again, made = await q.pause_claims(actor="api:root", owner="alice")
+    again, made = await pause_claims(q.db, actor="api:root", owner="alice")
     assert not made and again == pause  # a repeat changes nothing, not even who
     assert [lease.file_id for lease in await q.claim(5)] == [bob]
 
     # Every card of every owner, from another operator: nothing more is claimed.
-    await q.pause_claims(actor="api:root")
+    await pause_claims(q.db, actor="api:root")
     [carol] = await new_queued(q, 1, owner="carol")
     assert await q.claim(5) == []
-    lifted = await q.resume_claims(actor="api:root", owner="alice")
+    lifted = await resume_claims(q.db, actor="api:root", owner="alice")
     assert [p.owner for p in lifted] == ["alice"]
     assert await q.claim(5) == []  # the global pause still holds
-    assert [p.scope() for p in await q.claim_pauses()] == ["every card"]
-    assert [p.owner for p in await q.resume_claims(actor="cli:ops", every=True)] == [None]
-    assert await q.resume_claims(actor="cli:ops", every=True) == []
+    assert [p.scope() for p in await claim_pauses(q.db)] == ["every card"]
+    assert [p.owner for p in await resume_claims(q.db, actor="cli:ops", every=True)] == [None]
+    assert await resume_claims(q.db, actor="cli:ops", every=True) == []
     assert sorted(lease.file_id for lease in await q.claim(5)) == sorted([*alice, carol])
 
     with psycopg.connect(db_url) as conn:
-        log = conn.execute("SELECT kind, owner, actor FROM claim_pause_events ORDER BY id"
-                           ).fetchall()
+        log = conn.execute(SQL["claim_pause_log"]).fetchall()
     assert log == [("paused", "alice", "cli:ops"), ("paused", None, "api:root"),
                    ("resumed", "alice", "api:root"), ("resumed", None, "cli:ops")]
 
@@ -104,17 +107,17 @@ async def test_a_paused_priority_and_expired_leases_wait_for_the_resume(
     from tests.support.services import confirm
     await confirm(q, bulk.id, "carol", "v1")
 
-    await q.pause_claims(actor="t", priority=Priority.BULK)
+    await pause_claims(q.db, actor="t", priority=Priority.BULK)
     assert await q.claim(5) == []
-    await q.pause_claims(actor="t", owner="alice", priority=Priority.INTERACTIVE)
+    await pause_claims(q.db, actor="t", owner="alice", priority=Priority.INTERACTIVE)
     expire(db_url, held)  # its worker is gone: the rescue is a new claim, held back too
     assert await q.claim(5) == []
     # The running attempt itself is not touched: it still publishes.
     await q.complete(lease, derived_for(lease))
-    stats = await q.stats()
+    stats = (await read_stats(q.db)).to_json()
     assert [(p["owner"], p["priority"]) for p in stats["claim_pauses"]] == [
         (None, "bulk"), ("alice", "interactive")]
-    await q.resume_claims(actor="t", priority=Priority.BULK)
+    await resume_claims(q.db, actor="t", priority=Priority.BULK)
     assert [lease.file_id for lease in await q.claim(5)] == [bulk.id]
 
 
@@ -126,14 +129,13 @@ async def test_a_pause_racing_the_same_pause_answers_the_one_that_won(
 
     q = make_queue(pool)
     with psycopg.connect(db_url) as other:
-        other.execute("INSERT INTO claim_pauses (owner, paused_by) VALUES ('alice', 'other')")
-        racing = asyncio.create_task(q.pause_claims(actor="me", owner="alice"))
+        other.execute(SQL["pause_claims_unlogged"], {"owner": "alice", "actor": "other"})
+        racing = asyncio.create_task(pause_claims(q.db, actor="me", owner="alice"))
 
         def waiting() -> bool:
             with psycopg.connect(db_url, autocommit=True) as probe:
-                row = probe.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                    " AND query LIKE '%%INSERT INTO claim_pauses%%'").fetchone()
+                row = probe.execute(SQL["lock_waiters_on"],
+                                    {"text": "INSERT INTO claim_pauses"}).fetchone()
             return bool(row and row[0])
 
         await asyncio.to_thread(wait_for, waiting, what="the pause to wait on the other")
@@ -141,7 +143,7 @@ async def test_a_pause_racing_the_same_pause_answers_the_one_that_won(
     pause, made = await racing
     assert (pause.owner, pause.paused_by, made) == ("alice", "other", False)
     with psycopg.connect(db_url) as conn:
-        assert conn.execute("SELECT count(*) FROM claim_pause_events").fetchone() == (0,)
+        assert conn.execute(SQL["claim_pause_event_count"]).fetchone() == (0,)
 
 
 def test_the_paused_owners_function_covers_exactly_what_each_pause_row_covers(
@@ -158,14 +160,12 @@ def test_the_paused_owners_function_covers_exactly_what_each_pause_row_covers(
             for held in itertools.combinations(scopes, n):
                 if n > 3 and n < len(scopes) - 1:
                     continue  # every set of up to 3 rows, and the nearly full ones
-                conn.execute("DELETE FROM claim_pauses")
+                conn.execute(SQL["clear_claim_pauses"])
                 for owner, priority in held:
-                    conn.execute("INSERT INTO claim_pauses (owner, priority, paused_by)"
-                                 " VALUES (%s, %s, 't')", (owner, priority))
+                    conn.execute(SQL["add_claim_pause"], {"owner": owner, "priority": priority})
                 for owner, priority in cards:
-                    row = conn.execute(
-                        "SELECT %s <> ALL (darkroom_paused_owners(%s)) IS NOT TRUE",
-                        (owner, priority)).fetchone()
+                    row = conn.execute(SQL["held_by_a_pause"],
+                                       {"owner": owner, "priority": priority}).fetchone()
                     expected = any(o in (None, owner) and p in (None, priority)
                                    for o, p in held)
                     assert row == (expected,), (held, owner, priority)

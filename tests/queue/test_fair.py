@@ -11,8 +11,12 @@ import psycopg
 import pytest
 
 from darkroom.errors import ErrorCode
+from darkroom.owners import set_owner_weight
 from darkroom.queue import Derived, Lease, Priority, Queue, derived_key
+from darkroom.reads import Reads
+from darkroom.stats import read as read_stats
 from tests.support.services import confirm, make_queue
+from tests.support.sql import SQL
 
 
 async def add(q: Queue, owner: str, n: int = 1,
@@ -43,7 +47,7 @@ async def claim_order(q: Queue) -> list[uuid.UUID]:
 def owners_of(db_url: str, ids: list[uuid.UUID]) -> list[str]:
     with psycopg.connect(db_url) as conn:
         rows: dict[uuid.UUID, str] = dict(
-            conn.execute("SELECT id, owner FROM archive_files").fetchall())
+            conn.execute(SQL["card_owners"]).fetchall())
     return [rows[i] for i in ids]
 
 
@@ -87,7 +91,7 @@ async def test_past_work_is_no_debt(pool: Any, db_url: str) -> None:
 
 async def test_weight_gives_a_larger_share(pool: Any, db_url: str) -> None:
     q = make_queue(pool)
-    await q.set_owner_weight("heavy", 3)
+    await set_owner_weight(q.db, "heavy", 3)
     await add(q, "light", 20)
     await add(q, "heavy", 20)
     owners = owners_of(db_url, await claim_order(q))[:16]
@@ -115,7 +119,7 @@ async def test_concurrent_confirms_of_one_owner_get_distinct_stamps(pool: Any,
     await asyncio.gather(*(confirm(q, c.id, "a", "v1") for c in cards))
     with psycopg.connect(db_url) as conn:
         stamps = [r[0] for r in conn.execute(
-            "SELECT fair_stamp FROM archive_files WHERE owner = 'a'").fetchall()]
+            SQL["fair_stamps_of_owner"], {"owner": "a"}).fetchall()]
     assert len(set(stamps)) == 12
 
 
@@ -126,7 +130,7 @@ async def test_repeated_confirm_stamps_once(pool: Any, db_url: str) -> None:
     [a2] = await add(q, "a")
     with psycopg.connect(db_url) as conn:
         s: dict[uuid.UUID, Any] = dict(
-            conn.execute("SELECT id, fair_stamp FROM archive_files").fetchall())
+            conn.execute(SQL["fair_stamps"]).fetchall())
     assert s[a2] - s[a] == 1
 
 
@@ -137,39 +141,39 @@ async def test_rederive_keeps_the_old_derivative_until_the_new_one_is_published(
     [lease] = await q.claim(1)
     await q.complete(lease, derived_for(lease))
     new = make_queue(pool, fingerprint="new")
-    assert await new.rederive_owners("new") == {"a": 1}
-    assert await new.rederive_owners("old") == {}
+    assert await Reads(new.db).rederive_owners("new") == {"a": 1}
+    assert await Reads(new.db).rederive_owners("old") == {}
     assert await new.rederive("a", "new") == 1
     assert await new.rederive("a", "new") == 0  # a repeat queues nothing twice
-    assert await new.rederive_pending() == 1 and await new.rederive_pending("b") == 0
+    reads = Reads(new.db)
+    assert await reads.rederive_pending() == 1 and await reads.rederive_pending("b") == 0
     with psycopg.connect(db_url, row_factory=psycopg.rows.dict_row) as conn:
-        row = conn.execute("SELECT * FROM archive_files WHERE id = %s", (fid,)).fetchone()
+        row = conn.execute(SQL["card"], {"id": fid}).fetchone()
         assert row is not None
         assert row["status"] == "queued" and row["priority"] == "bulk"
         assert row["derived_key"] == derived_key(lease) and row["attempts"] == 0
     [again] = await new.claim(1)
     assert again.file_id == fid and again.attempt == 1
     await new.complete(again, derived_for(again))
-    assert await new.rederive_pending() == 0
+    assert await Reads(new.db).rederive_pending() == 0
     with psycopg.connect(db_url, row_factory=psycopg.rows.dict_row) as conn:
-        row = conn.execute("SELECT * FROM archive_files WHERE id = %s", (fid,)).fetchone()
+        row = conn.execute(SQL["card"], {"id": fid}).fetchone()
         assert row is not None
         assert row["status"] == "ready" and row["derive_fingerprint"] == "new"
         assert row["derived_key"] == derived_key(again)
-        orphans = conn.execute("SELECT object_key, reason FROM orphan_objects").fetchall()
-        kinds = [r["kind"] for r in conn.execute(
-            "SELECT kind FROM archive_events WHERE file_id = %s ORDER BY id", (fid,))]
+        orphans = conn.execute(SQL["orphans"]).fetchall()
+        kinds = [r["kind"] for r in conn.execute(SQL["event_kinds"], {"id": fid})]
     assert [(o["object_key"], o["reason"]) for o in orphans] == [
         (derived_key(lease), "superseded")]
     assert kinds == ["claimed", "ready", "rederive", "claimed", "ready"]
-    assert await new.rederive_owners("new") == {}
+    assert await Reads(new.db).rederive_owners("new") == {}
 
 
 async def test_backlog_figures(pool: Any) -> None:
     q = make_queue(pool)
     await add(q, "a", 3)
     await add(q, "b", 1, Priority.BULK)
-    stats = await q.stats(top=1)
+    stats = (await read_stats(q.db, top=1)).to_json()
     backlog = stats["backlog"]
     assert backlog["by_priority"]["interactive"]["waiting"] == 3
     assert backlog["by_priority"]["bulk"]["waiting"] == 1
@@ -274,13 +278,9 @@ async def test_concurrent_claims_leave_the_virtual_time_at_the_last_card_claimed
               for lease in got]
     assert len(leases) == 16
     with psycopg.connect(db_url) as conn:
-        keys = conn.execute(
-            "SELECT fair_stamp, owner FROM archive_files WHERE id = ANY(%s)"
-            " ORDER BY fair_stamp DESC, owner DESC",
-            ([lease.file_id for lease in leases],)).fetchall()
-        head = conn.execute(
-            "SELECT interactive_vtime, interactive_vowner FROM fair_clock").fetchone()
-        waiting = conn.execute(
-            "SELECT min(fair_stamp) FROM archive_files WHERE status = 'queued'").fetchone()
+        keys = conn.execute(SQL["fair_places_among"],
+                            {"ids": [lease.file_id for lease in leases]}).fetchall()
+        head = conn.execute(SQL["interactive_head"]).fetchone()
+        waiting = conn.execute(SQL["first_waiting_stamp"]).fetchone()
     assert head == keys[0]
     assert waiting is not None and waiting[0] >= head[0]

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from darkroom import retry
+from darkroom import pauses, retry
 from darkroom.card import Priority
 from darkroom.config import Settings
 from darkroom.db.connection import open_pool
@@ -29,11 +29,13 @@ from darkroom.db.database import CONNECTION_ERRORS
 from darkroom.errors import ErrorCode
 from darkroom.layout import original_key
 from darkroom.queue import Queue, Status
+from darkroom.reads import Reads
 from darkroom.storage import ObjectStore, open_store
 from darkroom.sweeper import PendingExpiry, Reconcile
 from tests.queue.test_protocol import new_queued
 from tests.support.faults import FaultProxy, through_proxy
 from tests.support.services import make_queue
+from tests.support.sql import SQL
 
 WHERE = ["before", "after"]
 
@@ -74,15 +76,12 @@ def store(tmp_path: Path) -> ObjectStore:
 
 def events(db_url: str, file_id: uuid.UUID) -> list[str]:
     with psycopg.connect(db_url) as conn:
-        return [k for (k,) in conn.execute(
-            "SELECT kind FROM archive_events WHERE file_id = %s ORDER BY id", (file_id,))]
+        return [k for (k,) in conn.execute(SQL["event_kinds"], {"id": file_id})]
 
 
 def card(db_url: str, file_id: uuid.UUID) -> tuple[Any, ...] | None:
     with psycopg.connect(db_url) as conn:
-        return conn.execute(
-            "SELECT status, attempts, deferrals, original_version, error_code"
-            " FROM archive_files WHERE id = %s", (file_id,)).fetchone()
+        return conn.execute(SQL["lost_answer_card"], {"id": file_id}).fetchone()
 
 
 # --- a worker's counted deferral -------------------------------------------------------
@@ -101,7 +100,7 @@ async def test_a_counted_deferral_sent_again_counts_once(
         [lease] = await q.claim(1)
         assert await q.defer_counted(lease, ErrorCode.STORAGE_UNAVAILABLE) == (Status.QUEUED, 1)
         with psycopg.connect(db_url, autocommit=True) as conn:
-            conn.execute("UPDATE archive_files SET available_at = now() WHERE id = %s", (fid,))
+            conn.execute(SQL["make_due"])
     [lease] = await q.claim(1)
     before = card(db_url, fid)
     defer = functools.partial(lossy.queue.defer_counted, lease, ErrorCode.STORAGE_UNAVAILABLE)
@@ -130,9 +129,9 @@ async def test_a_stored_upload_found_by_the_sweep_is_confirmed_once(
     made = await q.create_file(owner="o", filename="a.jpg", content_type="image/jpeg", size=3)
     version = await asyncio.to_thread(store.put, made.original_key, b"abc")
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("UPDATE archive_files SET created_at = now() - interval '2 days'")
+        conn.execute(SQL["age_every_card"])
     sweep = PendingExpiry(lossy.queue, store, 86_400)
-    [due] = await lossy.queue.pending_due(ttl_seconds=86_400, limit=10)
+    [due] = await Reads(lossy.queue.db).pending_due(ttl_seconds=86_400, limit=10)
     await lossy.lost(b"'upload_found'", where, sweep.run_once)
     assert card(db_url, made.id)[0] == ("queued" if where == "after" else "pending")  # type: ignore[index]
 
@@ -181,8 +180,7 @@ async def test_a_restore_run_again_makes_one_card_with_its_history(
 
 def pause_log(db_url: str) -> list[tuple[str, str | None, str]]:
     with psycopg.connect(db_url) as conn:
-        return list(conn.execute(
-            "SELECT kind, owner, actor FROM claim_pause_events ORDER BY id").fetchall())
+        return list(conn.execute(SQL["claim_pause_log"]).fetchall())
 
 
 @pytest.mark.parametrize("where", WHERE)
@@ -191,13 +189,14 @@ async def test_a_pause_sent_again_pauses_once(
     q = make_queue(pool)
     [alice] = await new_queued(q, owner="alice")
     [bob] = await new_queued(q, owner="bob")
-    pause = functools.partial(lossy.queue.pause_claims, actor="cli:ops", owner="alice")
+    pause = functools.partial(pauses.pause_claims, lossy.queue.db, actor="cli:ops",
+                              owner="alice")
     await lossy.lost(b"INSERT INTO claim_pauses", where, pause)
 
     held, made = await pause()
     assert (held.owner, held.priority, held.paused_by) == ("alice", None, "cli:ops")
     assert made is (where == "before")  # after: the pause in force is the lost one
-    assert [p.owner for p in await q.claim_pauses()] == ["alice"]
+    assert [p.owner for p in await pauses.claim_pauses(q.db)] == ["alice"]
     assert pause_log(db_url) == [("paused", "alice", "cli:ops")]
     assert [lease.file_id for lease in await q.claim(5)] == [bob]
     assert alice not in {lease.file_id for lease in await q.claim(5)}
@@ -208,17 +207,18 @@ async def test_a_resume_sent_again_resumes_once(
         pool: Any, db_url: str, lossy: Lossy, where: str) -> None:
     q = make_queue(pool)
     [alice] = await new_queued(q, owner="alice")
-    await q.pause_claims(actor="cli:ops", owner="alice", priority=Priority.INTERACTIVE)
+    await pauses.pause_claims(q.db, actor="cli:ops", owner="alice",
+                              priority=Priority.INTERACTIVE)
     assert await q.claim(5) == []
-    resume = functools.partial(lossy.queue.resume_claims, actor="api:root", owner="alice",
-                               priority=Priority.INTERACTIVE)
+    resume = functools.partial(pauses.resume_claims, lossy.queue.db, actor="api:root",
+                               owner="alice", priority=Priority.INTERACTIVE)
     await lossy.lost(b"DELETE FROM claim_pauses", where, resume)
 
     lifted = await resume()
     # After: the lost resume lifted it, so the repeat lifts nothing.
     assert [p.owner for p in lifted] == ([] if where == "after" else ["alice"])
     assert await resume() == []
-    assert await q.claim_pauses() == []
+    assert await pauses.claim_pauses(q.db) == []
     assert pause_log(db_url) == [("paused", "alice", "cli:ops"),
                                  ("resumed", "alice", "api:root")]
     assert [lease.file_id for lease in await q.claim(5)] == [alice]
@@ -254,6 +254,13 @@ async def test_a_retry_run_sends_its_statement_again_and_queues_each_card_once(
     assert {lease.file_id for lease in await q.claim(5)} == set(ids)
 
 
+# The proxy's own probes: statements on no table of darkroom's.
+FIRST = "SELECT 1 AS first"
+SECOND = "SELECT 2 AS second"
+MADE = "CREATE TABLE made_before_the_cut AS SELECT now()"
+COUNT_MADE = "SELECT count(*) FROM made_before_the_cut"
+
+
 async def test_the_proxy_cuts_only_the_statement_named(db_url: str) -> None:
     """The cut is made at the named statement's execution, once: a statement prepared on
     the connection before is still known by its name."""
@@ -261,20 +268,20 @@ async def test_the_proxy_cuts_only_the_statement_named(db_url: str) -> None:
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             for _ in range(3):
-                conn.execute("SELECT 1 AS first", prepare=True)
+                conn.execute(FIRST, prepare=True)
             proxy.cut_statement(b"AS first", where="before")
-            conn.execute("SELECT 2 AS second", prepare=True)
+            conn.execute(SECOND, prepare=True)
             assert proxy.statement_cut_pending
             with pytest.raises(psycopg.OperationalError):
-                conn.execute("SELECT 1 AS first", prepare=True)
+                conn.execute(FIRST, prepare=True)
         assert not proxy.statement_cut_pending
         assert (proxy.counters.cut_before, proxy.counters.cut_after) == (1, 0)
         with psycopg.connect(url, autocommit=True) as conn:
             proxy.cut_statement(b"now()", where="after")
             with pytest.raises(psycopg.OperationalError):
-                conn.execute("CREATE TABLE made_before_the_cut AS SELECT now()")
+                conn.execute(MADE)
         with psycopg.connect(db_url) as conn:
-            assert conn.execute("SELECT count(*) FROM made_before_the_cut").fetchone() == (1,)
+            assert conn.execute(COUNT_MADE).fetchone() == (1,)
         assert proxy.counters.cut_after == 1
     finally:
         proxy.close()

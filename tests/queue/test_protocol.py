@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from darkroom.db.database import Database
 from darkroom.db.queries import QUERIES
 from darkroom.errors import ErrorCode
 from darkroom.queue import (
@@ -23,7 +24,10 @@ from darkroom.queue import (
     derived_key,
     thumb_key,
 )
+from darkroom.reads import Reads
+from darkroom.stats import read as read_stats
 from tests.support.services import confirm, make_queue, wait_for
+from tests.support.sql import SQL
 
 
 async def new_queued(q: Any, n: int = 1, owner: str = "alice") -> list[uuid.UUID]:
@@ -44,25 +48,23 @@ def derived_for(lease: Any) -> Derived:
 def expire(db_url: str, file_id: uuid.UUID) -> None:
     """Move a lease into the past: the controllable clock of these tests."""
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("UPDATE archive_files SET lease_until = now() - interval '1 second' "
-                     "WHERE id = %s", (file_id,))
+        conn.execute(SQL["expire_lease"], {"id": file_id})
 
 
 def events(db_url: str, file_id: uuid.UUID) -> list[str]:
     with psycopg.connect(db_url) as conn:
-        rows = conn.execute("SELECT kind FROM archive_events WHERE file_id = %s ORDER BY id",
-                            (file_id,)).fetchall()
+        rows = conn.execute(SQL["event_kinds"], {"id": file_id}).fetchall()
     return [r[0] for r in rows]
 
 
 def orphans(db_url: str) -> list[tuple[str, uuid.UUID]]:
     with psycopg.connect(db_url) as conn:
-        return conn.execute("SELECT object_key, token FROM orphan_objects").fetchall()
+        return conn.execute(SQL["orphan_tokens"]).fetchall()
 
 
 def card(db_url: str, file_id: uuid.UUID) -> dict[str, Any]:
     with psycopg.connect(db_url, row_factory=psycopg.rows.dict_row) as conn:
-        row = conn.execute("SELECT * FROM archive_files WHERE id = %s", (file_id,)).fetchone()
+        row = conn.execute(SQL["card"], {"id": file_id}).fetchone()
     assert row is not None
     return row
 
@@ -140,7 +142,7 @@ async def test_revoke_during_processing_fences_the_commit(pool: Any, db_url: str
     assert await q.heartbeat([lease]) == {lease.token}
     row = card(db_url, fid)
     assert row["status"] == "deleting" and row["derived_key"] is None
-    assert await q.get_file(fid, "alice") is None
+    assert await Reads(q.db).get_file(fid, "alice") is None
 
 
 async def test_permanent_failure_rejects_at_once(pool: Any, db_url: str) -> None:
@@ -229,7 +231,7 @@ async def test_batch_claim_and_batch_complete(pool: Any, db_url: str) -> None:
     assert stolen.file_id == leases[0].file_id
     lost = await q.complete_many([(lease, derived_for(lease)) for lease in leases])
     assert lost == {leases[0].token}
-    stats = await q.stats()
+    stats = (await read_stats(q.db)).to_json()
     assert stats["counts"]["ready"] == 7 and stats["counts"]["processing"] == 1
     assert stats["counts"]["queued"] == len(ids) - 8
     assert stats["lease_lost_total"] == 1 and stats["completed_last_minute"] == 7
@@ -238,7 +240,7 @@ async def test_batch_claim_and_batch_complete(pool: Any, db_url: str) -> None:
 
 
 async def test_stats_of_an_empty_queue(pool: Any) -> None:
-    stats = await make_queue(pool).stats()
+    stats = (await read_stats(Database(pool))).to_json()
     assert stats["oldest_claimable_age_seconds"] is None
     assert stats["rejected_share_24h"] is None
     assert set(stats["counts"]) == {"pending", "queued", "processing", "ready", "rejected",
@@ -268,7 +270,7 @@ async def test_file_events_reads_the_whole_history(pool: Any, db_url: str) -> No
     await q.complete(second, derived_for(second))
     with pytest.raises(LeaseLost):
         await q.complete(first[fid], derived_for(first[fid]))
-    history = await q.events(fid)
+    history = await Reads(q.db).events(fid)
     assert [e.kind for e in history] == events(db_url, fid) == [
         "claimed", "retry_scheduled", "claimed", "ready", "lease_lost"]
     assert {e.file_id for e in history} == {fid}
@@ -283,16 +285,18 @@ async def test_listing_includes_processing_cards_in_order(pool: Any) -> None:
     assert {lease.owner for lease in leases} == {"alice"}
     await q.complete(leases[0], derived_for(leases[0]))
     newest_first = list(reversed(ids))
-    assert [r.id for r in await q.list_files("alice")] == newest_first
+    assert [r.id for r in await Reads(q.db).list_files("alice")] == newest_first
     pages: list[uuid.UUID] = []
     after = None
-    while rows := await q.list_files("alice", limit=2, after=after):
+    while rows := await Reads(q.db).list_files("alice", limit=2, after=after):
         pages += [r.id for r in rows]
         after = (rows[-1].created_at, rows[-1].id)
     assert pages == newest_first
     processing = {lease.file_id for lease in leases[1:]}
-    assert {r.id for r in await q.list_files("alice", status=Status.PROCESSING)} == processing
-    assert [r.id for r in await q.list_files("alice", status=Status.READY)] == [leases[0].file_id]
+    reads = Reads(q.db)
+    assert {r.id for r in await reads.list_files("alice", status=Status.PROCESSING)} == processing
+    ready = await reads.list_files("alice", status=Status.READY)
+    assert [r.id for r in ready] == [leases[0].file_id]
 
 
 async def test_cards_and_events_are_read_from_a_newer_schema(pool: Any, db_url: str) -> None:
@@ -302,20 +306,19 @@ async def test_cards_and_events_are_read_from_a_newer_schema(pool: Any, db_url: 
     [fid] = await new_queued(q)
     [lease] = await q.claim(1)
     await q.complete(lease, derived_for(lease))
-    assert await q.get_file(fid, "alice") is not None
-    assert len(await q.events(fid)) == 2
+    assert await Reads(q.db).get_file(fid, "alice") is not None
+    assert len(await Reads(q.db).events(fid)) == 2
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("ALTER TABLE archive_files ADD COLUMN later text DEFAULT 'x'")
-        conn.execute("ALTER TABLE archive_events ADD COLUMN later text")
-    got = await q.get_file(fid, "alice")
+        conn.execute(SQL["add_later_columns"])
+    got = await Reads(q.db).get_file(fid, "alice")
     assert got is not None and got.status is Status.READY and got.derived_key == derived_key(lease)
-    assert [c.id for c in await q.list_files("alice")] == [fid]
-    assert [e.kind for e in await q.events(fid)] == ["claimed", "ready"]
+    assert [c.id for c in await Reads(q.db).list_files("alice")] == [fid]
+    assert [e.kind for e in await Reads(q.db).events(fid)] == ["claimed", "ready"]
     [other] = await new_queued(q)  # create_file, and confirm's answer
     kept = await q.create_file(owner="alice", filename="b.jpg", content_type="image/jpeg",
                                size=1, quota_files=10, quota_bytes=0)
     assert kept is not None and kept.status is Status.PENDING
-    assert {c.id for c in await q.list_files("alice")} == {fid, other, kept.id}
+    assert {c.id for c in await Reads(q.db).list_files("alice")} == {fid, other, kept.id}
 
 
 def derived_with_thumb(lease: Any) -> Derived:
@@ -346,8 +349,7 @@ async def test_preview_and_thumb_are_published_by_one_fenced_commit(
         await q.complete(a, derived_with_thumb(a))
     assert card(db_url, fid)["thumb_key"] == thumb_key(b)
     with psycopg.connect(db_url) as conn:
-        orphans = conn.execute(
-            "SELECT object_key, reason FROM orphan_objects ORDER BY object_key").fetchall()
+        orphans = conn.execute(SQL["orphans_by_key"]).fetchall()
     assert orphans == sorted([(derived_key(a), "lease_lost"), (thumb_key(a), "lease_lost")])
 
 
@@ -367,7 +369,7 @@ async def test_repeated_batch_commit_publishes_once_and_orphans_nothing(
     assert orphans(db_url) == []
     for lease in leases:
         assert events(db_url, lease.file_id) == ["claimed", "ready"]
-    assert (await q.stats())["lease_lost_total"] == 0
+    assert (await read_stats(q.db)).to_json()["lease_lost_total"] == 0
 
 
 @pytest.mark.parametrize("code, expected", [
@@ -403,7 +405,7 @@ async def test_heartbeat_racing_the_completion_is_not_a_lost_lease(
     [failed] = await q.claim(1)
     await q.fail(failed, ErrorCode.INVALID_IMAGE)
     assert await q.heartbeat([failed]) == set()
-    assert (await q.stats())["lease_lost_total"] == 0
+    assert (await read_stats(q.db)).to_json()["lease_lost_total"] == 0
 
 
 async def test_a_claim_whose_answer_was_lost_is_adopted_with_one_attempt(
@@ -476,9 +478,7 @@ async def _racing_the_original(db_url: str, lease: Any, repeat: Any) -> Any:
         with psycopg.connect(db_url, autocommit=True) as waiting:
             # The repeat is blocked on the original's row lock: wait for that, not a clock.
             def blocked() -> bool:
-                row = waiting.execute("SELECT count(*) FROM pg_stat_activity WHERE"
-                                      " wait_event_type = 'Lock' AND datname = current_database()"
-                                      ).fetchone()
+                row = waiting.execute(SQL["lock_waiters"]).fetchone()
                 return bool(row and row[0] > 0)
 
             await asyncio.to_thread(wait_for, blocked, interval=0.005,
@@ -539,7 +539,7 @@ async def test_counted_deferrals_give_the_attempt_back_until_the_bound_rejects(
     assert events(db_url, fid)[-1] == "lease_lost"
     assert card(db_url, fid)["deferrals"] == 4
     with psycopg.connect(db_url) as conn, pytest.raises(psycopg.errors.CheckViolation):
-        conn.execute("UPDATE archive_files SET deferrals = -1 WHERE id = %s", (fid,))
+        conn.execute(SQL["set_deferrals"], {"id": fid, "deferrals": -1})
 
 
 async def test_a_counted_deferral_waits_a_growing_backoff(pool: Any, db_url: str) -> None:
@@ -550,6 +550,5 @@ async def test_a_counted_deferral_waits_a_growing_backoff(pool: Any, db_url: str
     assert await q.defer_counted(lease, ErrorCode.STORAGE_UNAVAILABLE) == (Status.QUEUED, 1)
     assert await q.claim(1) == []  # not due before its backoff
     with psycopg.connect(db_url) as conn:
-        row = conn.execute("SELECT extract(epoch FROM available_at - updated_at) FROM"
-                           " archive_files WHERE id = %s", (fid,)).fetchone()
+        row = conn.execute(SQL["backoff_seconds"], {"id": fid}).fetchone()
     assert row is not None and 0 < float(row[0]) <= 100.0

@@ -14,6 +14,7 @@ from darkroom.layout import original_key
 from darkroom.queue import QuotaExceeded
 from darkroom.uploads import Uploads, key_hash, request_hash
 from tests.support.services import make_queue, wait_for
+from tests.support.sql import SQL
 
 FIELDS = {"filename": "a.jpg", "content_type": "image/jpeg", "size": 10, "sha256": None,
           "allow_duplicate": False}
@@ -21,8 +22,7 @@ FIELDS = {"filename": "a.jpg", "content_type": "image/jpeg", "size": 10, "sha256
 
 def waiting_on_the_quota_lock(db_url: str) -> bool:
     with psycopg.connect(db_url) as conn:
-        row = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                           " AND NOT granted").fetchone()
+        row = conn.execute(SQL["advisory_lock_waiters"]).fetchone()
     return row is not None and row[0] > 0
 
 
@@ -55,7 +55,7 @@ async def test_a_create_replayed_while_the_first_commits_at_the_quota_answers_it
         first.close()
     assert created.replayed and created.card.id == first_id
     with psycopg.connect(db_url) as conn:
-        assert conn.execute("SELECT count(*) FROM archive_files").fetchone() == (1,)
+        assert conn.execute(SQL["card_count"]).fetchone() == (1,)
     # A new create past the quota is still refused.
     with pytest.raises(QuotaExceeded):
         await uploads.create(q, owner="alice", filename="b.jpg", content_type="image/jpeg",

@@ -18,8 +18,10 @@ from darkroom.config import ConfigError, Settings
 from darkroom.db.queries import QUERIES
 from darkroom.errors import RETRYABLE_CODES, ErrorCode
 from darkroom.queue import Derived, Lease, Priority, Queue, derived_key
+from darkroom.reads import Reads
 from darkroom.uploads import Uploads
 from tests.support.services import confirm, make_queue
+from tests.support.sql import SQL
 
 CODES = sorted(RETRYABLE_CODES)
 
@@ -31,8 +33,7 @@ def derived_for(lease: Lease) -> Derived:
 
 def row(db_url: str, file_id: uuid.UUID) -> dict[str, Any]:
     with psycopg.connect(db_url, row_factory=dict_row) as conn:
-        found = conn.execute("SELECT * FROM archive_files WHERE id = %s",
-                             (file_id,)).fetchone()
+        found = conn.execute(SQL["card"], {"id": file_id}).fetchone()
     assert found is not None
     return found
 
@@ -40,14 +41,12 @@ def row(db_url: str, file_id: uuid.UUID) -> dict[str, Any]:
 def events(db_url: str, file_id: uuid.UUID) -> list[tuple[str, str | None, str | None]]:
     with psycopg.connect(db_url) as conn:
         return [(k, w, c) for k, w, c in conn.execute(
-            "SELECT kind, worker, error_code FROM archive_events WHERE file_id = %s"
-            " ORDER BY id", (file_id,)).fetchall()]
+            SQL["event_log"], {"id": file_id}).fetchall()]
 
 
 def expire(db_url: str, file_id: uuid.UUID) -> None:
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("UPDATE archive_files SET lease_until = now() - interval '1 second'"
-                     " WHERE id = %s", (file_id,))
+        conn.execute(SQL["expire_lease"], {"id": file_id})
 
 
 async def queued(q: Queue, owner: str = "alice", sha256: str | None = None) -> uuid.UUID:
@@ -83,7 +82,7 @@ async def test_retry_requeues_retryable_rejected_cards_once_with_a_fresh_budget(
     other = await rejected(q, ErrorCode.STORAGE_UNAVAILABLE, owner="bob")
     waiting = await queued(q)
 
-    assert await q.retry_candidates(owner=None, codes=CODES, since=None) == {
+    assert await Reads(q.db).retry_candidates(owner=None, codes=CODES, since=None) == {
         ("alice", "attempts_exhausted"): 1, ("alice", "processing_timeout"): 1,
         ("alice", "storage_unavailable"): 1, ("bob", "storage_unavailable"): 1}
     run = uuid.uuid4()
@@ -135,9 +134,8 @@ async def test_retry_since_takes_only_cards_rejected_from_then_on(
     q = make_queue(pool, max_attempts=1)
     old = await rejected(q, ErrorCode.STORAGE_UNAVAILABLE)
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("UPDATE archive_files SET finished_at = now() - interval '2 hours'"
-                     " WHERE id = %s", (old,))
-        [(now,)] = conn.execute("SELECT now() - interval '1 hour'").fetchall()
+        conn.execute(SQL["age_rejection"], {"id": old})
+        [(now,)] = conn.execute(SQL["an_hour_ago"]).fetchall()
     new = await rejected(q, ErrorCode.STORAGE_UNAVAILABLE)
     assert await q.retry("alice", run=uuid.uuid4(), actor="a", codes=CODES,
                          since=now) == [new]
@@ -230,7 +228,7 @@ async def test_a_failed_rederive_keeps_the_photo_ready_and_is_tried_again(
         "ready", None, "invalid_image")
     assert r["derived_key"] == derived_key(first) and r["derive_fingerprint"] == "old"
     assert events(db_url, fid)[-1] == ("rederive_failed", "test", "invalid_image")
-    card = await q.get_file(fid, "alice")
+    card = await Reads(q.db).get_file(fid, "alice")
     assert card is not None and card.rederive_error == "invalid_image"
     # The failure is answered again if the statement is repeated (its answer lost).
     assert await q.fail(lease, ErrorCode.INVALID_IMAGE) == "ready"
@@ -239,7 +237,7 @@ async def test_a_failed_rederive_keeps_the_photo_ready_and_is_tried_again(
     known = await Uploads(q.db).known_original("alice", digest)
     assert known is not None and known.id == fid
     # The next `darkroom rederive` takes it again; a success clears the error.
-    assert await q.rederive_owners("new") == {"alice": 1}
+    assert await Reads(q.db).rederive_owners("new") == {"alice": 1}
     assert await q.rederive("alice", "new") == 1
     [again] = await q.claim(1)
     await q.complete(again, derived_for(again))
@@ -362,14 +360,14 @@ async def test_a_picked_retry_reads_the_cards_once_and_again_only_those_taken_me
     b = await rejected(q, ErrorCode.PROCESSING_TIMEOUT, owner="bob")
     corrupt = await rejected(q, ErrorCode.INVALID_IMAGE, owner="bob")
     reads: list[list[uuid.UUID]] = []
-    targets = q.retry_targets
+    targets = Reads.retry_targets
 
-    async def read(ids: Any) -> Any:
-        found = await targets(ids)
+    async def read(self: Reads, ids: Any) -> Any:
+        found = await targets(self, ids)
         reads.append(list(ids))
         return found
 
-    monkeypatch.setattr(q, "retry_targets", read)
+    monkeypatch.setattr(Reads, "retry_targets", read)
     picked = [a, corrupt, b]
     done = await retry.retry_picked(q, picked, actor="api:x owner=ops")
     assert [(d.outcome, d.status) for d in done] == [
@@ -383,14 +381,14 @@ async def test_a_picked_retry_reads_the_cards_once_and_again_only_those_taken_me
         assert await q.fail(lease, ErrorCode.STORAGE_UNAVAILABLE) == "rejected"
     reads.clear()
 
-    async def raced(ids: Any) -> Any:
-        found = await read(ids)
+    async def raced(self: Reads, ids: Any) -> Any:
+        found = await read(self, ids)
         if len(reads) == 1:
             assert await q.retry("bob", run=uuid.uuid4(), actor="api:y owner=other",
                                  ids=[b], codes=CODES) == [b]
         return found
 
-    monkeypatch.setattr(q, "retry_targets", raced)
+    monkeypatch.setattr(Reads, "retry_targets", raced)
     done = await retry.retry_picked(q, picked, actor="api:x owner=ops")
     assert [(d.outcome, d.status) for d in done] == [
         (retry.RetryOutcome.QUEUED, "queued"), (retry.RetryOutcome.NOT_RETRYABLE, "rejected"),

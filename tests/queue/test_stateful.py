@@ -48,6 +48,7 @@ from darkroom.queue import Derived, Lease, LeaseLost, Priority, Queue, derived_k
 from darkroom.storage import open_store
 from darkroom.sweeper import Orphans, Reconcile
 from tests.support.services import confirm, examples
+from tests.support.sql import SQL, Attempt
 
 MAX_ATTEMPTS = 3
 WORKERS = 3
@@ -62,10 +63,8 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             super().__init__()
             self.loop = asyncio.new_event_loop()
             self.db = psycopg.connect(db_url, autocommit=True, row_factory=dict_row)
-            self.db.execute("TRUNCATE archive_files, archive_events, orphan_objects,"
-                            " maintenance_schedule, owner_clocks CASCADE")
-            self.db.execute("UPDATE fair_clock SET interactive_vtime = 0, bulk_vtime = 0,"
-                            " interactive_vowner = '', bulk_vowner = '', bulk_credit = 0")
+            self.db.execute(SQL["truncate_queue"])
+            self.db.execute(SQL["reset_fair_clock"])
             self.objects = Path(tempfile.mkdtemp(prefix="darkroom-stateful-"))
             self.store = open_store(self.objects.as_uri())
             self.pool = self.run(open_pool(db_url, min_size=1, max_size=2))
@@ -117,8 +116,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             return Derived(key, version, "0" * 64, 1, 1, 4)
 
         def row(self, file_id: uuid.UUID) -> dict[str, Any]:
-            found = self.db.execute("SELECT * FROM archive_files WHERE id = %s",
-                                    (file_id,)).fetchone()
+            found = self.db.execute(SQL["card"], {"id": file_id}).fetchone()
             assert found is not None
             return found
 
@@ -141,28 +139,22 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
         def upload_one(self, owner: str) -> None:
             """A user who uploads the next photo once the previous one has left the
             queue (claimed, or done)."""
-            found = self.db.execute(
-                "SELECT count(*) AS n FROM archive_files WHERE owner = %s"
-                " AND status = 'queued'", (owner,)).fetchone()
+            found = self.db.execute(SQL["queued_of_owner"], {"owner": owner}).fetchone()
             assert found is not None
             if found["n"] == 0:
                 self.add_files(owner, 1, Priority.INTERACTIVE)
 
         def due(self) -> list[dict[str, Any]]:
-            return self.db.execute(
-                "SELECT id, owner, priority FROM archive_files"
-                " WHERE status = 'queued' AND available_at <= now()").fetchall()
+            return self.db.execute(SQL["due_cards"]).fetchall()
 
         def slots_for_due(self, n: int) -> int:
             """The slots a claim of `n` leaves to due cards: expired leases go first."""
-            found = self.db.execute("SELECT count(*) AS n FROM archive_files"
-                                    " WHERE status = 'processing' AND lease_until < now()"
-                                    ).fetchone()
+            found = self.db.execute(SQL["expired_lease_count"]).fetchone()
             assert found is not None
             return max(n - int(found["n"]), 0)
 
         def bulk_credit(self) -> Decimal:
-            found = self.db.execute("SELECT bulk_credit FROM fair_clock").fetchone()
+            found = self.db.execute(SQL["bulk_credit"]).fetchone()
             assert found is not None
             return Decimal(found["bulk_credit"])
 
@@ -186,7 +178,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 r = self.row(file_id)
                 if r["status"] == "ready" and file_id not in self.published:
                     assert r["rederive_error"] is not None and r["error_code"] is None
-                    assert r["derived_key"] == f"derived/{file_id}/{token}.webp"
+                    assert r["derived_key"] == derived_key(Attempt(file_id, token))
                     self.published[file_id] = self.superseded.pop(file_id)
 
         def check_fair(self, due: list[dict[str, Any]], taken: list[uuid.UUID], k: int,
@@ -236,9 +228,8 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             """Re-derive the owner's ready cards, twice (a repeat queues nothing more)."""
             moved = self.run(self.queues[0].rederive(owner, "v2"))
             assert self.run(self.queues[0].rederive(owner, "v2")) == 0
-            rows = self.db.execute(
-                "SELECT id FROM archive_files WHERE owner = %s AND status = 'queued'"
-                " AND derived_key IS NOT NULL AND priority = 'bulk'", (owner,)).fetchall()
+            rows = self.db.execute(SQL["queued_rederives_of_owner"],
+                                   {"owner": owner}).fetchall()
             again = [r["id"] for r in rows if r["id"] in self.published]
             assert len(again) == moved
             for file_id in again:
@@ -259,9 +250,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
         def claim_pass(self) -> None:
             """A rescuer claims everything claimable: no expired lease survives it."""
             self.claim(0, 1000)
-            stuck = self.db.execute(
-                "SELECT count(*) AS n FROM archive_files"
-                " WHERE status = 'processing' AND lease_until < now()").fetchone()
+            stuck = self.db.execute(SQL["expired_lease_count"]).fetchone()
             assert stuck is not None and stuck["n"] == 0
 
         @precondition(lambda self: any(self.held))
@@ -283,10 +272,8 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 self.published[lease.file_id] = lease.token
                 replaced = self.superseded.pop(lease.file_id, None)
                 if replaced is not None:
-                    old_key = f"derived/{lease.file_id}/{replaced}.webp"
-                    orphan = self.db.execute(
-                        "SELECT reason FROM orphan_objects WHERE object_key = %s",
-                        (old_key,)).fetchone()
+                    old_key = derived_key(Attempt(lease.file_id, replaced))
+                    orphan = self.db.execute(SQL["orphan_reason"], {"key": old_key}).fetchone()
                     assert orphan is not None and orphan["reason"] == "superseded"
                 self.finished.append((w, lease, "complete", None))
 
@@ -320,7 +307,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             is ready again with the derivative it had and the code on the card."""
             w, i = data.draw(st.sampled_from(self.rederiving()))
             lease = self.held[w].pop(i)
-            old_key = f"derived/{lease.file_id}/{self.superseded[lease.file_id]}.webp"
+            old_key = derived_key(Attempt(lease.file_id, self.superseded[lease.file_id]))
             expected = self.holds_lease(lease)
             try:
                 status = self.run(self.queues[w].fail(lease, code))
@@ -431,9 +418,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             self.settle_failed_rederives()
 
         def rejected(self, owner: str, codes: Sequence[str] | None) -> set[uuid.UUID]:
-            rows = self.db.execute(
-                "SELECT id, error_code FROM archive_files WHERE owner = %s"
-                " AND status = 'rejected'", (owner,)).fetchall()
+            rows = self.db.execute(SQL["rejected_of_owner"], {"owner": owner}).fetchall()
             return {r["id"] for r in rows if codes is None or r["error_code"] in codes}
 
         def retried(self, moved: list[uuid.UUID], run: uuid.UUID) -> None:
@@ -446,9 +431,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 self.retried_by[file_id] = run
 
         def rejected_owners(self) -> list[str]:
-            return [r["owner"] for r in self.db.execute(
-                "SELECT DISTINCT owner FROM archive_files WHERE status = 'rejected'"
-                " ORDER BY owner").fetchall()]
+            return [r["owner"] for r in self.db.execute(SQL["rejected_owners"]).fetchall()]
 
         @precondition(lambda self: bool(self.files))
         @rule(data=st.data(), every=st.booleans(), lost=st.booleans())
@@ -460,7 +443,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             codes = None if every else sorted(RETRYABLE_CODES)
             expected = self.rejected(owner, codes)
             others = {r["id"]: r["status"] for r in self.db.execute(
-                "SELECT id, status FROM archive_files").fetchall() if r["id"] not in expected}
+                SQL["card_statuses"]).fetchall() if r["id"] not in expected}
             run = uuid.uuid4()
             if lost:  # committed, its answer never read
                 self.db.execute(QUERIES["retry"], {
@@ -474,7 +457,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             self.retried(moved, run)
             # Nothing that was not rejected (with such a code) changed status.
             now = {r["id"]: r["status"] for r in self.db.execute(
-                "SELECT id, status FROM archive_files").fetchall()}
+                SQL["card_statuses"]).fetchall()}
             assert {i: now[i] for i in others if i in now} == {
                 i: st for i, st in others.items() if i in now}
             assert self.run(self.queues[0].retry(owner, run=run, actor="cli:test",
@@ -495,8 +478,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             self.retried(moved, run)
 
         def lease_lost_count(self) -> int:
-            found = self.db.execute("SELECT count(*) AS n FROM archive_events"
-                                    " WHERE kind = 'lease_lost'").fetchone()
+            found = self.db.execute(SQL["lease_lost_count"]).fetchone()
             assert found is not None
             return int(found["n"])
 
@@ -521,8 +503,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
         @rule(data=st.data())
         def expire(self, data: st.DataObject) -> None:
             file_id = data.draw(st.sampled_from(self.files))
-            self.db.execute("UPDATE archive_files SET lease_until = now() - interval '1 s'"
-                            " WHERE id = %s AND status = 'processing'", (file_id,))
+            self.db.execute(SQL["expire_processing_lease"], {"id": file_id})
 
         @precondition(lambda self: bool(self.files))
         @rule(data=st.data())
@@ -536,7 +517,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
 
         @invariant()
         def protocol_holds(self) -> None:
-            rows = self.db.execute("SELECT * FROM archive_files").fetchall()
+            rows = self.db.execute(SQL["cards"]).fetchall()
             live: dict[uuid.UUID, int] = {}
             for lease in (lease for held in self.held for lease in held):
                 if any(r["id"] == lease.file_id and r["lease_token"] == lease.token
@@ -549,7 +530,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                 if r["status"] == "ready":
                     token = self.published.get(r["id"])
                     assert token is not None, "ready without a fenced publication"
-                    assert r["derived_key"] == f"derived/{r['id']}/{token}.webp"
+                    assert r["derived_key"] == derived_key(Attempt(r["id"], token))
                     # The sweeper never takes what a card shows.
                     assert self.store.get(r["derived_key"], r["derived_version"]) == b"webp"
                 elif r["status"] != "deleting":
@@ -557,7 +538,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
                     replaced = self.superseded.get(r["id"])
                     if replaced is not None and r["status"] in ("queued", "processing"):
                         # Being re-derived: the previous derivative is still the card's.
-                        assert r["derived_key"] == f"derived/{r['id']}/{replaced}.webp"
+                        assert r["derived_key"] == derived_key(Attempt(r["id"], replaced))
 
     return LeaseProtocol
 

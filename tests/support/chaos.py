@@ -34,6 +34,7 @@ from tests.support.faults import FaultProxy, through_proxy
 from tests.support.postgres import TestPostgres
 from tests.support.seaweed import SeaweedServer
 from tests.support.services import CORPUS, DarkroomProcess, free_port, wait_for, wait_past_guard
+from tests.support.sql import SQL
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = 2.0
@@ -365,8 +366,7 @@ def run(files: int, seed: int, tmp: Path, workers: int = 4) -> Outcome:
         nonlocal db, last_progress
         with db_lock:
             try:
-                row = db.execute("SELECT count(*) AS n FROM archive_files"
-                                 " WHERE status IN ('ready', 'rejected')").fetchone()
+                row = db.execute(SQL["finished_count"]).fetchone()
                 last_progress = (row["n"] if row else 0) / files
             except psycopg.OperationalError:
                 db.close()
@@ -421,9 +421,8 @@ def run(files: int, seed: int, tmp: Path, workers: int = 4) -> Outcome:
 def verify(system: System, db: psycopg.Connection[Any], expected: dict[uuid.UUID, str | None],
            deleted: set[uuid.UUID], tally: Tally, **figures: Any) -> Outcome:
     problems: list[str] = []
-    cards = {r["id"]: r for r in db.execute(
-        "SELECT * FROM archive_files WHERE status <> 'pending'").fetchall()}
-    events = db.execute("SELECT * FROM archive_events ORDER BY id").fetchall()
+    cards = {r["id"]: r for r in db.execute(SQL["finished_cards"]).fetchall()}
+    events = db.execute(SQL["events"], {"id": None, "kind": None}).fetchall()
     statuses = Counter(r["status"] for r in cards.values())
     if statuses.get("processing") or statuses.get("queued") or statuses.get("deleting"):
         problems.append(f"unfinished cards: {dict(statuses)}")
@@ -474,15 +473,14 @@ def verify(system: System, db: psycopg.Connection[Any], expected: dict[uuid.UUID
     present = {(o.key, o.version) for o in store.list("") if not o.key.startswith(CANARY)}
     # An upload the client started over (its presigned PUT expired under a store fault)
     # may have stored its bytes: its card is still pending, the pending sweep's.
-    pending = {r["original_key"] for r in db.execute(
-        "SELECT original_key FROM archive_files WHERE status = 'pending'").fetchall()}
+    pending = {r["original_key"] for r in db.execute(SQL["pending_originals"]).fetchall()}
     left = {(key, version) for key, version in present - wanted if key not in pending}
     if left:
         problems.append(f"{len(left)} objects left that no card accounts for: "
                         f"{sorted(key for key, _ in left)[:5]}")
     if wanted - present:
         problems.append(f"{len(wanted - present)} objects missing")
-    orphans_left = db.execute("SELECT count(*) AS n FROM orphan_objects").fetchone()
+    orphans_left = db.execute(SQL["orphan_count"]).fetchone()
     if orphans_left and orphans_left["n"]:
         problems.append(f"{orphans_left['n']} orphan rows left after the sweep")
     swept = 0

@@ -30,6 +30,7 @@ from darkroom.layout import ORIGINALS, parse_key
 from darkroom.storage import ObjectStore, open_store
 from tests.support.replica import ReplicatedPostgres
 from tests.support.services import DarkroomProcess, free_port, small_photos, wait_for
+from tests.support.sql import SQL
 
 LEASE = 3.0
 MAX_ATTEMPTS = 5
@@ -229,7 +230,7 @@ def _rehearse(system: System, pg: ReplicatedPostgres, outcome: Outcome,
         with contextlib.suppress(psycopg.Error), psycopg.connect(
                 pg.host_url(0), autocommit=True) as conn:
             while not stop.is_set():
-                rows = conn.execute("SELECT id FROM archive_files WHERE status = 'ready'")
+                rows = conn.execute(SQL["ready_ids"])
                 ready_seen.update(r[0] for r in rows.fetchall())
                 stop.wait(0.05)
 
@@ -252,21 +253,18 @@ def _rehearse(system: System, pg: ReplicatedPostgres, outcome: Outcome,
         # darkroom process can change it (the pending sweep waits for the TTL).
         with psycopg.connect(pg.primary_url, autocommit=True, row_factory=dict_row) as conn:
             cards = {r["id"]: r["status"] for r in conn.execute(
-                "SELECT id, status FROM archive_files WHERE id = ANY(%s)",
-                (list(created_before),)).fetchall()}
+                SQL["statuses_among"], {"ids": list(created_before)}).fetchall()}
             outcome.lost_acked_confirms = sum(
                 1 for i in acked_before if cards.get(i, "pending") == "pending")
             outcome.lost_creates = sum(1 for i in created_before if i not in cards)
             outcome.lost_published = sum(1 for i in ready_seen if cards.get(i) != "ready")
             outcome.ready_before_kill = len(ready_seen)
 
-            last = conn.execute("SELECT coalesce(max(id), 0) AS m FROM archive_events"
-                                ).fetchone()
+            last = conn.execute(SQL["last_event"]).fetchone()
 
             def moved() -> bool:
-                row = conn.execute("SELECT count(*) AS n FROM archive_events WHERE"
-                                   " kind IN ('claimed', 'ready') AND id > %s",
-                                   (last["m"] if last else 0,)).fetchone()
+                row = conn.execute(SQL["moves_after"],
+                                   {"after": last["m"] if last else 0}).fetchone()
                 return bool(row and row["n"])
 
             wait_for(moved, timeout=120, interval=0.1, what="work after the failover")
@@ -312,8 +310,7 @@ def _rehearse(system: System, pg: ReplicatedPostgres, outcome: Outcome,
 
 
 def _statuses(db: psycopg.Connection[Any], ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
-    rows = db.execute("SELECT id, status FROM archive_files WHERE id = ANY(%s)",
-                      (ids,)).fetchall()
+    rows = db.execute(SQL["statuses_among"], {"ids": ids}).fetchall()
     return {r["id"]: r["status"] for r in rows}
 
 
@@ -342,8 +339,8 @@ def _recover_and_verify(system: System, db: psycopg.Connection[Any], outcome: Ou
     if dead := system.alive():
         problems.append(f"processes died: {dead}")
 
-    cards = {r["id"]: r for r in db.execute("SELECT * FROM archive_files").fetchall()}
-    events = db.execute("SELECT * FROM archive_events ORDER BY id").fetchall()
+    cards = {r["id"]: r for r in db.execute(SQL["cards"]).fetchall()}
+    events = db.execute(SQL["events"], {"id": None, "kind": None}).fetchall()
     outcome.upload_found = sum(1 for e in events if e["kind"] == "upload_found")
     for file_id in acked if outcome.synchronous else stored:
         card = cards.get(file_id)
@@ -379,10 +376,5 @@ def _recover_and_verify(system: System, db: psycopg.Connection[Any], outcome: Ou
 
 
 def _past_guard(db: psycopg.Connection[Any]) -> bool:
-    row = db.execute(
-        "SELECT NOT EXISTS (SELECT 1 FROM orphan_objects WHERE created_at >= now()"
-        " - make_interval(secs => %(g)s)) AND NOT EXISTS (SELECT 1 FROM archive_files"
-        " WHERE status IN ('deleting', 'pending')) AND (SELECT coalesce(max(updated_at),"
-        " '-infinity') FROM archive_files) < now() - make_interval(secs => %(g)s) AS past",
-        {"g": GUARD}).fetchone()
+    row = db.execute(SQL["quiet_for"], {"g": GUARD}).fetchone()
     return bool(row and row["past"])

@@ -33,6 +33,7 @@ from darkroom.db.migrations import migrate
 from tests.support.chaos import MAX_ATTEMPTS, Client, Outcome, Tally, hostile_inputs, photos, verify
 from tests.support.seaweed import SeaweedServer
 from tests.support.services import wait_for, wait_past_guard
+from tests.support.sql import SQL
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "dr16"
@@ -295,6 +296,8 @@ class TimedClient(Client):
 @dataclass
 class HostFaults:
     link_cut_leases_held: int = 0
+    # The (card, token) pairs w1 held when its link went down.
+    link_cut_leases: list[tuple[uuid.UUID, uuid.UUID]] = field(default_factory=list)
     link_cut_seconds: float = 0.0
     store_cut_seconds: float = 0.0
     db_cut_seconds: float = 0.0
@@ -380,16 +383,17 @@ def faults(system: System, tally: Tally, hf: HostFaults, tl: Timeline, client: T
         # 1. w1's cable pulled while it holds leases, for 2.5 leases, then plugged back.
         if not wait_mark(marks[0]):
             return
-        def w1_leases() -> int:
-            row = db.execute("SELECT count(*) FROM archive_files WHERE status = 'processing' "
-                             "AND lease_owner LIKE 'w1-%%' AND lease_until > now()").fetchone()
-            return int(row[0]) if row else 0
+        def w1_leases() -> list[tuple[uuid.UUID, uuid.UUID]]:
+            return [(r[0], r[1]) for r in db.execute(SQL["live_leases_of_worker"],
+                                                     {"prefix": "w1-"}).fetchall()]
 
         try:
-            held = wait_for(w1_leases, timeout=60, interval=0.02, what="w1 to hold a lease")
+            leases = wait_for(w1_leases, timeout=60, interval=0.02, what="w1 to hold a lease")
         except AssertionError:
-            held = 0  # the cut goes ahead; the test then fails on link_cut_leases_held
+            leases = []  # the cut goes ahead; the test then fails on link_cut_leases_held
+        held = len(leases)
         hf.link_cut_leases_held = held
+        hf.link_cut_leases = leases
         start = tl.now()
         net.link("w1", up=False)
         tally.note(f"w1 link down, holding {held} lease(s)")
@@ -455,11 +459,7 @@ def sampler(system: System, tl: Timeline, stop: threading.Event) -> None:
         try:
             if conn is None:
                 conn = psycopg.connect(system.db_url, autocommit=True, connect_timeout=3)
-            row = conn.execute(
-                "SELECT count(*) FILTER (WHERE status IN ('ready', 'rejected')),"
-                " count(*) FILTER (WHERE status = 'processing'),"
-                " (SELECT count(*) FROM archive_events WHERE kind = 'lease_lost')"
-                " FROM archive_files").fetchone()
+            row = conn.execute(SQL["progress"]).fetchone()
             if row:
                 tl.samples.append((tl.now(), int(row[0]), int(row[1]), int(row[2])))
         except psycopg.Error:
@@ -539,7 +539,7 @@ def run(files: int, seed: int, tmp: Path) -> HostsOutcome:
             outcome = verify(system, db, expected, deleted, tally,  # type: ignore[arg-type]
                              drain_seconds=drained - max(tally.last_fault, started),
                              total_seconds=time.monotonic() - started, n_hostile=n_hostile)
-        check_hosts(system, hf, outcome)
+            check_hosts(db, hf, outcome)
         return HostsOutcome(outcome, hf, tl)
     finally:
         stop.set()
@@ -548,7 +548,8 @@ def run(files: int, seed: int, tmp: Path) -> HostsOutcome:
         system.stop()
 
 
-def check_hosts(system: System, hf: HostFaults, outcome: Outcome) -> None:
+def check_hosts(db: psycopg.Connection[dict[str, Any]], hf: HostFaults,
+                outcome: Outcome) -> None:
     """What the partitions must have shown, beyond the end state chaos checks."""
     p = outcome.problems
     if hf.reconcile_deleted:
@@ -569,5 +570,14 @@ def check_hosts(system: System, hf: HostFaults, outcome: Outcome) -> None:
                  f"database was cut (bound: the connections' user timeout + 10 s = {bound:g})")
     if hf.accepted_202_after_db_heal_s is None:
         p.append("no 202 after the database came back")
-    if outcome.lease_lost < 1:
-        p.append("no late result was fenced (lease_lost) after w1's link came back")
+    # w1's attempts cut off from everything outlive their leases: each card it held must
+    # have been taken over by another attempt and published by none of w1's tokens. Whether
+    # w1 then tried a late write (recorded as lease_lost) or saw by its own clock that the
+    # lease was gone and wrote nothing is its choice; both leave the card to the others.
+    for file_id, token in hf.link_cut_leases:
+        row = db.execute(SQL["takeover_of_lease"],
+                         {"id": file_id, "t": token}).fetchone()
+        if row is None or row["taken"] < 1:
+            p.append(f"card {file_id}, held by w1 when its link went down, was not taken over")
+        elif row["published"]:
+            p.append(f"card {file_id} was settled by w1's attempt after its lease ran out")

@@ -23,9 +23,11 @@ from psycopg.rows import dict_row
 
 from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
-from darkroom.layout import ORIGINALS, parse_key
+from darkroom.db.queries import QUERIES
+from darkroom.layout import ORIGINALS, derived_key, derived_prefix, parse_key, thumb_key
 from darkroom.queue import ConfirmOutcome, Queue
 from darkroom.storage import ObjectStore
+from tests.support.sql import SQL, Attempt
 
 T = TypeVar("T")
 
@@ -78,15 +80,9 @@ def wait_for(check: Callable[[], T], *, timeout: float = 60.0, interval: float =
 def wait_past_guard(db_url: str, guard_seconds: float, *, timeout: float = 120.0) -> None:
     """Until every orphan and every deleted card is older than the sweeper's guard interval
     by the database's clock (the one the sweeper judges by), so one sweep takes them all."""
-    statement = """
-        SELECT NOT EXISTS (SELECT 1 FROM orphan_objects
-                           WHERE created_at >= now() - make_interval(secs => %(g)s))
-           AND NOT EXISTS (SELECT 1 FROM archive_files WHERE status = 'deleting'
-                           AND deleted_at >= now() - make_interval(secs => %(g)s))"""
-
     def past() -> bool:
         with psycopg.connect(db_url, autocommit=True) as conn:
-            row = conn.execute(statement, {"g": float(guard_seconds)}).fetchone()
+            row = conn.execute(SQL["past_guard"], {"g": float(guard_seconds)}).fetchone()
         return bool(row and row[0])
 
     wait_for(past, timeout=timeout, interval=0.25, what="the guard interval to pass")
@@ -247,28 +243,25 @@ class Harness:
     def reconnect(self) -> bool:
         """After a server restart: a new connection for the test's own queries."""
         try:
-            self.db.execute("SELECT 1")
+            self.db.execute(QUERIES["ping"])
         except psycopg.OperationalError:
             self.db.close()
             self.db = psycopg.connect(self.db_url, autocommit=True, row_factory=dict_row)
         return True
 
-    def value(self, query: str, params: tuple[Any, ...] = ()) -> Any:
-        """The first column of a statement's one row."""
-        row = self.db.execute(query, params).fetchone()
-        assert row is not None, query
+    def value(self, name: str, params: dict[str, Any] | None = None) -> Any:
+        """The first column of the one row of a test statement (tests/support/queries.sql)."""
+        row = self.db.execute(SQL[name], params).fetchone()
+        assert row is not None, name
         return next(iter(row.values()))
 
     def card(self, file_id: uuid.UUID) -> dict[str, Any]:
-        row = self.db.execute("SELECT * FROM archive_files WHERE id = %s",
-                              (file_id,)).fetchone()
+        row = self.db.execute(SQL["card"], {"id": file_id}).fetchone()
         assert row is not None, f"no card {file_id}"
         return row
 
     def statuses(self, ids: list[uuid.UUID]) -> dict[str, int]:
-        rows = self.db.execute(
-            "SELECT status, count(*) AS n FROM archive_files WHERE id = ANY(%s)"
-            " GROUP BY status", (ids,)).fetchall()
+        rows = self.db.execute(SQL["status_counts_among"], {"ids": ids}).fetchall()
         return {r["status"]: r["n"] for r in rows}
 
     def all_finished(self, ids: list[uuid.UUID]) -> bool:
@@ -277,23 +270,21 @@ class Harness:
 
     def events(self, file_id: uuid.UUID | None = None, kind: str | None = None
                ) -> list[dict[str, Any]]:
-        return self.db.execute(
-            "SELECT * FROM archive_events WHERE (%s::uuid IS NULL OR file_id = %s)"
-            " AND (%s::text IS NULL OR kind = %s) ORDER BY id",
-            (file_id, file_id, kind, kind)).fetchall()
+        return self.db.execute(SQL["events"], {"id": file_id, "kind": kind}).fetchall()
 
     def assert_published_once(self, file_id: uuid.UUID) -> None:
         card = self.card(file_id)
         assert card["status"] == "ready", card
         ready = self.events(file_id, "ready")
         assert len(ready) == 1, ready
-        assert card["derived_key"] == f"derived/{file_id}/{ready[0]['token']}.webp"
+        attempt = Attempt(file_id, ready[0]["token"])
+        assert card["derived_key"] == derived_key(attempt)
         data = self.store.get(card["derived_key"], card["derived_version"])
         assert hashlib.sha256(data).hexdigest() == card["sha256"]
         assert len(data) == card["derived_bytes"]
         assert data[:4] == b"RIFF" and data[8:12] == b"WEBP"
         # The thumb was published by the same commit, from the same attempt.
-        assert card["thumb_key"] == f"derived/{file_id}/{ready[0]['token']}.thumb.webp"
+        assert card["thumb_key"] == thumb_key(attempt)
         thumb = self.store.get(card["thumb_key"], card["thumb_version"])
         assert hashlib.sha256(thumb).hexdigest() == card["thumb_sha256"]
         assert max(card["thumb_width"], card["thumb_height"]) <= 400
@@ -303,7 +294,7 @@ class Harness:
         originals = [o for o in self.store.list(ORIGINALS)
                      if (p := parse_key(o.key)) is not None and p.file_id == file_id]
         return sorted(f"{o.key}@{o.version}" for o in
-                      [*originals, *self.store.list(f"derived/{file_id}/")])
+                      [*originals, *self.store.list(derived_prefix(file_id))])
 
 async def confirm(queue: Queue, file_id: uuid.UUID, owner: str, version: str) -> ConfirmOutcome:
     """pending -> queued for `version`, as a confirm without a digest: the outcome alone."""

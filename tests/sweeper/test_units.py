@@ -12,8 +12,16 @@ import pytest
 
 from darkroom.canary import round_trip
 from darkroom.errors import StorageUnavailable
-from darkroom.layout import CANARY, canary_key, derived_key, original_key, thumb_key
+from darkroom.layout import (
+    CANARY,
+    canary_key,
+    derived_key,
+    derived_prefix,
+    original_key,
+    thumb_key,
+)
 from darkroom.queue import Derived, DerivedObject, Lease, Queue
+from darkroom.reads import Reads
 from darkroom.storage import ObjectStore, open_store
 from darkroom.sweeper import (
     BATCH,
@@ -26,6 +34,7 @@ from darkroom.sweeper import (
 )
 from tests.support.faults import through_proxy
 from tests.support.services import confirm, make_queue, wait_for
+from tests.support.sql import SQL, Attempt
 
 
 class RefusingStore:
@@ -70,7 +79,7 @@ async def orphan(q: Queue, store: ObjectStore, lease: Lease) -> str:
 
 def orphan_rows(db_url: str) -> dict[str, int]:
     with psycopg.connect(db_url) as conn:
-        return dict(conn.execute("SELECT object_key, failures FROM orphan_objects").fetchall())
+        return dict(conn.execute(SQL["orphan_failures"]).fetchall())
 
 
 async def test_orphans_are_deleted_but_never_a_referenced_object(
@@ -106,7 +115,7 @@ async def test_an_orphan_that_cannot_be_deleted_is_retried_and_holds_up_nothing(
     assert orphan_rows(db_url) == {keys[0]: 1}
     assert await unit.run_once() == 0  # not due again before its backoff
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("UPDATE orphan_objects SET next_try_at = now()")
+        conn.execute(SQL["retry_orphans_now"])
     unit.store = store  # the lock is lifted
     assert await unit.run_once() == 1
     assert orphan_rows(db_url) == {}
@@ -139,12 +148,12 @@ async def test_deleted_files_lose_every_byte_then_the_card(
     unit = DeletedFiles(q, refusing, guard_seconds=0)
     assert await unit.run_once() == 0  # refused: tried again later, the card stays
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("UPDATE archive_files SET available_at = now()")
+        conn.execute(SQL["make_due"])
     refusing.refused.clear()
     assert await unit.run_once() == 1
     assert list(store.list(original_key(file_id, "o"))) == []
-    assert list(store.list(f"derived/{file_id}/")) == []
-    assert await q.get_file(file_id, "o") is None
+    assert list(store.list(derived_prefix(file_id))) == []
+    assert await Reads(q.db).get_file(file_id, "o") is None
 
 
 async def test_reconcile_deletes_only_what_nothing_accounts_for(
@@ -158,7 +167,7 @@ async def test_reconcile_deletes_only_what_nothing_accounts_for(
     await q.complete(lease, Derived(key, version, "0" * 64, 1, 1, 5))
     stray_original = original_key(uuid.uuid4(), "o")  # bytes that landed after a purge
     store.put(stray_original, b"late")
-    stray_derived = f"derived/{file_id}/{uuid.uuid4()}.webp"  # a restore forgot it
+    stray_derived = derived_key(Attempt(file_id, uuid.uuid4()))  # a restore forgot it
     store.put(stray_derived, b"old")
     extra_version = store.put(original_key(file_id, "o"), b"second upload, never confirmed")
     unit = Reconcile(q.db, store, guard_seconds=0)
@@ -182,7 +191,7 @@ async def test_reconcile_deletes_only_what_nothing_accounts_for(
     assert chosen.deleted == 2 and chosen.kept == {}
     again = await unit.run(dry_run=False)
     assert again.unaccounted == []
-    card = await q.get_file(file_id, "o")
+    card = await Reads(q.db).get_file(file_id, "o")
     assert card is not None
     assert card.original_version is not None
     assert store.get(card.original_key, card.original_version) == b"abc"
@@ -199,15 +208,15 @@ async def test_reconcile_restore_makes_cards_for_old_layout_originals_whose_reco
     await q.revoke(deleted, "alice")
     with psycopg.connect(db_url, autocommit=True) as conn:
         # As a failover that lost acknowledged commits leaves them: the bytes, no card.
-        conn.execute("DELETE FROM archive_files WHERE id = %s", (lost,))
-        conn.execute("DELETE FROM archive_files WHERE id = %s", (deleted,))
+        conn.execute(SQL["drop_cards"], {"ids": [lost]})
+        conn.execute(SQL["drop_cards"], {"ids": [deleted]})
     unit = Reconcile(q.db, store, guard_seconds=0, queue=q)
     dry = await unit.run(dry_run=True, restore=True, owner="alice")
     assert dry.restored == {f"{original_key(lost, None)}@{newest}": "alice"}
-    assert await q.get_file(lost, "alice") is None
+    assert await Reads(q.db).get_file(lost, "alice") is None
     # Without an owner, and with no single owner holding API keys, nothing is restored.
     unknown = await unit.run(dry_run=False, restore=True)
-    assert unknown.restored == {} and await q.get_file(lost, "alice") is None
+    assert unknown.restored == {} and await Reads(q.db).get_file(lost, "alice") is None
     assert "--owner" in unknown.kept[f"{original_key(lost, None)}@{newest}"]
     done = await unit.run(dry_run=False, restore=True, owner="alice")
     assert done.restored == {f"{original_key(lost, None)}@{newest}": "alice"}
@@ -216,10 +225,10 @@ async def test_reconcile_restore_makes_cards_for_old_layout_originals_whose_reco
     assert {v: why for v, why in done.kept.items() if v.startswith(original_key(deleted, None))}
     assert all(why == "its file was deleted" for v, why in done.kept.items()
                if v.startswith(original_key(deleted, None)))
-    card = await q.get_file(lost, "alice")
+    card = await Reads(q.db).get_file(lost, "alice")
     assert card is not None and card.status == "queued"
     assert (card.original_version, card.size_bytes) == (newest, 4)
-    assert [e.kind for e in await q.events(lost)][-1] == "restored"
+    assert [e.kind for e in await Reads(q.db).events(lost)][-1] == "restored"
     [lease] = await q.claim(1)
     assert lease.file_id == lost and lease.original_version == newest
     again = await unit.run(dry_run=False, restore=True, owner="alice")
@@ -240,7 +249,7 @@ async def test_reconcile_restore_gives_a_lost_original_to_the_owner_its_key_name
     versions = {i: next(iter(store.list(original_key(i, o)))).version
                 for i, o in ((lost, "bob"), (old, None))}
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("DELETE FROM archive_files WHERE id = ANY(%s)", ([lost, old],))
+        conn.execute(SQL["drop_cards"], {"ids": [lost, old]})
     unit = Reconcile(q.db, store, guard_seconds=0, queue=q)
     plain = await unit.run(dry_run=False)
     assert plain.restored == {}
@@ -254,18 +263,18 @@ async def test_reconcile_restore_gives_a_lost_original_to_the_owner_its_key_name
     # The key names bob; the old-form key names no one, and no --owner says who.
     assert done.restored == {f"{original_key(lost, 'bob')}@{versions[lost]}": "bob"}
     assert list(done.kept) == [f"{original_key(old, None)}@{versions[old]}"]
-    card = await q.get_file(lost, "bob")
+    card = await Reads(q.db).get_file(lost, "bob")
     assert card is not None and card.status == "queued"
     assert (card.original_key, card.original_version) == (original_key(lost, "bob"),
                                                            versions[lost])
-    assert await q.get_file(lost, "alice") is None
-    assert await q.get_file(old, "alice") is None
+    assert await Reads(q.db).get_file(lost, "alice") is None
+    assert await Reads(q.db).get_file(old, "alice") is None
     # With --owner, the old-form key's card keeps the key its bytes are at.
     named = await unit.run(dry_run=False, restore=True, owner="alice")
     assert named.restored == {f"{original_key(old, None)}@{versions[old]}": "alice"}
-    restored = await q.get_file(old, "alice")
+    restored = await Reads(q.db).get_file(old, "alice")
     assert restored is not None and restored.original_key == original_key(old, None)
-    assert [e.kind for e in await q.events(lost)][-1] == "restored"
+    assert [e.kind for e in await Reads(q.db).events(lost)][-1] == "restored"
 
 
 async def test_an_expired_pending_card_whose_upload_is_stored_is_confirmed_not_purged(
@@ -293,21 +302,20 @@ async def test_an_expired_pending_card_whose_upload_is_stored_is_confirmed_not_p
     await asyncio.to_thread(store.put, original_key(superseded, "o"), b"abcdef")  # latest: wrong
     young = await pending(None)
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("UPDATE archive_files SET created_at = now() - interval '2 days'"
-                     " WHERE id <> %s", (young,))
+        conn.execute(SQL["age_cards_but"], {"id": young})
     sweeper = Sweeper(q, store, guard_seconds=0, retention_seconds=86_400,
                       pending_ttl_seconds=86_400)
     report = await sweeper.sweep_once()
     assert (report.pending_confirmed, report.pending_expired) == (2, 4)
     for file_id in (stored, claimed):
-        card = await q.get_file(file_id, "o")
+        card = await Reads(q.db).get_file(file_id, "o")
         assert card is not None and card.status == "queued"
         assert card.original_version == next(iter(store.list(original_key(file_id, "o")))).version
-        assert [e.kind for e in await q.events(file_id)] == ["upload_found"]
+        assert [e.kind for e in await Reads(q.db).events(file_id)] == ["upload_found"]
     for file_id in (wrong_digest, never, short, superseded):
-        assert await q.get_file(file_id, "o") is None
+        assert await Reads(q.db).get_file(file_id, "o") is None
         assert list(store.list(original_key(file_id, "o"))) == []
-    young_card = await q.get_file(young, "o")
+    young_card = await Reads(q.db).get_file(young, "o")
     assert young_card is not None and young_card.status == "pending"
     claimed_ids = {lease.file_id for lease in await q.claim(5)}
     assert claimed_ids == {stored, claimed}
@@ -319,7 +327,7 @@ async def test_pending_cards_wait_while_the_store_cannot_be_read(
     q = make_queue(pool)
     card = await q.create_file(owner="o", filename="a.jpg", content_type="image/jpeg", size=3)
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("UPDATE archive_files SET created_at = now() - interval '2 days'")
+        conn.execute(SQL["age_every_card"])
 
     class DownStore(RefusingStore):
         def list(self, prefix: str) -> Any:
@@ -328,7 +336,7 @@ async def test_pending_cards_wait_while_the_store_cannot_be_read(
     unit = PendingExpiry(q, DownStore(store, set()), 86_400)
     with pytest.raises(StorageUnavailable):
         await unit.run_once()
-    still = await q.get_file(card.id, "o")
+    still = await Reads(q.db).get_file(card.id, "o")
     assert still is not None and still.status == "pending"
 
 
@@ -343,7 +351,7 @@ async def test_reconcile_keeps_a_published_thumb_and_deletes_a_stray_one(
     thumb = DerivedObject(small, small_version, "1" * 64, 1, 1, 5)
     await q.complete(lease, Derived(key, version, "0" * 64, 2, 2, 7, thumb=thumb,
                                     thumbhash="AAAA"))
-    stray = f"derived/{file_id}/{uuid.uuid4()}.thumb.webp"  # an attempt's, never published
+    stray = thumb_key(Attempt(file_id, uuid.uuid4()))  # an attempt's, never published
     store.put(stray, b"old thumb")
     unit = Reconcile(q.db, store, guard_seconds=0)
     done = await unit.run(dry_run=False)
@@ -360,8 +368,7 @@ async def test_reconcile_runs_once_per_interval_across_sweepers(
              for _ in range(2)]
     await asyncio.gather(*(u.run_once() for u in units))
     with psycopg.connect(pool.conninfo) as conn:
-        row = conn.execute("SELECT count(*), min(next_run_at) > now() FROM"
-                           " maintenance_schedule").fetchone()
+        row = conn.execute(SQL["schedule"]).fetchone()
     assert row == (1, True)
     took = [await q.db.rows("sweep_take_turn",
                                    {"unit": "reconcile", "interval_seconds": 3600})]

@@ -13,9 +13,11 @@ import pytest
 from darkroom.config import Settings
 from darkroom.db.database import Database
 from darkroom.queue import Queue
+from darkroom.reads import Reads
 from darkroom.storage import open_store
 from darkroom.worker import Worker
 from tests.support.services import confirm, small_photos
+from tests.support.sql import SQL
 
 
 async def test_reclaiming_its_own_card_runs_one_attempt_and_keeps_the_slots(
@@ -33,7 +35,7 @@ async def test_reclaiming_its_own_card_runs_one_attempt_and_keeps_the_slots(
     await confirm(queue, card.id, "o", version)
     [stale] = await queue.claim(1)
     with psycopg.connect(db_url, autocommit=True) as conn:  # the outage outlived the lease
-        conn.execute("UPDATE archive_files SET lease_until = now() - interval '1 s'")
+        conn.execute(SQL["expire_every_lease"])
     [fresh] = await queue.claim(1)
     assert fresh.file_id == stale.file_id and fresh.attempt == 2
 
@@ -51,10 +53,10 @@ async def test_reclaiming_its_own_card_runs_one_attempt_and_keeps_the_slots(
         assert worker.jobs == {} and len(worker.idle_decoders) == 2
         leases = await queue.claim(2)
         assert leases == []
-        row = await queue.get_file(card.id, "o")
+        row = await Reads(queue.db).get_file(card.id, "o")
         assert row is not None and row.status == "ready" and row.attempts == 2
         assert row.derived_key is not None and str(fresh.token) in row.derived_key
-        kinds = [e.kind for e in await queue.events(fresh.file_id)]
+        kinds = [e.kind for e in await Reads(queue.db).events(fresh.file_id)]
         assert kinds == ["claimed", "claimed", "ready"]
     finally:
         completer.cancel()
@@ -116,8 +118,7 @@ async def test_a_timeout_racing_the_attempts_own_commit_records_no_lost_lease(
 
     def commit_waits() -> bool:
         with psycopg.connect(db_url) as conn:
-            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type"
-                               " = 'Lock' AND query LIKE %s", ("%unnest%",)).fetchone()
+            row = conn.execute(SQL["lock_waiters_on"], {"text": "unnest"}).fetchone()
         return row is not None and row[0] > 0
 
     before = timeouts()
@@ -127,9 +128,7 @@ async def test_a_timeout_racing_the_attempts_own_commit_records_no_lost_lease(
     completer = asyncio.create_task(worker.completer.run())
     locker: psycopg.Connection[Any] = await asyncio.to_thread(psycopg.connect, db_url)
     try:
-        await asyncio.to_thread(locker.execute,
-                                "SELECT 1 FROM archive_files WHERE id = %s FOR UPDATE",
-                                (card.id,))
+        await asyncio.to_thread(locker.execute, SQL["lock_card"], {"id": card.id})
         worker._start(lease, time.monotonic() + settings.lease_seconds)
         job = worker.jobs[lease.token]
         await asyncio.to_thread(wait_for, commit_waits, timeout=30, what="the commit to wait")
@@ -143,10 +142,10 @@ async def test_a_timeout_racing_the_attempts_own_commit_records_no_lost_lease(
         completer.cancel()
         for decoder in worker.idle_decoders:
             decoder.close()
-    row = await queue.get_file(card.id, "o")
+    row = await Reads(queue.db).get_file(card.id, "o")
     assert row is not None and row.status == "ready"
     assert row.derived_key is not None and str(lease.token) in row.derived_key
-    kinds = [e.kind for e in await queue.events(card.id)]
+    kinds = [e.kind for e in await Reads(queue.db).events(card.id)]
     assert kinds == ["claimed", "ready"]
 
 
@@ -200,7 +199,7 @@ async def test_a_lost_claim_that_commits_after_its_lookup_is_still_adopted(
         await asyncio.to_thread(late.commit)
 
         async def ready() -> bool:
-            row = await queue.get_file(card.id, "o")
+            row = await Reads(queue.db).get_file(card.id, "o")
             return row is not None and row.status == "ready"
 
         deadline = time.monotonic() + 20
@@ -211,8 +210,8 @@ async def test_a_lost_claim_that_commits_after_its_lookup_is_still_adopted(
         worker.request_stop()
         await asyncio.wait_for(running, 30)
         late.close()
-    row = await queue.get_file(card.id, "o")
+    row = await Reads(queue.db).get_file(card.id, "o")
     assert row is not None and row.attempts == 1
-    kinds = [e.kind for e in await queue.events(card.id)]
+    kinds = [e.kind for e in await Reads(queue.db).events(card.id)]
     assert kinds == ["claimed", "ready"]
     assert lookups[-1] == 1

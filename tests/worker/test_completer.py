@@ -11,7 +11,10 @@ import psycopg
 
 from darkroom.completer import Completer, running
 from darkroom.queue import Derived, Lease, derived_key
+from darkroom.reads import Reads
+from darkroom.stats import read as read_stats
 from tests.support.services import confirm, make_queue
+from tests.support.sql import SQL
 
 
 async def new_queued(q: Any, n: int) -> None:
@@ -31,8 +34,7 @@ async def test_results_that_finish_together_commit_in_one_statement(
     await new_queued(q, 12)
     leases = await q.claim(12)
     with psycopg.connect(db_url, autocommit=True) as conn:  # one lease lost meanwhile
-        conn.execute("UPDATE archive_files SET lease_until = now() - interval '1 s'"
-                     " WHERE id = %s", (leases[0].file_id,))
+        conn.execute(SQL["expire_lease"], {"id": leases[0].file_id})
     [thief] = await q.claim(1)
     assert thief.file_id == leases[0].file_id
     statements = 0
@@ -49,7 +51,7 @@ async def test_results_that_finish_together_commit_in_one_statement(
                                          for lease in leases))
     assert answers == [False] + [True] * 11
     assert statements == 1
-    stats = await q.stats()
+    stats = (await read_stats(q.db)).to_json()
     assert stats["counts"]["ready"] == 11 and stats["lease_lost_total"] == 1
 
 
@@ -94,7 +96,7 @@ async def test_a_batch_being_tried_again_does_not_hold_up_the_next(pool: Any) ->
                 await asyncio.sleep(0)
         assert await asyncio.wait_for(completer.complete(second, result(second)), 10) is True
         assert not one.done()
-        row = await q.get_file(second.file_id, "o")
+        row = await Reads(q.db).get_file(second.file_id, "o")
         assert row is not None and row.status == "ready"
         released.set()
         assert await asyncio.wait_for(one, 10) is True

@@ -25,6 +25,7 @@ import pytest
 
 from tests.support.faults import FaultProxy, through_proxy
 from tests.support.services import DarkroomProcess, Harness, free_port, small_photos, wait_for
+from tests.support.sql import SQL
 
 # A fleet of real processes: not in `make test-fast`.
 pytestmark = pytest.mark.fleet
@@ -78,8 +79,7 @@ def api(harness: Harness) -> Iterator[Api]:
 def check_everything(h: Harness, api: Api, ids: list[uuid.UUID]) -> None:
     wait_for(lambda: h.all_finished(ids), timeout=600, what="every card final")
     assert h.statuses(ids) == {"ready": len(ids)}
-    cards = {c["id"]: c for c in h.db.execute(
-        "SELECT * FROM archive_files WHERE id = ANY(%s)", (ids,)).fetchall()}
+    cards = {c["id"]: c for c in h.db.execute(SQL["cards_among"], {"ids": ids}).fetchall()}
     for file_id in ids:
         h.assert_published_once(file_id)
         assert api.derivative_sha256(file_id) == cards[file_id]["sha256"]
@@ -93,7 +93,7 @@ def check_everything(h: Harness, api: Api, ids: list[uuid.UUID]) -> None:
                                env=h.env, capture_output=True, text=True, timeout=300)
     assert reconcile.returncode == 0, reconcile.stderr
     assert reconcile.stdout.strip().endswith("deleted: 0"), reconcile.stdout
-    unaccounted = h.db.execute("SELECT count(*) AS n FROM orphan_objects").fetchone()
+    unaccounted = h.db.execute(SQL["orphan_count"]).fetchone()
     assert unaccounted == {"n": 0}
 
 
@@ -113,8 +113,7 @@ def test_cut_database_connections_lose_nothing(harness: Harness, api: Api, where
         cuts = proxy.counters.cut_before if where == "before" else proxy.counters.cut_after
         assert cuts >= 10, proxy.counters
         check_everything(harness, api, ids)
-        attempts = harness.db.execute(
-            "SELECT attempts, count(*) AS n FROM archive_files GROUP BY attempts").fetchall()
+        attempts = harness.db.execute(SQL["attempts_histogram"]).fetchall()
         # No attempt was spent on a lost answer: every file was started exactly once.
         assert attempts == [{"attempts": 1, "n": FILES}], (attempts, proxy.counters)
         lost = harness.events(kind="lease_lost")
@@ -144,20 +143,17 @@ def test_a_store_outage_rejects_nothing_and_pauses_claims(harness: Harness, api:
         wait_for(lambda: harness.statuses(ids).get("ready", 0) >= 20, timeout=300,
                  what="progress before the outage")
         getattr(proxy, fault)()
-        wait_for(lambda: harness.value(
-            "SELECT count(*) AS n FROM worker_pauses WHERE worker = 'wf'"),
+        wait_for(lambda: harness.value("worker_paused", {"worker": "wf"}),
                  timeout=120, what="the worker to pause")
         assert "object store failing" in worker.log()
         # The outage lasts past the whole retry schedule (base 0.2 s, cap 1 s, 3 attempts),
         # in which every claimed card would have been rejected without the breaker: until
         # the worker's pause, as the database sees it, has lasted 5 s.
-        wait_for(lambda: harness.value(
-            "SELECT seen_at - since >= interval '5 seconds' AS long FROM worker_pauses"
-            " WHERE worker = 'wf'"), timeout=120, what="a long outage")
+        wait_for(lambda: harness.value("worker_paused_long", {"worker": "wf", "seconds": 5}),
+                 timeout=120, what="a long outage")
         before = harness.statuses(ids)
         proxy.heal()
-        wait_for(lambda: harness.value(
-            "SELECT count(*) AS n FROM worker_pauses") == 0,
+        wait_for(lambda: harness.value("worker_pause_count") == 0,
                  timeout=120, what="the worker to resume")
         check_everything(harness, api, ids)
         assert "rejected" not in before

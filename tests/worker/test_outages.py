@@ -29,6 +29,7 @@ from darkroom.storage import open_store
 from tests.support.faults import FaultProxy
 from tests.support.seaweed import SeaweedServer
 from tests.support.services import Harness, free_port, small_photos, wait_for
+from tests.support.sql import SQL
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 
@@ -121,8 +122,7 @@ class Watch:
 
 
 def paused_for(h: Harness) -> float:
-    row = h.db.execute("SELECT extract(epoch FROM seen_at - since)::float8 AS s"
-                       " FROM worker_pauses WHERE worker = %s", (WORKER,)).fetchone()
+    row = h.db.execute(SQL["worker_pause_seconds"], {"worker": WORKER}).fetchone()
     return float(row["s"]) if row else -1.0
 
 
@@ -178,7 +178,7 @@ def test_a_store_outage_past_the_retry_schedule_rejects_no_file(
         assert waiting >= FILES
         assert "rejected" not in during, during
         assert h.statuses(ids) == {"ready": len(ids)}
-        cards = h.db.execute("SELECT attempts, deferrals FROM archive_files").fetchall()
+        cards = h.db.execute(SQL["attempts_and_deferrals"]).fetchall()
         assert max(c["attempts"] for c in cards) <= 3
         # The store served nothing between any file's tries: nothing counted.
         assert sum(c["deferrals"] for c in cards) == 0, cards
@@ -232,8 +232,7 @@ def test_a_file_the_store_fails_alone_is_rejected_after_the_bound(
         log = worker.log()
         assert "object store failing" not in log  # the store served: never paused
         assert "rejected" in log and "Traceback" not in log
-        assert h.db.execute("SELECT sum(deferrals) AS n FROM archive_files"
-                            " WHERE id <> %s", (poison,)).fetchone() == {"n": 0}
+        assert h.db.execute(SQL["deferrals_but"], {"id": poison}).fetchone() == {"n": 0}
     finally:
         proxy.close()
 
@@ -281,8 +280,7 @@ def test_a_file_that_knocks_the_store_over_is_rejected_after_the_bound(
                  what="the worker to resume after the last knock")
         paused = pauses()
         assert len(paused) == 4 and max(paused) < 10, paused
-        assert h.db.execute("SELECT sum(deferrals) AS n FROM archive_files"
-                            " WHERE id <> %s", (poison,)).fetchone() == {"n": 0}
+        assert h.db.execute(SQL["deferrals_but"], {"id": poison}).fetchone() == {"n": 0}
         print(f"\nknocked over: pauses {paused} s; {proxy.counters}")
     finally:
         proxy.close()

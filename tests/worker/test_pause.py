@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from tests.support.services import CORPUS, Harness, wait_for
+from tests.support.sql import SQL
 
 pytestmark = pytest.mark.fleet
 
@@ -27,8 +28,7 @@ def cli(h: Harness, *args: str) -> str:
 
 def started(h: Harness, ids: list[uuid.UUID]) -> set[uuid.UUID]:
     """The cards of `ids` an attempt was ever started on."""
-    rows = h.db.execute("SELECT DISTINCT file_id FROM archive_events WHERE kind = 'claimed'"
-                        " AND file_id = ANY(%s)", (ids,)).fetchall()
+    rows = h.db.execute(SQL["claimed_among"], {"ids": ids}).fetchall()
     return {r["file_id"] for r in rows}
 
 
@@ -46,9 +46,7 @@ def test_a_pause_lets_running_work_finish_starts_nothing_and_holds_until_resumed
     assert out.startswith("paused: owner tester")
     # Whatever was started by now was started before the pause; it must still finish.
     before = started(h, ids)
-    running = {r["id"] for r in h.db.execute(
-        "SELECT id FROM archive_files WHERE status = 'processing' AND id = ANY(%s)",
-        (ids,)).fetchall()}
+    running = {r["id"] for r in h.db.execute(SQL["processing_among"], {"ids": ids}).fetchall()}
     assert running and running <= before and len(before) < len(ids)
 
     # Another owner's card is claimed and finished meanwhile: the workers are claiming,
@@ -76,8 +74,7 @@ def test_a_pause_lets_running_work_finish_starts_nothing_and_holds_until_resumed
     assert h.statuses(ids) == {"ready": len(ids)}
     for file_id in ids:
         h.assert_published_once(file_id)
-    log = h.db.execute("SELECT kind, owner, actor FROM claim_pause_events ORDER BY id"
-                       ).fetchall()
+    log = h.db.execute(SQL["claim_pause_log"]).fetchall()
     assert [(e["kind"], e["owner"]) for e in log] == [("paused", "tester"),
                                                       ("resumed", "tester")]
     assert all(e["actor"].startswith("cli:") for e in log)

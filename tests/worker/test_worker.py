@@ -13,6 +13,7 @@ import pytest
 
 from tests.derive import images as im
 from tests.support.services import CORPUS, Harness, free_port, wait_for
+from tests.support.sql import SQL
 
 # A fleet of real processes: not in `make test-fast`.
 pytestmark = pytest.mark.fleet
@@ -45,6 +46,10 @@ def test_thirty_photos_end_ready_each_published_once(harness: Harness) -> None:
     metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     assert 'darkroom_jobs_total{outcome="ready"} 30.0' in metrics
     assert "darkroom_stage_duration_seconds_bucket" in metrics
+    # Every stage of every attempt, the decoder's own steps among them.
+    for stage in ("fetch", "derive", "derive_spawn", "derive_send", "derive_decode",
+                  "derive_receive", "derive_check", "register", "put", "commit"):
+        assert f'darkroom_stage_duration_seconds_count{{stage="{stage}"}} 30.0' in metrics
     logs = [json.loads(line) for line in w.log().splitlines() if line.startswith("{")]
     ready = [entry for entry in logs if entry["msg"] == "ready"]
     assert len(ready) == 30
@@ -106,8 +111,7 @@ def test_frozen_worker_cannot_publish_and_its_orphan_is_swept(harness: Harness) 
         f"{card['derived_key']}@{card['derived_version']}",
         f"{card['thumb_key']}@{card['thumb_version']}",
     ])
-    assert harness.db.execute("SELECT count(*) AS n FROM orphan_objects").fetchone() == {
-        "n": 0}
+    assert harness.db.execute(SQL["orphan_count"]).fetchone() == {"n": 0}
 
 
 def test_killed_in_every_attempt_ends_attempts_exhausted(harness: Harness,
@@ -171,8 +175,7 @@ def test_delete_during_processing_publishes_nothing_and_is_purged(
     assert harness.card(file_id)["status"] == "deleting"
     assert not harness.events(file_id, "ready")
     sweep_once(harness)
-    assert harness.db.execute("SELECT count(*) AS n FROM archive_files WHERE id = %s",
-                              (file_id,)).fetchone() == {"n": 0}
+    assert harness.db.execute(SQL["cards_with_id"], {"id": file_id}).fetchone() == {"n": 0}
     assert harness.object_keys(file_id) == []
 
 
@@ -197,7 +200,7 @@ def test_outages_postgres_restart_and_frozen_s3(harness: Harness, postgres: obje
         # and the workers stop claiming and say so.
         wait_for(lambda: harness.events(kind="deferred"), timeout=60,
                  what="a card handed back for the store")
-        wait_for(lambda: harness.value("SELECT count(*) AS n FROM worker_pauses") > 0,
+        wait_for(lambda: harness.value("worker_pause_count") > 0,
                  timeout=60, what="a worker paused")
     wait_for(lambda: harness.all_finished(ids), timeout=240, what="all finished")
     assert harness.statuses(ids) == {"ready": 12}
@@ -259,14 +262,12 @@ def test_two_owners_share_the_workers_and_a_rederive_replaces_every_derivative(
     harness.worker(concurrency=2)
     wait_for(lambda: harness.statuses(a_ids).get("ready", 0) >= 1, timeout=120,
              what="a's import under way")
-    mark = harness.db.execute("SELECT coalesce(max(id), 0) AS m FROM archive_events"
-                              ).fetchone()
+    mark = harness.db.execute(SQL["last_event"]).fetchone()
     assert mark is not None
     b_id = harness.upload(photo(3), owner="b")
     wait_for(lambda: harness.all_finished([*a_ids, b_id]), timeout=240, what="all finished")
     claims = [e["file_id"] for e in harness.db.execute(
-        "SELECT file_id FROM archive_events WHERE kind = 'claimed' AND id > %s ORDER BY id",
-        (mark["m"],)).fetchall()]
+        SQL["claims_after"], {"after": mark["m"]}).fetchall()]
     assert b_id in claims and claims.index(b_id) <= 2, claims
     for file_id in [*a_ids, b_id]:
         harness.assert_published_once(file_id)
@@ -288,8 +289,7 @@ def test_two_owners_share_the_workers_and_a_rederive_replaces_every_derivative(
         card = harness.card(file_id)
         assert card["status"] == "ready" and card["priority"] == "bulk"
         assert card["derived_key"] != key and max(card["width"], card["height"]) <= 256
-    orphans = harness.db.execute("SELECT object_key FROM orphan_objects"
-                                 " WHERE reason = 'superseded'").fetchall()
+    orphans = harness.db.execute(SQL["superseded_orphans"]).fetchall()
     # The previous preview and thumb of every card, both superseded.
     assert {o["object_key"] for o in orphans} == set(old.values()) | old_thumbs
     sweep_once(harness)

@@ -28,6 +28,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+import psycopg
+
 from darkroom import layout
 from darkroom.card import STATUSES, Card, Event, HistoryEntry, PendingCard, Priority, Status
 from darkroom.db.database import CONNECTION_ERRORS, Database, Statements
@@ -312,9 +314,29 @@ class Queue:
             "ids": list(ids), "ttl_seconds": ttl_seconds, "worker": self.worker})
         return [r["id"] for r in rows]
 
-    async def record_restored(self, file_id: uuid.UUID) -> None:
-        """The card's history: `darkroom reconcile --restore` made it."""
-        await self._rows("restored_card", {"id": file_id})
+    async def restore_card(self, file_id: uuid.UUID, owner: str, *, key: str, version: str,
+                           size: int, content_type: str) -> bool:
+        """A card for a stored original that no card holds (`darkroom reconcile --restore`):
+        made as the API makes one (created, then confirmed for exactly `version`, as bulk
+        work) with its history saying `restored`, all in one transaction. A restore whose
+        answer was lost made all of it or nothing: run again, it finds the original held,
+        or makes the card then. Raises `psycopg.errors.UniqueViolation` when a card with
+        this id exists (restored by another run just now)."""
+        create = {"id": file_id, "owner": owner, "filename": str(file_id),
+                  "content_type": content_type, "size": size, "original_key": key,
+                  "sha256": None, "key_hash": None, "request_hash": None,
+                  "priority": str(Priority.BULK)}
+        moved = False
+        async with self.db.transaction() as tx:
+            await tx.rows("create_file", create)
+            confirmed = await tx.row("confirm", {"id": file_id, "owner": owner,
+                                                 "version": version, "sha256": None,
+                                                 "size": size})
+            moved = confirmed is not None and bool(confirmed["moved"])
+            if not moved:
+                raise psycopg.Rollback()  # a card never confirmed is not left behind
+            await tx.rows("restored_card", {"id": file_id})
+        return moved
 
     # --- attempts --------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import IO
 
-from darkroom.card import Card, Priority
+from darkroom.card import Card, Priority, Status
 from darkroom.config import ConfigError, Settings
 from darkroom.db.connection import database_url
 from darkroom.db.database import CONNECTION_ERRORS, opened
@@ -77,14 +77,20 @@ async def retry_picked(queue: Queue, ids: Sequence[uuid.UUID], actor: str) -> li
     with a retryable code is queued again as bulk work; the answer says, per id in the
     order given (each once), what became of it. A repeat of the same request (its answer
     lost) finds the cards it queued no longer rejected and answers `not_rejected` with
-    their status, queueing nothing twice."""
+    their status, queueing nothing twice.
+
+    The picked cards are read once, before the retry: a card it queued is answered as
+    queued, any other as it was read. Only a card read as retryable that the retry did not
+    take (another request retried or held it in between) is read again, to say where it
+    went."""
     if len(ids) > MAX_PICKED:
         raise ValueError(f"at most {MAX_PICKED} cards per retry")
     named = list(dict.fromkeys(ids))
     retryable = {str(c) for c in RETRYABLE_CODES}
-    mine: dict[str, list[uuid.UUID]] = {}
     reads = Reads(queue.db)
-    for t in await reads.retry_targets(named):
+    read = {t.id: t for t in await reads.retry_targets(named)}
+    mine: dict[str, list[uuid.UUID]] = {}
+    for t in read.values():
         if t.status == "rejected" and t.error_code in retryable:
             mine.setdefault(t.owner, []).append(t.id)
     run_id = uuid.uuid4()
@@ -93,14 +99,21 @@ async def retry_picked(queue: Queue, ids: Sequence[uuid.UUID], actor: str) -> li
     for owner in sorted(mine):
         moved.update(await queue.retry(owner, run=run_id, actor=actor, ids=mine[owner],
                                        codes=sorted(retryable), limit=len(mine[owner])))
-    now = {t.id: t for t in await reads.retry_targets(named)}
+    raced = [i for cards in mine.values() for i in cards if i not in moved]
+    if raced:
+        again = {t.id: t for t in await reads.retry_targets(raced)}
+        for file_id in raced:
+            if file_id in again:
+                read[file_id] = again[file_id]
+            else:
+                del read[file_id]  # deleted in between
     answers: list[Picked] = []
     for file_id in named:
-        card = now.get(file_id)
+        card = read.get(file_id)
         if card is None:
             answers.append(Picked(file_id, RetryOutcome.NOT_FOUND))
         elif file_id in moved:
-            answers.append(Picked(file_id, RetryOutcome.QUEUED, card.status))
+            answers.append(Picked(file_id, RetryOutcome.QUEUED, str(Status.QUEUED)))
         elif card.status == "rejected":
             answers.append(Picked(file_id, RetryOutcome.NOT_RETRYABLE, card.status))
         else:

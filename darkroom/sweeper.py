@@ -41,7 +41,7 @@ from darkroom.config import Settings
 from darkroom.db.database import CONNECTION_ERRORS, Database
 from darkroom.errors import ObjectMissing, StorageError
 from darkroom.layout import DERIVED, ORIGINALS, derived_prefix, parse_key
-from darkroom.queue import ConfirmOutcome, Priority, Queue
+from darkroom.queue import ConfirmOutcome, Queue
 from darkroom.reads import Reads
 from darkroom.services import prepare
 from darkroom.storage import LocalStore, ObjectStore
@@ -339,21 +339,20 @@ class Reconcile:
 
     async def _restore(self, file_id: uuid.UUID, obj: ObjectVersion, owner: str) -> bool:
         """A card for a stored original, made as the API makes one: created, then confirmed
-        for exactly this version (then processed like any other). A repeat after a lost
-        answer finds the card made: a pending one is confirmed by the pending sweep once
-        its TTL passes (its upload is stored), a queued one is already done."""
+        for exactly this version (then processed like any other), with its history, in one
+        transaction (`Queue.restore_card`): a run whose answer was lost made all of it or
+        nothing, and run again finds the original held or restores it then."""
         assert self.queue is not None, "a restore needs the queue"
         info = await asyncio.to_thread(self.store.head, obj.key, obj.version)
-        # A unique violation: made by a run whose answer was lost, or just now by another.
-        with contextlib.suppress(psycopg.errors.UniqueViolation):
-            await self.queue.create_file(owner=owner, filename=str(file_id),
-                                         content_type=info.content_type, size=info.size,
-                                         file_id=file_id, priority=Priority.BULK,
-                                         original_key=obj.key)
-        done = await self.queue.confirm_card(file_id, owner, obj.version, size=info.size)
-        if done.outcome is not ConfirmOutcome.QUEUED:
+        try:
+            if not await self.queue.restore_card(file_id, owner, key=obj.key,
+                                                 version=obj.version, size=info.size,
+                                                 content_type=info.content_type):
+                return False
+        except psycopg.errors.UniqueViolation:
+            # Restored just now by another run, whose card holds this very version.
+            done = await self.queue.confirm_card(file_id, owner, obj.version, size=info.size)
             return done.outcome is ConfirmOutcome.ALREADY
-        await self.queue.record_restored(file_id)
         log.warning("original restored: a card was made for it",
                     extra={"file_id": str(file_id), "owner": owner})
         return True

@@ -1,7 +1,7 @@
 -- An operator's pause of claiming (migration 0014): the claim (queries.sql) passes over
--- every card a pause covers. Each change writes its event, naming who asked, in the same
--- statement; a repeat changes nothing and writes nothing, so a pause or resume whose
--- answer was lost is simply sent again.
+-- every card a pause covers (darkroom_paused_owners, migration 0018). Each change writes
+-- its event, naming who asked, in the same statement; a repeat changes nothing and writes
+-- nothing, so a pause or resume whose answer was lost is simply sent again.
 
 -- name: pause_claims
 -- Wakes the workers (NOTIFY at COMMIT) only on resume; a pause needs no one awake.

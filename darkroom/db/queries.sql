@@ -78,11 +78,9 @@ FROM target t LEFT JOIN moved m ON m.id = t.id;
 WITH expired AS (
     SELECT id FROM archive_files
     WHERE status = 'processing' AND lease_until < now()
-      -- An operator's pause (claim_pauses, migration 0014) holds rescues back too: a
-      -- handful of rows at most, so checked row by row.
-      AND NOT EXISTS (SELECT 1 FROM claim_pauses p
-                      WHERE coalesce(p.owner, archive_files.owner) = archive_files.owner
-                        AND coalesce(p.priority, archive_files.priority) = archive_files.priority)
+      -- An operator's pause (darkroom_paused_owners, migration 0018) holds rescues back
+      -- too: a handful of rows at most, so checked row by row.
+      AND owner <> ALL (darkroom_paused_owners(priority))
     ORDER BY lease_until
     LIMIT %(n)s
     FOR UPDATE SKIP LOCKED
@@ -102,43 +100,32 @@ WITH expired AS (
     -- a LIMIT of 0 reads nothing.
     SELECT id, owner, fair_stamp FROM archive_files
     WHERE status = 'queued' AND priority = 'bulk' AND available_at <= now()
-      -- Not while paused (claim_pauses): a pause of the whole class is one probe before
-      -- the scan, which then reads nothing; a paused owner's cards are passed over. The
+      -- Not while paused (darkroom_paused_owners, migration 0018: the whole class, then
+      -- an owner's cards; each a scalar subquery, so called once per statement). The
       -- owner is compared as an expression, not as the column: the column's statistics
       -- price `<> ALL` of a list unknown at planning at nearly no rows when a few owners
       -- hold the backlog (one, on a personal server), and the planner would then sort
       -- the whole backlog at every claim instead of reading the index in order.
-      AND NOT EXISTS (SELECT 1 FROM claim_pauses p WHERE p.owner IS NULL
-                      AND coalesce(p.priority, 'bulk') = 'bulk')
-      AND (owner || '') <> ALL (ARRAY(SELECT p.owner FROM claim_pauses p
-                                      WHERE p.owner IS NOT NULL
-                                        AND coalesce(p.priority, 'bulk') = 'bulk'))
+      AND (SELECT darkroom_paused_owners('bulk')) IS NOT NULL
+      AND (owner || '') <> ALL ((SELECT darkroom_paused_owners('bulk'))::text[])
     ORDER BY fair_stamp, owner
     LIMIT (SELECT m FROM owed)
     FOR UPDATE SKIP LOCKED
 ), interactive AS (
     SELECT id, owner, fair_stamp FROM archive_files
     WHERE status = 'queued' AND priority = 'interactive' AND available_at <= now()
-      -- Not while paused (claim_pauses): a pause of the whole class is one probe before
-      -- the scan, which then reads nothing; a paused owner's cards are passed over.
-      AND NOT EXISTS (SELECT 1 FROM claim_pauses p WHERE p.owner IS NULL
-                      AND coalesce(p.priority, 'interactive') = 'interactive')
-      AND (owner || '') <> ALL (ARRAY(SELECT p.owner FROM claim_pauses p
-                                      WHERE p.owner IS NOT NULL
-                                        AND coalesce(p.priority, 'interactive') = 'interactive'))
+      -- Not while paused (as in bulk_owed).
+      AND (SELECT darkroom_paused_owners('interactive')) IS NOT NULL
+      AND (owner || '') <> ALL ((SELECT darkroom_paused_owners('interactive'))::text[])
     ORDER BY fair_stamp, owner
     LIMIT greatest((SELECT k FROM slots) - (SELECT count(*) FROM bulk_owed), 0)
     FOR UPDATE SKIP LOCKED
 ), bulk AS (
     SELECT id, owner, fair_stamp FROM archive_files
     WHERE status = 'queued' AND priority = 'bulk' AND available_at <= now()
-      -- Not while paused (claim_pauses): a pause of the whole class is one probe before
-      -- the scan, which then reads nothing; a paused owner's cards are passed over.
-      AND NOT EXISTS (SELECT 1 FROM claim_pauses p WHERE p.owner IS NULL
-                      AND coalesce(p.priority, 'bulk') = 'bulk')
-      AND (owner || '') <> ALL (ARRAY(SELECT p.owner FROM claim_pauses p
-                                      WHERE p.owner IS NOT NULL
-                                        AND coalesce(p.priority, 'bulk') = 'bulk'))
+      -- Not while paused (as in bulk_owed).
+      AND (SELECT darkroom_paused_owners('bulk')) IS NOT NULL
+      AND (owner || '') <> ALL ((SELECT darkroom_paused_owners('bulk'))::text[])
       AND id <> ALL (ARRAY(SELECT id FROM bulk_owed))
     ORDER BY fair_stamp, owner
     LIMIT greatest((SELECT k FROM slots) - (SELECT count(*) FROM bulk_owed)

@@ -23,6 +23,7 @@ from darkroom.api.app import create_app, server_config
 from darkroom.config import Settings, load_settings
 from darkroom.keys import create_key_at
 from darkroom.storage import ObjectStore, open_store
+from tests.support.browser import Chromium, chromium_binary
 from tests.support.seaweed import SeaweedServer
 from tests.support.services import free_port, wait_for
 
@@ -186,3 +187,18 @@ def worker_process(page_api: Api, tmp_path: Path) -> Iterator[subprocess.Popen[b
             process.kill()
             process.wait(10)
         log.close()
+
+
+@pytest.fixture
+def chromium() -> Iterator[Chromium]:
+    """Headless Chromium driven by Playwright (the test is skipped, with its reason, where
+    either is missing); closed after the test."""
+    binary = chromium_binary()
+    if binary is None:
+        pytest.skip("no Chromium binary found (apt-get install chromium)")
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    browser = Chromium(binary, playwright_api)
+    try:
+        yield browser
+    finally:
+        browser.close()

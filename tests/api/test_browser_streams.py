@@ -12,7 +12,7 @@ import pytest
 from tests.api.conftest import start_api
 from tests.api.helpers import assert_problem, confirmed, make_ready
 from tests.api.test_events import WEBP
-from tests.support.browser import CHROMIUM_ARGS, chromium_binary
+from tests.support.browser import Chromium
 
 pytestmark = pytest.mark.browser
 
@@ -32,12 +32,8 @@ _WATCH = """() => {
 
 
 def test_page_reconnects_at_the_streams_max_age_without_a_gap(
-        db_url: str, tmp_path: Path) -> None:
-    binary = chromium_binary()
-    if binary is None:
-        pytest.skip("no Chromium binary found (apt-get install chromium)")
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    expect = playwright_api.expect
+        db_url: str, tmp_path: Path, chromium: Chromium) -> None:
+    expect = chromium.expect
 
     server, api = start_api(db_url, (tmp_path / "objects").as_uri(), tmp_path, "local",
                             events_max_seconds=1.5)
@@ -45,33 +41,25 @@ def test_page_reconnects_at_the_streams_max_age_without_a_gap(
         key = api.make_key("streamer")
         with api.client(key) as c:
             card = confirmed(c)
-        with playwright_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=binary, args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page(viewport={"width": 1100, "height": 820})
-                page.goto(api.url)
-                page.get_by_test_id("key-input").fill(key)
-                page.get_by_test_id("key-save").click()
-                cards = page.get_by_test_id("card")
-                expect(cards).to_have_count(1, timeout=10_000)
-                expect(cards.first).to_have_attribute("data-status", "queued")
-                page.evaluate(_WATCH)
-                # The server ends the stream at its max age; the page opens it again,
-                # each time.
-                page.wait_for_function("() => window.darkroomStats.streams >= 4",
-                                       timeout=30_000)
-                # A change after those reconnects still reaches the page.
-                # (In a thread of its own: Playwright's loop runs in this one.)
-                worker = threading.Thread(target=make_ready, args=(
-                    api.db_url, api.settings, api.store, card["id"], WEBP))
-                worker.start()
-                worker.join(30)
-                expect(cards.first).to_have_attribute("data-status", "ready", timeout=15_000)
-                # Throughout, the card stayed shown: nothing was taken out and put back.
-                assert page.evaluate("() => window.__gone") == 0
-                expect(cards).to_have_count(1)
-            finally:
-                browser.close()
+        page = chromium.page(api.url, key)
+        cards = page.get_by_test_id("card")
+        expect(cards).to_have_count(1, timeout=10_000)
+        expect(cards.first).to_have_attribute("data-status", "queued")
+        page.evaluate(_WATCH)
+        # The server ends the stream at its max age; the page opens it again,
+        # each time.
+        page.wait_for_function("() => window.darkroomStats.streams >= 4",
+                               timeout=30_000)
+        # A change after those reconnects still reaches the page.
+        # (In a thread of its own: Playwright's loop runs in this one.)
+        worker = threading.Thread(target=make_ready, args=(
+            api.db_url, api.settings, api.store, card["id"], WEBP))
+        worker.start()
+        worker.join(30)
+        expect(cards.first).to_have_attribute("data-status", "ready", timeout=15_000)
+        # Throughout, the card stayed shown: nothing was taken out and put back.
+        assert page.evaluate("() => window.__gone") == 0
+        expect(cards).to_have_count(1)
         with api.client(key) as c:
             assert c.get(f"/v1/files/{card['id']}").json()["status"] == "ready"
             assert_problem(api.client(None).get("/v1/events"), 401, "unauthorized")

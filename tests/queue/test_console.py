@@ -144,3 +144,29 @@ async def test_a_pause_racing_the_same_pause_answers_the_one_that_won(
     assert (pause.owner, pause.paused_by, made) == ("alice", "other", False)
     with psycopg.connect(db_url) as conn:
         assert conn.execute(SQL["claim_pause_event_count"]).fetchone() == (0,)
+
+
+def test_the_paused_owners_function_covers_exactly_what_each_pause_row_covers(
+        db_url: str) -> None:
+    """darkroom_paused_owners, which the claim tests every card with, against the rule
+    as stated (a row covers a card when its owner is NULL or the card's, and its priority
+    NULL or the card's), for every set of pauses over two owners and both classes."""
+    import itertools
+
+    scopes = list(itertools.product([None, "alice", "bob"], [None, "interactive", "bulk"]))
+    cards = list(itertools.product(["alice", "bob", "carol"], ["interactive", "bulk"]))
+    with psycopg.connect(db_url) as conn:
+        for n in range(len(scopes) + 1):
+            for held in itertools.combinations(scopes, n):
+                if n > 3 and n < len(scopes) - 1:
+                    continue  # every set of up to 3 rows, and the nearly full ones
+                conn.execute(SQL["clear_claim_pauses"])
+                for owner, priority in held:
+                    conn.execute(SQL["add_claim_pause"], {"owner": owner, "priority": priority})
+                for owner, priority in cards:
+                    row = conn.execute(SQL["held_by_a_pause"],
+                                       {"owner": owner, "priority": priority}).fetchone()
+                    expected = any(o in (None, owner) and p in (None, priority)
+                                   for o, p in held)
+                    assert row == (expected,), (held, owner, priority)
+        conn.rollback()

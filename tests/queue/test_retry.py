@@ -349,3 +349,50 @@ async def test_a_picked_retry_takes_only_the_named_cards_of_each_owner(
     assert events(db_url, b1)[-1] == ("retried", "api:x owner=ops", "processing_timeout")
     with pytest.raises(ValueError, match="at most 500"):
         await retry.retry_picked(q, [uuid.uuid4() for _ in range(501)], actor="x")
+
+
+async def test_a_picked_retry_reads_the_cards_once_and_again_only_those_taken_meanwhile(
+        pool: Any, db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The picked cards are read once. A card read as retryable that another request
+    retries before this one's statement is read again, and answered where it went."""
+    q = make_queue(pool, max_attempts=1)
+    a = await rejected(q, ErrorCode.STORAGE_UNAVAILABLE)
+    b = await rejected(q, ErrorCode.PROCESSING_TIMEOUT, owner="bob")
+    corrupt = await rejected(q, ErrorCode.INVALID_IMAGE, owner="bob")
+    reads: list[list[uuid.UUID]] = []
+    targets = Reads.retry_targets
+
+    async def read(self: Reads, ids: Any) -> Any:
+        found = await targets(self, ids)
+        reads.append(list(ids))
+        return found
+
+    monkeypatch.setattr(Reads, "retry_targets", read)
+    picked = [a, corrupt, b]
+    done = await retry.retry_picked(q, picked, actor="api:x owner=ops")
+    assert [(d.outcome, d.status) for d in done] == [
+        (retry.RetryOutcome.QUEUED, "queued"), (retry.RetryOutcome.NOT_RETRYABLE, "rejected"),
+        (retry.RetryOutcome.QUEUED, "queued")]
+    assert reads == [picked]
+
+    # Rejected again; another admin's request takes b between this one's read and its
+    # statement.
+    for lease in await q.claim(5):
+        assert await q.fail(lease, ErrorCode.STORAGE_UNAVAILABLE) == "rejected"
+    reads.clear()
+
+    async def raced(self: Reads, ids: Any) -> Any:
+        found = await read(self, ids)
+        if len(reads) == 1:
+            assert await q.retry("bob", run=uuid.uuid4(), actor="api:y owner=other",
+                                 ids=[b], codes=CODES) == [b]
+        return found
+
+    monkeypatch.setattr(Reads, "retry_targets", raced)
+    done = await retry.retry_picked(q, picked, actor="api:x owner=ops")
+    assert [(d.outcome, d.status) for d in done] == [
+        (retry.RetryOutcome.QUEUED, "queued"), (retry.RetryOutcome.NOT_RETRYABLE, "rejected"),
+        (retry.RetryOutcome.NOT_REJECTED, "queued")]
+    assert reads == [picked, [b]]
+    assert [w for k, w, _ in events(db_url, b) if k == "retried"] == [
+        "api:x owner=ops", "api:y owner=other"]

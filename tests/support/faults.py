@@ -9,6 +9,10 @@ real component does on demand:
   is cut (a) with a statement the client sent, before it reaches the server, or (b) after
   the server answered a statement, with the answer dropped. With autocommit, (b) is the
   statement that committed while its sender sees an error.
+- `cut_statement(fragment, where)` (PostgreSQL only): the same two cuts, once, at the next
+  execution of a statement whose text holds `fragment` (a prepared statement is known by
+  its name from its Parse on that connection): a test makes exactly that write's outcome
+  unknown, and nothing else.
 - `cut_answers(n)` (HTTP, or any protocol whose client speaks first): the next n requests
   reach the server, which acts on them and answers, and the client never hears: the
   answer is dropped and the connection reset (a load balancer reset, a dropped link just
@@ -76,6 +80,10 @@ class _Link:
     server: asyncio.StreamWriter | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     answer_lost: bool = False  # the request in flight is one whose answer is to be lost
+    # PostgreSQL: this connection's prepared statements (name: text), and the statement
+    # the client's messages so far since its last Sync execute.
+    statements: dict[bytes, bytes] = field(default_factory=dict)
+    executing: bytes | None = None
 
     def abort(self) -> None:
         for writer in (self.client, self.server):
@@ -104,6 +112,7 @@ class FaultProxy:
         self.cut_before_rate = 0.0
         self.cut_after_rate = 0.0
         self._answers_to_cut = 0
+        self._statement_cut: tuple[bytes, str] | None = None
         self._cut_prefix: bytes | None = None
         self._throttle_match: bytes | None = None
         self._knock_over = 0.0
@@ -138,6 +147,23 @@ class FaultProxy:
             self.cut_before_rate, self.cut_after_rate = before, after
 
         self._call(apply)
+
+    def cut_statement(self, fragment: bytes, *, where: str) -> None:
+        """Cut the connection once, at the next execution of a statement whose text holds
+        `fragment`: `where` "before" it reaches the server, or "after" the server answered
+        it (the answer dropped: with autocommit, the statement committed)."""
+        assert self.postgres, "statement cuts need the PostgreSQL wire protocol"
+        assert where in ("before", "after")
+
+        def apply() -> None:
+            self._statement_cut = (fragment, where)
+
+        self._call(apply)
+
+    @property
+    def statement_cut_pending(self) -> bool:
+        """Whether the cut set by `cut_statement` is still to happen."""
+        return bool(self._call(lambda: self._statement_cut is not None))
 
     def cut_answers(self, n: int = 1, request_prefix: bytes | None = None) -> None:
         """Lose the answers to the next n requests, on whichever connections they come, or
@@ -301,15 +327,19 @@ class FaultProxy:
                     writer.write(message)
                     continue
                 held += message
+                if from_client:
+                    self._note_statement(link, kind, message)
                 if from_client and kind in _STATEMENT_END:
-                    if self.rng.random() < self.cut_before_rate:
+                    where = self._take_statement_cut(link)
+                    if where == "before" or self.rng.random() < self.cut_before_rate:
                         self.counters.cut_before += 1
                         link.abort()
                         return
+                    link.answer_lost = where == "after"
                     writer.write(held)
                     held.clear()
                 elif not from_client and kind == _READY:
-                    if self.rng.random() < self.cut_after_rate:
+                    if link.answer_lost or self.rng.random() < self.cut_after_rate:
                         self.counters.cut_after += 1
                         link.abort()
                         return
@@ -317,6 +347,31 @@ class FaultProxy:
                     held.clear()
             await writer.drain()
 
+
+    @staticmethod
+    def _note_statement(link: _Link, kind: int, message: bytes) -> None:
+        """Follow which statement a round of the extended protocol executes."""
+        body = message[5:]
+        if kind == ord("P"):  # Parse: name, text
+            name, text = body.split(b"\0", 2)[:2]
+            link.statements[name] = text
+        elif kind == ord("B"):  # Bind: portal, statement name
+            name = body.split(b"\0", 2)[1]
+            link.executing = link.statements.get(name)
+        elif kind == ord("Q"):  # a simple query: its text
+            link.executing = body.rstrip(b"\0")
+
+    def _take_statement_cut(self, link: _Link) -> str | None:
+        """At the end of a round: the cut to make, if this round executes the statement
+        `cut_statement` names (consumed)."""
+        executing, link.executing = link.executing, None
+        if self._statement_cut is None or executing is None:
+            return None
+        fragment, where = self._statement_cut
+        if fragment not in executing:
+            return None
+        self._statement_cut = None
+        return where
 
     def _throttled(self, data: bytes) -> bool:
         if not data.startswith(_METHODS):

@@ -395,3 +395,18 @@ SELECT count(*) FILTER (WHERE kind IN ('claimed', 'expired', 'exhausted')
        count(*) FILTER (WHERE kind IN ('ready', 'rejected', 'exhausted')
                         AND token = %(t)s) AS published
 FROM archive_events WHERE file_id = %(id)s;
+
+-- name: lost_answer_card
+-- What a write whose answer was lost may have changed on a card.
+SELECT status, attempts, deferrals, original_version, error_code
+FROM archive_files WHERE id = %(id)s;
+
+-- name: clear_claim_pauses
+DELETE FROM claim_pauses;
+
+-- name: add_claim_pause
+INSERT INTO claim_pauses (owner, priority, paused_by) VALUES (%(owner)s, %(priority)s, 't');
+
+-- name: held_by_a_pause
+-- Whether the claim's test of a card (migration 0018) holds it back.
+SELECT %(owner)s::text <> ALL (darkroom_paused_owners(%(priority)s)) IS NOT TRUE AS held;

@@ -12,6 +12,7 @@ import pytest
 
 from darkroom.db.queries import QUERIES
 from darkroom.errors import ErrorCode
+from darkroom.layout import original_key
 from darkroom.owners import set_owner_weight
 from darkroom.queue import Derived, Lease, Priority, Queue, derived_key
 from darkroom.reads import Reads
@@ -293,12 +294,11 @@ def test_the_claim_reads_the_line_in_order_when_one_owner_holds_the_backlog(
     fair-share order and stops at its limit, instead of sorting every waiting card."""
     with psycopg.connect(db_url, autocommit=True) as conn:
         for priority in ("interactive", "bulk"):
-            conn.execute(
-                "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
-                " original_key, original_version, status, priority, fair_stamp)"
-                " SELECT 'alice', 'f.jpg', 'image/jpeg', 1, 'originals/' || i, 'v1', 'queued',"
-                " %s, i FROM generate_series(1, 5000) AS i", (priority,))
-        conn.execute("ANALYZE archive_files")
+            ids = [uuid.uuid4() for _ in range(5000)]
+            conn.execute(SQL["seed_stamped_line"],
+                         {"owner": "alice", "priority": priority, "ids": ids,
+                          "keys": [original_key(i, "alice") for i in ids]})
+        conn.execute(SQL["analyze_cards"])
         plan = "\n".join(r[0] for r in conn.execute(
             ("EXPLAIN " + QUERIES["claim"]).encode(),
             {"n": 4, "max_attempts": 3, "claim": uuid.uuid4(), "lease_seconds": 60,

@@ -410,3 +410,19 @@ INSERT INTO claim_pauses (owner, priority, paused_by) VALUES (%(owner)s, %(prior
 -- name: held_by_a_pause
 -- Whether the claim's test of a card (migration 0018) holds it back.
 SELECT %(owner)s::text <> ALL (darkroom_paused_owners(%(priority)s)) IS NOT TRUE AS held;
+
+-- name: seed_stamped_line
+-- Queued cards of one owner and class, fair-stamped in the order given (1, 2, ...).
+INSERT INTO archive_files (id, owner, filename, content_type, size_bytes, original_key,
+                           original_version, status, priority, fair_stamp)
+SELECT id, %(owner)s, 'f.jpg', 'image/jpeg', 1, k, 'v1', 'queued', %(priority)s, i
+FROM unnest(%(ids)s::uuid[], %(keys)s::text[]) WITH ORDINALITY AS t(id, k, i);
+
+-- name: analyze_cards
+ANALYZE archive_files;
+
+-- name: event_kind_counts
+-- How many ready, claimed and lease_lost events there are, by kind.
+SELECT kind, count(*) FROM archive_events
+WHERE kind IN ('ready', 'claimed', 'lease_lost')
+GROUP BY kind ORDER BY kind;

@@ -132,9 +132,7 @@ async def direct(call: Callable[[], Awaitable[set[uuid.UUID]]],
 
 def kinds(db_url: str) -> list[tuple[str, int]]:
     with psycopg.connect(db_url) as conn:
-        return conn.execute("SELECT kind, count(*) FROM archive_events"
-                            " WHERE kind IN ('ready', 'claimed', 'lease_lost')"
-                            " GROUP BY kind ORDER BY kind").fetchall()
+        return conn.execute(SQL["event_kind_counts"]).fetchall()
 
 
 async def test_a_batch_commits_with_the_claim_of_the_slots_it_frees(

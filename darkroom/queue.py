@@ -406,6 +406,12 @@ class Queue:
         await self._rows("register_attempt_objects",
                          {"keys": list(keys), "id": lease.file_id, "token": lease.token})
 
+    async def track_attempt_objects(self, lease: Lease, keys: Sequence[str]) -> None:
+        """Track an unpublished attempt's objects anew, once its writes have returned: one
+        that landed late is deleted a guard interval from now."""
+        await self._rows("track_attempt_objects",
+                         {"keys": list(keys), "id": lease.file_id, "token": lease.token})
+
     async def complete_many(self, results: Sequence[tuple[Lease, Derived]]) -> set[uuid.UUID]:
         """Fenced commit of several attempts in one statement; answers the tokens not published.
 

@@ -116,7 +116,8 @@ class Orphans:
                 except StorageError as exc:
                     await self._failed(key, exc)
                     continue
-            await self.db.rows("sweep_drop_orphan", {"key": key})
+            await self.db.rows("sweep_drop_orphan",
+                               {"key": key, "created_at": row["created_at"]})
             metrics.SWEEP_DONE.labels(self.name).inc()
             done += 1
             log.info("orphan kept: a card references it" if row["referenced"]

@@ -109,6 +109,7 @@ class WorkerQueue(Completions, Protocol):
     async def adopt_claim(self, claim_id: uuid.UUID) -> list[Lease]: ...
     async def heartbeat(self, leases: Sequence[Lease]) -> set[uuid.UUID]: ...
     async def register_attempt_objects(self, lease: Lease, keys: Sequence[str]) -> None: ...
+    async def track_attempt_objects(self, lease: Lease, keys: Sequence[str]) -> None: ...
     async def fail(self, lease: Lease, code: ErrorCode) -> Status: ...
     async def defer(self, lease: Lease, code: ErrorCode, delay: float) -> None: ...
     async def defer_counted(self, lease: Lease, code: ErrorCode) -> tuple[Status, int]: ...
@@ -137,6 +138,9 @@ class Job:
     # Set while the attempt waits on the object store (a read, a write, the probe after a
     # store error): a deadline that runs out then is the store's, not the file's.
     on_store: bool = False
+    # The attempt's PUTs, by key: each runs on in its thread when the attempt gives up on
+    # it, and may land in the store later still.
+    puts: dict[str, asyncio.Future[str]] = field(default_factory=dict)
 
     def log_extra(self) -> dict[str, Any]:
         return {"file_id": str(self.lease.file_id), "attempt": self.lease.attempt,
@@ -189,6 +193,8 @@ class Worker:
         # By claim id: until when to look again, until when its leases surely hold, and
         # whether it was claimed with a batch's commit (for slots that free with it).
         self._unknown_claims: dict[uuid.UUID, tuple[float, float, bool]] = {}
+        # Unpublished attempts' objects being tracked anew once their PUTs return.
+        self._tracking: set[asyncio.Task[None]] = set()
 
     # --- the main loop -----------------------------------------------------------------
 
@@ -209,6 +215,8 @@ class Worker:
                     await self._sleep_until_woken()
         finally:
             await self._drain()
+            if self._tracking:
+                await asyncio.wait(self._tracking, timeout=self.settings.lease_seconds)
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
@@ -377,6 +385,8 @@ class Worker:
         except Exception:
             log.exception("attempt crashed", extra=job.log_extra())
         finally:
+            if outcome != Outcome.READY and job.puts:
+                self._track_late_writes(job)
             metrics.JOBS.labels(outcome).inc()
             metrics.JOB_SECONDS.labels(outcome).observe(time.monotonic() - job.started)
             del self.jobs[job.lease.token]
@@ -427,12 +437,10 @@ class Worker:
                 await self._db(lambda: self.queue.register_attempt_objects(lease, keys),
                                lambda: job.held_until)
             with _stage("put"), self._on_store(job):
-                version = await asyncio.to_thread(
-                    self.store.put, key, result.data, content_type="image/webp")
+                version = await self._put(job, key, result.data)
                 stored = None
                 if thumb is not None:
-                    thumb_version = await asyncio.to_thread(
-                        self.store.put, small_key, thumb.data, content_type="image/webp")
+                    thumb_version = await self._put(job, small_key, thumb.data)
                     stored = DerivedObject(key=small_key, version=thumb_version,
                                            sha256=thumb.sha256, width=thumb.width,
                                            height=thumb.height, size=thumb.size)
@@ -460,6 +468,36 @@ class Worker:
             if job.abandoned:
                 return Outcome.LEASE_LOST
             return await self._fail(job, exc.code, exc.detail)
+
+    async def _put(self, job: Job, key: str, data: bytes) -> str:
+        """One derivative PUT, in a thread that runs on if the attempt gives up on it."""
+        put = asyncio.ensure_future(
+            asyncio.to_thread(self.store.put, key, data, content_type="image/webp"))
+        job.puts[key] = put
+        return await asyncio.shield(put)
+
+    def _track_late_writes(self, job: Job) -> None:
+        """An attempt that did not publish: once its PUTs have returned, its objects are
+        tracked anew. A stalled or half-down store can land a write after the attempt
+        timed out, after the sweeper deleted what was there and dropped the first row;
+        without a row, that object would be kept for ever (until a reconcile)."""
+        async def track() -> None:
+            await asyncio.wait(job.puts.values())
+            for put in job.puts.values():
+                if not put.cancelled():
+                    put.exception()  # retrieved: its failure was the attempt's to handle
+            try:
+                # Failed PUTs too: their client gave up on them, not necessarily the store.
+                await self._db(lambda: self.queue.track_attempt_objects(
+                    job.lease, list(job.puts)), lambda: 0.0)
+            except CONNECTION_ERRORS as exc:
+                # The first row may still stand; if not, reconcile finds the object.
+                log.warning("could not track an unpublished attempt's objects",
+                            extra={**job.log_extra(), "error": type(exc).__name__})
+
+        task = asyncio.create_task(track(), name=f"track-{job.lease.token_prefix}")
+        self._tracking.add(task)
+        task.add_done_callback(self._tracking.discard)
 
     async def _fail(self, job: Job, code: ErrorCode, detail: str) -> Outcome:
         if job.abandoned:

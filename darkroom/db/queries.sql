@@ -260,6 +260,16 @@ INSERT INTO orphan_objects (object_key, file_id, token, reason)
 SELECT k, %(id)s, %(token)s, 'attempt' FROM unnest(%(keys)b::text[]) AS k
 ON CONFLICT (object_key) DO NOTHING;
 
+-- name: track_attempt_objects
+-- After an attempt that did not publish, once its PUTs returned (or failed: a store may
+-- finish a request its client gave up on): its objects are tracked anew, the guard
+-- counted from now. A stalled or half-down store can land a write long after the attempt
+-- ended, after the sweeper took and dropped its first row; this row finds that object.
+INSERT INTO orphan_objects (object_key, file_id, token, reason)
+SELECT k, %(id)s, %(token)s, 'attempt' FROM unnest(%(keys)b::text[]) AS k
+ON CONFLICT (object_key) DO UPDATE
+SET created_at = now(), next_try_at = now(), failures = 0;
+
 -- name: complete
 -- The fenced commit, batched: each row publishes only if its own token still holds the
 -- lease. The others record lease_lost and leave their object to the sweeper.

@@ -22,7 +22,7 @@ WITH taken AS (
         FOR UPDATE SKIP LOCKED))
       AND NOT EXISTS (SELECT 1 FROM archive_files f
                       WHERE f.id = o.file_id AND f.lease_token = o.token)
-    RETURNING o.object_key, o.file_id, o.token, o.reason, o.failures
+    RETURNING o.object_key, o.file_id, o.token, o.reason, o.failures, o.created_at
 )
 SELECT t.*, EXISTS (SELECT 1 FROM archive_files f
                     WHERE f.id = t.file_id
@@ -30,9 +30,10 @@ SELECT t.*, EXISTS (SELECT 1 FROM archive_files f
 FROM taken t;
 
 -- name: sweep_drop_orphan
--- After every version is gone; the check against the card is made again, so a row that
--- a card references is dropped without its object ever being touched.
-DELETE FROM orphan_objects WHERE object_key = %(key)s;
+-- After every version is gone, or kept because a card references it: only the row that
+-- was taken. A row tracked anew meanwhile (a late write landed: track_attempt_objects)
+-- has another created_at and stays, for a later pass to delete that write.
+DELETE FROM orphan_objects WHERE object_key = %(key)s AND created_at = %(created_at)s;
 
 -- name: sweep_orphan_failed
 -- One delete failed: try again after a backoff that grows with the failures.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,50 @@ async def test_an_orphan_that_cannot_be_deleted_is_retried_and_holds_up_nothing(
     unit.store = store  # the lock is lifted
     assert await unit.run_once() == 1
     assert orphan_rows(db_url) == {}
+
+
+class LandingStore:
+    """A real local store on which a stalled PUT of `key` lands while the sweeper deletes
+    that key (after its delete, before its row is dropped), and the attempt that wrote it
+    tracks it anew, as a worker does once its PUT returns."""
+
+    def __init__(self, store: ObjectStore, key: str, land: Callable[[], None]) -> None:
+        self._store = store
+        self.key = key
+        self._land: Callable[[], None] | None = land
+
+    def delete(self, key: str, version: str | None = None) -> None:
+        self._store.delete(key, version)
+        if key == self.key and self._land is not None:
+            land, self._land = self._land, None
+            land()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+async def test_a_write_that_lands_while_its_orphan_is_swept_is_swept_too(
+        pool: Any, db_url: str, store: ObjectStore) -> None:
+    q = make_queue(pool)
+    await queued_card(q, store)
+    [lease] = await q.claim(1)
+    key = await orphan(q, store, lease)
+    await q.release([lease])
+    loop = asyncio.get_running_loop()
+
+    def land() -> None:
+        store.put(key, b"late webp")
+        asyncio.run_coroutine_threadsafe(
+            q.track_attempt_objects(lease, [key]), loop).result(timeout=30)
+
+    unit = Orphans(q.db, LandingStore(store, key, land), guard_seconds=0)
+    assert await unit.run_once() == 1
+    # The row the pass took is gone; the one the late write made stays, and its object.
+    assert orphan_rows(db_url) == {key: 0}
+    assert [o.key for o in store.list(key)] == [key]
+    assert await unit.run_once() == 1
+    assert orphan_rows(db_url) == {}
+    assert list(store.list(key)) == []
 
 
 async def test_two_sweepers_share_the_orphans(pool: Any, db_url: str,

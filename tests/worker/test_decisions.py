@@ -28,7 +28,7 @@ from darkroom.completer import Completer, running
 from darkroom.config import Settings
 from darkroom.derive import Derivative
 from darkroom.errors import DeriveError, ErrorCode, StorageUnavailable
-from darkroom.layout import CANARY, original_key
+from darkroom.layout import CANARY, derived_key, original_key
 from darkroom.queue import Derived, Lease
 from darkroom.sandbox import Cancelled, DecoderProcess
 from darkroom.storage.base import Body
@@ -70,6 +70,7 @@ class ScriptedQueue:
         self.deferred: list[tuple[uuid.UUID, ErrorCode]] = []
         self.released: list[uuid.UUID] = []
         self.registered: list[uuid.UUID] = []
+        self.tracked: list[tuple[uuid.UUID, list[str]]] = []
 
     async def claim(self, n: int) -> list[Lease]:
         self.log.append("claim")
@@ -84,6 +85,9 @@ class ScriptedQueue:
 
     async def register_attempt_objects(self, lease: Lease, keys: Sequence[str]) -> None:
         self.registered.append(lease.token)
+
+    async def track_attempt_objects(self, lease: Lease, keys: Sequence[str]) -> None:
+        self.tracked.append((lease.token, list(keys)))
 
     async def complete_many(self, results: Sequence[tuple[Lease, Derived]]) -> set[uuid.UUID]:
         self.batches.append([lease.token for lease, _ in results])
@@ -140,6 +144,7 @@ class ScriptedStore(LocalStore):
         self.log = log
         self.failing = False
         self.stall_reads = False
+        self.stall_writes = False
         self.unstall = threading.Event()
 
     def _request(self, key: str, op: str) -> None:
@@ -148,8 +153,8 @@ class ScriptedStore(LocalStore):
             if op == "put" or kind != "probe":
                 self.log.append(f"{kind} failed")
             raise StorageUnavailable("scripted outage")
-        if self.stall_reads and kind == "get":
-            self.log.append("get stalled")
+        if (self.stall_reads and kind == "get") or (self.stall_writes and kind == "put"):
+            self.log.append(f"{kind} stalled")
             self.unstall.wait(DEADLINE)
         if op == "put" or kind != "probe":
             self.log.append(kind)
@@ -313,6 +318,23 @@ async def test_a_store_that_stops_answering_defers_and_never_fails_the_file(
         assert REGISTRY.get_sample_value("darkroom_attempt_timeouts_total") == timeouts + 1
     assert rig.queue.failed == []
     assert rig.script.started == set()  # never reached the decoder
+
+
+async def test_a_write_that_lands_after_its_attempt_gave_up_is_tracked_anew(
+        tmp_path: Path) -> None:
+    """A stalled PUT outlives its attempt (deferred at the deadline); when it returns,
+    the attempt's object is tracked again, so the sweeper finds a write that landed after
+    it had dropped the first row."""
+    rig = Rig(tmp_path, Script(alice="ok"), attempt_timeout_seconds=0.4)
+    rig.store.stall_writes = True
+    lease = rig.lease("alice")
+    async with rig.running():
+        await until(lambda: rig.queue.deferred, "the card handed back")
+        assert rig.queue.registered == [lease.token] and rig.queue.tracked == []
+        rig.store.unstall.set()
+        await until(lambda: rig.queue.tracked, "the late write tracked")
+    assert rig.queue.tracked == [(lease.token, [derived_key(lease)])]
+    assert rig.queue.deferred == [(lease.token, ErrorCode.STORAGE_UNAVAILABLE)]
 
 
 @pytest.mark.parametrize("mode", ["hang", "limit"])

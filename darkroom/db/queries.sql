@@ -857,11 +857,13 @@ LIMIT %(limit)s;
 -- pending -> queued, by the sweeper, for a card past the TTL whose upload is in the store
 -- with the declared size (and the claimed digest, if one was claimed): its confirm was
 -- never made or was lost (a failover that lost acknowledged commits), and purging it
--- would delete a stored upload. The card joins its class at the head of the line (no
--- owner's clock moves: it is one card the owner already waited for). A confirm that
--- commits first wins, and a repeat finds the card no longer pending: both change nothing.
+-- would delete a stored upload. The card is stamped by the rule of every stamp (fair
+-- share: its place in its owner's line, as its confirm would have), so cards found in
+-- bulk after a failover wait behind other owners' work instead of jumping it. A confirm
+-- that commits first wins, and a repeat finds the card no longer pending: both change
+-- nothing.
 WITH target AS (
-    SELECT id, priority FROM archive_files
+    SELECT id, owner, priority FROM archive_files
     WHERE id = %(id)s AND status = 'pending'
       AND created_at < now() - make_interval(secs => %(ttl_seconds)s::float8)
       AND size_bytes = %(size)s::bigint
@@ -870,9 +872,7 @@ WITH target AS (
 ), moved AS (
     UPDATE archive_files f
     SET status = 'queued', original_version = %(version)s, available_at = now(),
-        fair_stamp = coalesce((SELECT h.fair_stamp FROM archive_files h
-                               WHERE h.status = 'queued' AND h.priority = t.priority
-                               ORDER BY h.fair_stamp LIMIT 1), 0),
+        fair_stamp = darkroom_fair_stamp(t.owner, t.priority),
         updated_at = now()
     FROM target t
     WHERE f.id = t.id

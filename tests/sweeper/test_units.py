@@ -367,6 +367,25 @@ async def test_an_expired_pending_card_whose_upload_is_stored_is_confirmed_not_p
     assert not await sweeper.sweep_once()  # nothing more is due
 
 
+async def test_a_found_upload_takes_its_place_in_its_owners_line(
+        pool: Any, db_url: str, store: ObjectStore) -> None:
+    """Queued by the sweeper, a card whose confirm was lost is stamped by the rule of every
+    stamp (fair share): behind its owner's own waiting cards, not at the head of the line."""
+    q = make_queue(pool)
+    waiting = [await queued_card(q, store) for _ in range(2)]
+    card = await q.create_file_keyed(owner="o", filename="a.jpg", content_type="image/jpeg",
+                                     size=3, sha256=None)
+    assert card is not None
+    await asyncio.to_thread(store.put, card.original_key, b"abc")
+    sweeper = Sweeper(q, store, guard_seconds=0, retention_seconds=86_400,
+                      pending_ttl_seconds=0)
+    assert (await sweeper.sweep_once()).pending_confirmed == 1
+    with psycopg.connect(db_url) as conn:
+        stamps = dict(conn.execute(SQL["fair_stamps"]).fetchall())
+    assert stamps[card.id] > max(stamps[w] for w in waiting), stamps
+    assert [lease.file_id for lease in await q.claim(3)] == [*waiting, card.id]
+
+
 async def test_pending_cards_wait_while_the_store_cannot_be_read(
         pool: Any, db_url: str, store: ObjectStore) -> None:
     q = make_queue(pool)

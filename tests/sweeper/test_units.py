@@ -381,7 +381,7 @@ async def test_a_found_upload_takes_its_place_in_its_owners_line(
                       pending_ttl_seconds=0)
     assert (await sweeper.sweep_once()).pending_confirmed == 1
     with psycopg.connect(db_url) as conn:
-        stamps = dict(conn.execute(SQL["fair_stamps"]).fetchall())
+        stamps: dict[uuid.UUID, float] = dict(conn.execute(SQL["fair_stamps"]).fetchall())
     assert stamps[card.id] > max(stamps[w] for w in waiting), stamps
     assert [lease.file_id for lease in await q.claim(3)] == [*waiting, card.id]
 

@@ -82,7 +82,7 @@ def main() -> None:
                 t = time.perf_counter()
                 got = conn.execute(QUERIES["claim"], {
                     "n": 32, "max_attempts": 3, "lease_seconds": 300.0, "worker": "bench",
-                    "claim": uuid.uuid4()}, prepare=True).fetchall()
+                    "claim": uuid.uuid4(), "bulk_share": 0.1}, prepare=True).fetchall()
                 if i >= 10:
                     times.append((time.perf_counter() - t) * 1000)
                 assert not got

@@ -58,6 +58,7 @@ from bench.loadgen import LoadClient
 from bench.results import ApiResult, load
 from bench.runs import command
 from bench.sections import publish
+from bench.sql import SQL, composed
 from bench.stats import percentile
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
@@ -123,8 +124,8 @@ class System:
         self.server = embedded.start(self.pgdata, stop_on_exit=True)
         server_url = str(self.server.get_uri())
         with psycopg.connect(server_url, autocommit=True) as conn:
-            conn.execute("DROP DATABASE IF EXISTS bench_api")
-            conn.execute("CREATE DATABASE bench_api")
+            conn.execute(composed("drop_database", name="bench_api"))
+            conn.execute(composed("create_database", name="bench_api"))
         self.db_url = psycopg.conninfo.make_conninfo(server_url, dbname="bench_api")
         migrate(self.db_url)
         store_dir = tmp / "objects"
@@ -245,8 +246,7 @@ async def confirm_direct(db_url: str, staged: list[tuple[uuid.UUID, str]], owner
 
 def backlog_counts(db_url: str) -> dict[str, int]:
     with psycopg.connect(db_url, autocommit=True) as conn:
-        rows = conn.execute("SELECT status, count(*) FROM archive_files WHERE owner = %s"
-                            " GROUP BY status", (BACKLOG_OWNER,)).fetchall()
+        rows = conn.execute(SQL["status_counts_of_owner"], {"owner": BACKLOG_OWNER}).fetchall()
     return {str(status): int(n) for status, n in rows}
 
 
@@ -257,12 +257,9 @@ def postgres_activity(db_url: str) -> dict[str, int]:
     """Counters of PostgreSQL's own background work, to tell its stalls from the API's:
     a checkpoint's final fsyncs or a vacuum's writes can hold up every commit for a while."""
     with psycopg.connect(db_url, autocommit=True) as conn:
-        ckpt = conn.execute("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
-                            if conn.info.server_version < 170000 else
-                            "SELECT num_timed + num_requested FROM pg_stat_checkpointer"
-                            ).fetchone()
-        vac = conn.execute("SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0)"
-                           " FROM pg_stat_all_tables").fetchone()
+        ckpt = conn.execute(SQL["checkpoints_before_17"] if conn.info.server_version < 170000
+                            else SQL["checkpoints"]).fetchone()
+        vac = conn.execute(SQL["autovacuum_runs"]).fetchone()
     return {"checkpoints": int(ckpt[0]) if ckpt else 0,
             "autovacuums": int(vac[0]) if vac else 0}
 

@@ -52,6 +52,7 @@ from bench.cpu import TICK, machine, process_ticks
 from bench.results import EnginesQuality, EnginesResult, EnginesRound
 from bench.runs import command
 from bench.sections import publish
+from bench.sql import SQL
 from darkroom.db import embedded
 from darkroom.db.migrations import migrate
 from darkroom.keys import create_key_at
@@ -254,10 +255,7 @@ class Darkroom:
         deadline = time.monotonic() + 1200
         with psycopg.connect(self.db_url, autocommit=True) as conn:
             while True:
-                row = conn.execute(
-                    "SELECT count(*) FILTER (WHERE status = 'ready'),"
-                    " count(*) FILTER (WHERE status = 'rejected')"
-                    " FROM archive_files WHERE id = ANY(%s)", [ids]).fetchone()
+                row = conn.execute(SQL["ready_and_rejected_among"], {"ids": ids}).fetchone()
                 assert row is not None
                 if row[1]:
                     raise RuntimeError(f"{row[1]} card(s) rejected")

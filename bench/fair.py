@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import re
 import statistics
 import tempfile
 import time
@@ -51,7 +50,6 @@ from psycopg.rows import dict_row
 
 from bench.cpu import machine
 from bench.queue import (
-    DARKROOM_EMPTY,
     OWNERS,
     TINY,
     Server,
@@ -75,6 +73,7 @@ from bench.results import (
 )
 from bench.runs import BY_NAME, command
 from bench.sections import publish
+from bench.sql import SQL
 from bench.stats import percentile
 from darkroom.config import load_settings
 from darkroom.db.connection import open_pool
@@ -144,7 +143,7 @@ async def _slot(q: Queue, stop: asyncio.Event, job_seconds: float) -> None:
 
 async def one_run(url: str, policy: str, plan: Plan) -> FairRun:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(DARKROOM_EMPTY)
+        conn.execute(SQL["empty_queue"])
     pool = await open_pool(url, min_size=SLOTS + 1, max_size=SLOTS + 1, name="bench-fair")
     try:
         queues = [_queue(pool, f"slot{i}") for i in range(SLOTS + 1)]
@@ -159,16 +158,14 @@ async def one_run(url: str, policy: str, plan: Plan) -> FairRun:
         # B uploads while at least a fifth of A's backlog is still waiting.
         while True:
             with psycopg.connect(url) as conn:
-                row = conn.execute("SELECT count(*) FROM archive_files WHERE status = 'queued'"
-                                   " AND id = ANY(%s)", (a_ids,)).fetchone()
+                row = conn.execute(SQL["queued_count_among"], {"ids": a_ids}).fetchone()
             if row is None or row[0] < plan.a_jobs // 5:
                 break
             b_ids.append(await _upload(api, b_owner, f"b{len(b_ids)}", Priority.INTERACTIVE))
             await asyncio.sleep(plan.b_interval)
         while True:  # drain
             with psycopg.connect(url) as conn:
-                row = conn.execute("SELECT count(*) FROM archive_files WHERE status <> 'ready'"
-                                   ).fetchone()
+                row = conn.execute(SQL["unready_count"]).fetchone()
             if row is not None and row[0] == 0:
                 break
             await asyncio.sleep(0.05)
@@ -177,11 +174,7 @@ async def one_run(url: str, policy: str, plan: Plan) -> FairRun:
     finally:
         await pool.close()
     with psycopg.connect(url) as conn:
-        rows = conn.execute(
-            "SELECT f.id, f.available_at, c.created_at AS claimed, r.created_at AS ready"
-            " FROM archive_files f"
-            " JOIN archive_events c ON c.file_id = f.id AND c.kind = 'claimed'"
-            " JOIN archive_events r ON r.file_id = f.id AND r.kind = 'ready'").fetchall()
+        rows = conn.execute(SQL["claimed_and_ready"]).fetchall()
     by_id = {r[0]: r for r in rows}
     b_wait = sorted((by_id[i][2] - by_id[i][1]).total_seconds() for i in b_ids)
     a_rows = [by_id[i] for i in a_ids]
@@ -221,7 +214,7 @@ async def _confirm_rate(url: str, owners: int, n: int) -> float:
     `owners` owners: one owner's confirms queue on its clock row (each holds it until its
     commit), many owners' do not."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(DARKROOM_EMPTY)
+        conn.execute(SQL["empty_queue"])
     pool = await open_pool(url, min_size=CONFIRM_CLIENTS, max_size=CONFIRM_CLIENTS,
                            name="bench-confirm")
     try:
@@ -274,9 +267,6 @@ def claim_times(url: str, plan: Plan) -> list[FairClaim]:
 MIXED_POLICIES = ("fifo", "previous", "sfq")
 SINGLES = ("s1", "s2", "s3")
 BULK_OWNER = "import"
-PREVIOUS: dict[str, str] = dict(zip(*[iter(re.split(
-    r"^-- name: (\w+)\s*$", (Path(__file__).parent / "fair_previous.sql").read_text(),
-    flags=re.MULTILINE)[1:])] * 2, strict=True))
 
 
 class Rule:
@@ -298,7 +288,7 @@ class Rule:
         card = await self.queue.create_file(owner=owner, filename=name, size=1,
                                             content_type="image/jpeg", priority=priority)
         if self.policy == "previous":
-            await self._rows(PREVIOUS["previous_confirm"], {
+            await self._rows(SQL["previous_confirm"], {
                 "id": card.id, "owner": owner, "version": "v1", "sha256": None,
                 "size": None})
         else:
@@ -308,7 +298,7 @@ class Rule:
     async def claim(self) -> list[Lease]:
         if self.policy != "previous":
             return await self.queue.claim(1)
-        rows = await self._rows(PREVIOUS["previous_claim"], {
+        rows = await self._rows(SQL["previous_claim"], {
             "n": 1, "max_attempts": 3, "claim": uuid.uuid4(), "lease_seconds": 300.0,
             "worker": "mixed"})
         return [Lease(**r) for r in rows]
@@ -316,7 +306,7 @@ class Rule:
 
 async def mixed_run(url: str, policy: str, plan: Plan, bulk_share: float) -> MixedRun:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(DARKROOM_EMPTY)
+        conn.execute(SQL["empty_queue"])
     pool = await open_pool(url, min_size=3, max_size=3, name="bench-mixed")
     owner_of: dict[uuid.UUID, str] = {}
     claimed: list[str] = []
@@ -356,11 +346,7 @@ async def mixed_run(url: str, policy: str, plan: Plan, bulk_share: float) -> Mix
     finally:
         await pool.close()
     with psycopg.connect(url) as conn:
-        rows = conn.execute(
-            "SELECT f.id, f.available_at, c.created_at, r.created_at FROM archive_files f"
-            " JOIN archive_events c ON c.file_id = f.id AND c.kind = 'claimed'"
-            " LEFT JOIN archive_events r ON r.file_id = f.id AND r.kind = 'ready'"
-        ).fetchall()
+        rows = conn.execute(SQL["claimed_and_maybe_ready"]).fetchall()
     waits = sorted((claim - available).total_seconds() for fid, available, claim, _ in rows
                    if owner_of.get(fid) in SINGLES)
     jobs = [(r[3] - r[2]).total_seconds() for r in rows if r[3] is not None]
@@ -433,10 +419,10 @@ def claim_throughput(url: str, plan: Plan, bulk_share: float) -> list[FairThroug
     fresh backlog of 1,000 owners (one card in ten bulk, so bulk's share is in play)."""
     out = []
     for rep in range(max(plan.repeats, 2)):
-        for name, sql in (("previous", PREVIOUS["previous_claim"]), ("sfq", QUERIES["claim"])):
+        for name, sql in (("previous", SQL["previous_claim"]), ("sfq", QUERIES["claim"])):
             darkroom_fill(url, 0, plan.throughput_rows)
             with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute("UPDATE fair_clock SET bulk_credit = 0")
+                conn.execute(SQL["clear_bulk_credit"])
             rate = asyncio.run(_claim_rate(url, sql, plan.throughput_claims, bulk_share))
             log(f"  claims, {THROUGHPUT_CLIENTS} clients, {name}: {rate:,.0f}/s")
             out.append(FairThroughput(claim=name, clients=THROUGHPUT_CLIENTS, rep=rep,

@@ -1,7 +1,8 @@
 -- The fair-share statements before migration 0012, kept only as the "previous" baseline
 -- of bench/fair.py: the head is the smallest waiting stamp, an owner whose last card was
 -- claimed joins there, and bulk work runs only on slots no interactive card wants.
--- Read with the same "-- name:" split as darkroom/db/queries.sql.
+-- Loaded by name with bench/queries.sql (bench/sql.py, as darkroom/db/queries.py loads
+-- the product's).
 
 -- name: previous_confirm
 -- pending -> queued for exactly this version; the NOTIFY is delivered at COMMIT.

@@ -48,6 +48,7 @@ from psycopg.conninfo import make_conninfo
 
 from bench.cpu import TICK, machine, machine_ticks, process_ticks
 from bench.queue import Server, darkroom_seed_jobs, noop_result, run_processes
+from bench.sql import SQL
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
@@ -209,14 +210,13 @@ def simulate(barrier: Any, *args: Any) -> dict[str, Any]:
 
 def server_processes(conn: psycopg.Connection[Any]) -> tuple[int, dict[int, str]]:
     """(postmaster pid, {pid: application_name} of every process of the server)."""
-    own = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
+    own = int(conn.execute(SQL["backend_pid"]).fetchone()[0])  # type: ignore[index]
     try:
         stat = Path(f"/proc/{own}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0, {}  # the server runs elsewhere: no CPU figures
     postmaster = int(stat[1])
-    names = dict(conn.execute("SELECT pid, coalesce(application_name, '') FROM "
-                              "pg_stat_activity").fetchall())
+    names = dict(conn.execute(SQL["backend_names"]).fetchall())
     pids = {postmaster: "postmaster"}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():

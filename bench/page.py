@@ -29,6 +29,8 @@ from typing import Any
 
 import psycopg
 
+from bench.sql import SQL, composed
+from darkroom.api.events import CHANNEL
 from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
 from darkroom.queue import Derived, Queue, derived_key
@@ -87,14 +89,12 @@ def page_rounds(url: str, key: str, rounds: int) -> list[dict[str, Any]]:
 _MIGRATION = (ROOT / "darkroom" / "db" / "migrations" / "0009_thumbnails.sql").read_text()
 NOTIFY_FUNCTION = _MIGRATION[_MIGRATION.index("CREATE FUNCTION darkroom_notify_cards"):].replace(
     "CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
-NO_OP = ("CREATE OR REPLACE FUNCTION darkroom_notify_cards(changed json) RETURNS void "
-         "LANGUAGE plpgsql AS $$ BEGIN RETURN; END; $$")
 
 
 async def drain_ratio(db_url: str, jobs: int, rounds: int) -> dict[str, Any]:
     pool = await open_pool(db_url, min_size=2, max_size=4)
     listener = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
-    await listener.execute("LISTEN darkroom_cards")
+    await listener.execute(composed("listen", channel=CHANNEL))
     queue = Queue(Database(pool), lease_seconds=600, max_attempts=3, retry_base_seconds=0,
                   retry_cap_seconds=0, worker="bench")
     best = {"on": float("inf"), "off": float("inf")}
@@ -102,8 +102,9 @@ async def drain_ratio(db_url: str, jobs: int, rounds: int) -> dict[str, Any]:
         for _ in range(rounds):
             for mode in ("on", "off"):
                 async with pool.connection() as conn:
-                    await conn.execute(NOTIFY_FUNCTION if mode == "on" else NO_OP)
-                    await conn.execute("DELETE FROM archive_files")
+                    await conn.execute(NOTIFY_FUNCTION if mode == "on"
+                                       else SQL["silence_card_notify"])
+                    await conn.execute(SQL["delete_every_card"])
                 for start in range(0, jobs, 100):
                     await asyncio.gather(*(_enqueue(queue, i) for i in
                                            range(start, min(start + 100, jobs))))

@@ -26,28 +26,25 @@ from pathlib import Path
 import psycopg
 
 from bench.queue import Server, _timed_claims, darkroom_claim_once, darkroom_fill, log
+from bench.sql import SQL
 from darkroom.db.migrations import migrate
 from darkroom.db.queries import QUERIES
+from darkroom.layout import ORIGINALS
+from tests.support.sql import SQL as TEST_SQL
 
 
 def _pause(url: str, owner: str | None) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("DELETE FROM claim_pauses")
+        conn.execute(TEST_SQL["clear_claim_pauses"])
         if owner != "none":
-            conn.execute("INSERT INTO claim_pauses (owner, priority, paused_by)"
-                         " VALUES (%s, NULL, 'bench')", (owner,))
+            conn.execute(SQL["add_bench_pause"], {"owner": owner})
 
 
 def _ahead(url: str, owner: str, n: int) -> None:
     """`n` due cards of `owner` stamped ahead of every waiting card."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
-            " original_key, original_version, status, fair_stamp, available_at)"
-            " SELECT %s, 'a' || i, 'image/jpeg', 1, 'originals/a' || i, 'v1', 'queued',"
-            " -1 - i, now() - interval '1 hour' FROM generate_series(1, %s) AS i",
-            (owner, n))
-        conn.execute("VACUUM ANALYZE archive_files")
+        conn.execute(SQL["fill_ahead"], {"owner": owner, "originals": ORIGINALS, "n": n})
+        conn.execute(SQL["vacuum_analyze_cards"])
 
 
 def main() -> None:
@@ -85,7 +82,7 @@ def main() -> None:
                 t = time.perf_counter()
                 got = conn.execute(QUERIES["claim"], {
                     "n": 32, "max_attempts": 3, "lease_seconds": 300.0, "worker": "bench",
-                    "claim": uuid.uuid4()}, prepare=True).fetchall()
+                    "claim": uuid.uuid4(), "bulk_share": 0.1}, prepare=True).fetchall()
                 if i >= 10:
                     times.append((time.perf_counter() - t) * 1000)
                 assert not got

@@ -51,6 +51,7 @@ from bench.cpu import TICK, machine, machine_ticks
 from bench.results import QueueClaim, QueueLatency, QueueResult, QueueThroughput, load
 from bench.runs import command
 from bench.sections import BATCHED, publish
+from bench.sql import SQL, composed
 from bench.stats import latency_summary
 from darkroom.completer import Completer
 from darkroom.completer import running as completer_running
@@ -58,7 +59,8 @@ from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
 from darkroom.db.migrations import migrate
 from darkroom.db.queries import QUERIES
-from darkroom.queue import Derived, Lease, Queue, derived_key
+from darkroom.layout import DERIVED, ORIGINALS, original_key
+from darkroom.queue import NOTIFY_CHANNEL, Derived, Lease, Queue, derived_key
 
 OUT = Path(__file__).resolve().parent / "out" / "queue.json"
 WORKER_COUNTS = (1, 4, 16)
@@ -131,17 +133,18 @@ class Server:
 
     def fresh_db(self, name: str) -> str:
         with psycopg.connect(self.url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            conn.execute(f'CREATE DATABASE "{name}"')
+            conn.execute(composed("drop_database_forced", name=name))
+            conn.execute(composed("create_database", name=name))
         return self.db_url(name)
 
     def describe(self) -> dict[str, str]:
+        settings = {}
         with psycopg.connect(self.url, autocommit=True) as conn:
-            settings = {
-                name: str(conn.execute(f"SHOW {name}").fetchone()[0])  # type: ignore[index]
-                for name in ("server_version", "shared_buffers", "synchronous_commit",
-                             "fsync", "max_connections")
-            }
+            for name in ("server_version", "shared_buffers", "synchronous_commit", "fsync",
+                         "max_connections"):
+                row = conn.execute(SQL["server_setting"], {"name": name}).fetchone()
+                assert row is not None
+                settings[name] = str(row[0])
         return settings
 
 
@@ -208,11 +211,6 @@ def run_processes(target: Callable[..., Any], args: list[tuple[Any, ...]],
 # --- darkroom ------------------------------------------------------------------------------
 
 
-# Every table a card's rows live in (cascading to those that reference cards), emptied
-# between runs so that each starts from the same state.
-DARKROOM_EMPTY = "TRUNCATE archive_files, archive_events, orphan_objects, owner_clocks CASCADE"
-
-
 def noop_result(lease: Lease) -> Derived:
     return Derived(derived_key(lease), "v", "0" * 64, 1, 1, 1)
 
@@ -224,13 +222,9 @@ def _queue(pool: Any, name: str) -> Queue:
 
 def darkroom_seed_jobs(url: str, n: int) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(DARKROOM_EMPTY)
-        conn.execute(
-            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
-            " original_key, original_version, status)"
-            " SELECT 'bench', 'f' || i || '.jpg', 'image/jpeg', 1, 'originals/' || i, 'v1',"
-            " 'queued' FROM generate_series(1, %s) AS i", (n,))
-        conn.execute("VACUUM ANALYZE archive_files")
+        conn.execute(SQL["empty_queue"])
+        conn.execute(SQL["fill_queued"], {"originals": ORIGINALS, "n": n})
+        conn.execute(SQL["vacuum_analyze_cards"])
 
 
 class _Refill:
@@ -332,69 +326,42 @@ def count(url: str, sql: str) -> int:
 
 def archive_done(url: str) -> int:
     """Jobs finished in darkroom's table or the seed's: both mark them `ready`."""
-    return count(url, "SELECT count(*) FROM archive_files WHERE status = 'ready'")
+    return count(url, SQL["ready_count"])
 
 
 # --- the seed's own protocol -----------------------------------------------------------------
 
-# The seed's archive_files, reduced to the columns its worker touches plus the card's own,
-# and with only the primary key: the seed declares no index for its claim.
-SEED_SCHEMA = """
-CREATE TABLE IF NOT EXISTS archive_files (
-    id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
-    owner text NOT NULL, filename text NOT NULL, content_type text NOT NULL,
-    size_bytes bigint NOT NULL, original_key text NOT NULL, original_version text,
-    status text NOT NULL DEFAULT 'pending'
-        CHECK (status IN ('pending','queued','processing','ready','rejected','deleting')),
-    attempts integer NOT NULL DEFAULT 0, available_at timestamptz NOT NULL DEFAULT now(),
-    lease_token uuid, lease_until timestamptz, error_code text,
-    derived_key text, derived_version text, sha256 text,
-    created_at timestamptz NOT NULL DEFAULT now(), updated_at timestamptz NOT NULL DEFAULT now()
-)"""
-# Verbatim from the seed's worker.mjs (placeholders adapted to psycopg).
-SEED_CLAIM = """SELECT * FROM archive_files WHERE
-      (status='queued' AND available_at<=now()) OR
-      (status='processing' AND lease_until<now())
-      ORDER BY created_at FOR UPDATE SKIP LOCKED LIMIT 1"""
-SEED_LEASE = """UPDATE archive_files SET status='processing',lease_token=%(token)s,
-      lease_until=now()+interval '2 minutes',attempts=attempts+1 WHERE id=%(id)s RETURNING *"""
-SEED_COMPLETE = """UPDATE archive_files SET status='ready',derived_key=%(key)s,
-      derived_version=%(version)s, sha256=%(sha)s,lease_token=NULL,lease_until=NULL
-      WHERE id=%(id)s AND lease_token=%(token)s AND status='processing'"""
+# The seed's table (its archive_files, reduced) and its worker's statements, verbatim from
+# its worker.mjs, are bench/queries.sql's `seed_*`.
 
 
 def seed_prepare(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(SEED_SCHEMA)
-        conn.execute("TRUNCATE archive_files CASCADE")
+        conn.execute(SQL["seed_schema"])
+        conn.execute(SQL["seed_empty"])
 
 
 def seed_seed_jobs(url: str, n: int) -> None:
     seed_prepare(url)
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
-            " original_key, original_version, status, created_at)"
-            " SELECT 'bench', 'f' || i || '.jpg', 'image/jpeg', 1, 'originals/' || i, 'v1',"
-            " 'queued', now() + i * interval '1 microsecond' FROM generate_series(1, %s) AS i",
-            (n,))
-        conn.execute("VACUUM ANALYZE archive_files")
+        conn.execute(SQL["seed_fill_queued"], {"originals": ORIGINALS, "n": n})
+        conn.execute(SQL["vacuum_analyze_cards"])
 
 
 def seed_claim(conn: psycopg.Connection[Any]) -> dict[str, Any] | None:
     """The seed's claim(): one row, select and lease in one transaction."""
     with conn.transaction():
         cur = conn.cursor(row_factory=dict_row)
-        row = cur.execute(SEED_CLAIM).fetchone()
+        row = cur.execute(SQL["seed_select_due"]).fetchone()
         if row is None:
             return None
-        return cur.execute(SEED_LEASE, {"id": row["id"], "token": uuid.uuid4()}).fetchone()
+        return cur.execute(SQL["seed_lease"], {"id": row["id"], "token": uuid.uuid4()}).fetchone()
 
 
 def seed_complete(conn: psycopg.Connection[Any], row: Any) -> None:
     with conn.transaction():
-        conn.execute(SEED_COMPLETE, {"id": row["id"], "token": row["lease_token"],
-                                     "key": f"derived/{row['id']}", "version": "v",
+        conn.execute(SQL["seed_complete"], {"id": row["id"], "token": row["lease_token"],
+                                     "key": f"{DERIVED}{row['id']}", "version": "v",
                                      "sha": "0" * 64})
 
 
@@ -452,7 +419,7 @@ def pgqueuer_seed_jobs(url: str, n: int) -> None:
             await conn.close()
     asyncio.run(go())
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("VACUUM ANALYZE pgqueuer")
+        conn.execute(SQL["pgqueuer_vacuum"])
 
 
 async def _pgqueuer_drain(barrier: Any, url: str, batch: int) -> tuple[int, float]:
@@ -485,8 +452,8 @@ def pgqueuer_drain(barrier: Any, url: str, batch: int) -> tuple[int, float]:
 
 def pgqueuer_done(url: str) -> int:
     # Finished jobs leave the pgqueuer table and are logged as successful.
-    left = count(url, "SELECT count(*) FROM pgqueuer")
-    ok = count(url, "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'")
+    left = count(url, SQL["pgqueuer_left"])
+    ok = count(url, SQL["pgqueuer_successful"])
     return ok if left == 0 else -left
 
 
@@ -512,9 +479,9 @@ def procrastinate_seed_jobs(url: str, n: int) -> None:
         async with app.open_async():
             with psycopg.connect(url, autocommit=True) as conn:
                 installed = conn.execute(
-                    "SELECT to_regclass('procrastinate_jobs') IS NOT NULL").fetchone()[0]  # type: ignore[index]
+                    SQL["procrastinate_installed"]).fetchone()[0]  # type: ignore[index]
                 if installed:
-                    conn.execute("TRUNCATE procrastinate_jobs CASCADE")
+                    conn.execute(SQL["procrastinate_empty"])
             if not installed:
                 await app.schema_manager.apply_schema_async()
             task = app.tasks["noop"]
@@ -522,7 +489,7 @@ def procrastinate_seed_jobs(url: str, n: int) -> None:
                 await task.batch_defer_async(*[{} for _ in range(min(2_000, n - start))])
     asyncio.run(go())
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("VACUUM ANALYZE procrastinate_jobs")
+        conn.execute(SQL["procrastinate_vacuum"])
 
 
 async def _procrastinate_drain(barrier: Any, url: str, concurrency: int) -> tuple[int, float]:
@@ -541,7 +508,7 @@ def procrastinate_drain(barrier: Any, url: str, concurrency: int) -> tuple[int, 
 
 
 def procrastinate_done(url: str) -> int:
-    return count(url, "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'")
+    return count(url, SQL["procrastinate_succeeded"])
 
 
 # --- throughput --------------------------------------------------------------------------------
@@ -647,7 +614,7 @@ async def _darkroom_latency_worker(barrier: Any, url: str, expected: int, limit:
     pool = await open_pool(url, min_size=1, max_size=1, name="latency")
     queue = _queue(pool, "latency")
     listen = await psycopg.AsyncConnection.connect(url, autocommit=True)
-    await listen.execute("LISTEN darkroom_jobs")
+    await listen.execute(composed("listen", channel=NOTIFY_CHANNEL))
     claimed: dict[str, float] = {}
     try:
         barrier.wait()
@@ -817,12 +784,10 @@ def darkroom_latency(server: Server, plan: Plan) -> list[float]:
     url = server.db_url("bench_darkroom")
     n = plan.latency_jobs
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(DARKROOM_EMPTY)
+        conn.execute(SQL["empty_queue"])
         ids = [r[0] for r in conn.execute(
-            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
-            " original_key) SELECT 'bench', 'f' || i, 'image/jpeg', 1, 'originals/' || i"
-            " FROM generate_series(1, %s) i RETURNING id", (n,)).fetchall()]
-        conn.execute("VACUUM ANALYZE archive_files")
+            SQL["fill_pending"], {"originals": ORIGINALS, "n": n}).fetchall()]
+        conn.execute(SQL["vacuum_analyze_cards"])
 
     def produce() -> dict[str, float]:
         async def go() -> dict[str, float]:
@@ -857,11 +822,8 @@ def seed_latency(server: Server, plan: Plan) -> list[float]:
             for i in _paced(n, plan.latency_rate):
                 fid = uuid.uuid4()
                 enqueued[str(fid)] = time.time()
-                conn.execute(
-                    "INSERT INTO archive_files (id, owner, filename, content_type, size_bytes,"
-                    " original_key, original_version, status) VALUES"
-                    " (%s, 'bench', %s, 'image/jpeg', 1, %s, 'v1', 'queued')",
-                    (fid, f"f{i}", f"originals/{fid}"))
+                conn.execute(SQL["seed_enqueue"], {"id": fid, "filename": f"f{i}",
+                                                   "key": original_key(fid, None)})
         return enqueued
 
     return _run_with_producer(seed_latency_worker, (url, n, plan.latency_seconds + 20), produce)
@@ -956,14 +918,8 @@ def latency(server: Server, plan: Plan) -> dict[str, Any]:
 
 def _fill_queued(conn: psycopg.Connection[Any], queued: int) -> None:
     """The same queued backlog on both table shapes (their queued columns are alike)."""
-    conn.execute(
-        "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
-        " original_key, original_version, status, created_at, available_at)"
-        " SELECT 'u' || (i %% 1000), 'q' || i, 'image/jpeg', 1, 'originals/q' || i, 'v1',"
-        " 'queued', now() - interval '1 day' + i * interval '1 millisecond',"
-        " now() - interval '1 day' + i * interval '1 millisecond'"
-        " FROM generate_series(1, %s) AS i", (queued,))
-    conn.execute("VACUUM ANALYZE archive_files")
+    conn.execute(SQL["fill_backlog"], {"originals": ORIGINALS, "n": queued})
+    conn.execute(SQL["vacuum_analyze_cards"])
 
 
 OWNERS = 1_000  # owners with work waiting in the claim-time tables
@@ -974,47 +930,25 @@ def _fill_queued_fair(conn: psycopg.Connection[Any], queued: int) -> None:
     """darkroom's backlog as fair share leaves it: OWNERS owners, each with its own line
     of stamps (owner i % OWNERS gets stamp i // OWNERS, so the lines interleave), one card
     in BULK_EVERY bulk. The claim must stay as cheap as with one owner."""
-    conn.execute(
-        "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
-        " original_key, original_version, status, created_at, available_at, priority,"
-        " fair_stamp)"
-        " SELECT 'u' || (i %% %(owners)s), 'q' || i, 'image/jpeg', 1, 'originals/q' || i,"
-        " 'v1', 'queued', now() - interval '1 day' + i * interval '1 millisecond',"
-        " now() - interval '1 day' + i * interval '1 millisecond',"
-        " CASE WHEN i %% %(bulk)s = 0 THEN 'bulk' ELSE 'interactive' END, i / %(owners)s"
-        " FROM generate_series(1, %(n)s) AS i",
-        {"owners": OWNERS, "bulk": BULK_EVERY, "n": queued})
-    conn.execute("VACUUM ANALYZE archive_files")
+    conn.execute(SQL["fill_fair_backlog"], {"owners": OWNERS, "bulk": BULK_EVERY,
+                                            "originals": ORIGINALS, "n": queued})
+    conn.execute(SQL["vacuum_analyze_cards"])
 
 
 def darkroom_fill(url: str, finished: int, queued: int) -> None:
     """`finished` ready cards (older) and `queued` due ones of OWNERS owners, in bulk."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(DARKROOM_EMPTY)
-        conn.execute(
-            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
-            " original_key, original_version, status, attempts, derived_key, derived_version,"
-            " sha256, width, height, derived_bytes, created_at, available_at, finished_at)"
-            " SELECT 'u' || (i %% 1000), 'f' || i, 'image/jpeg', 1, 'originals/' || i, 'v1',"
-            " 'ready', 1, 'derived/' || i, 'v', repeat('0', 64), 1, 1, 1,"
-            " now() - interval '30 days' + i * interval '1 millisecond',"
-            " now() - interval '30 days' + i * interval '1 millisecond', now()"
-            " FROM generate_series(1, %s) AS i", (finished,))
+        conn.execute(SQL["empty_queue"])
+        conn.execute(SQL["fill_ready"], {"originals": ORIGINALS, "derived": DERIVED,
+                                         "n": finished})
         _fill_queued_fair(conn, queued)
 
 
 def seed_fill(url: str, finished: int, queued: int) -> None:
     seed_prepare(url)
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO archive_files (owner, filename, content_type, size_bytes,"
-            " original_key, original_version, status, attempts, derived_key, derived_version,"
-            " sha256, created_at, available_at)"
-            " SELECT 'u' || (i %% 1000), 'f' || i, 'image/jpeg', 1, 'originals/' || i, 'v1',"
-            " 'ready', 1, 'derived/' || i, 'v', repeat('0', 64),"
-            " now() - interval '30 days' + i * interval '1 millisecond',"
-            " now() - interval '30 days' + i * interval '1 millisecond'"
-            " FROM generate_series(1, %s) AS i", (finished,))
+        conn.execute(SQL["seed_fill_ready"], {"originals": ORIGINALS, "derived": DERIVED,
+                                              "n": finished})
         _fill_queued(conn, queued)
 
 
@@ -1030,7 +964,7 @@ def _timed_claims(url: str, claims: int, once: Callable[[psycopg.Connection[Any]
     with psycopg.connect(url, autocommit=True) as conn:
         for i in range(claims + 10):
             if i and i % vacuum_every == 0:
-                conn.execute("VACUUM archive_files")
+                conn.execute(SQL["vacuum_cards"])
             with conn.transaction(force_rollback=True):
                 t = time.perf_counter()
                 rows = once(conn)
@@ -1056,10 +990,10 @@ def darkroom_claim_once(n: int, sql: str | None = None
 
 
 def seed_claim_once(conn: psycopg.Connection[Any]) -> Any:
-    row = conn.execute(SEED_CLAIM).fetchone()
+    row = conn.execute(SQL["seed_select_due"]).fetchone()
     if row is None:
         return None
-    return conn.execute(SEED_LEASE, {"id": row[0], "token": uuid.uuid4()}).fetchall()
+    return conn.execute(SQL["seed_lease"], {"id": row[0], "token": uuid.uuid4()}).fetchall()
 
 
 def claim_times(server: Server, plan: Plan) -> list[dict[str, Any]]:

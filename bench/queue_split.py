@@ -38,6 +38,7 @@ from bench.queue import (
 from bench.results import QueueSplitResult, QueueSplitRun, save
 from bench.runs import OUT, command
 from bench.sections import queue_split_section
+from bench.sql import SQL
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
 from darkroom.db.migrations import migrate
@@ -47,7 +48,7 @@ async def _drain(barrier: Any, url: str, name: str) -> tuple[int, float, float, 
     pool = await open_pool(url, min_size=1, max_size=1, name=name)
     queue = _queue(pool, name)
     async with pool.connection() as conn:
-        cur = await conn.execute("SELECT pg_backend_pid() AS pid")
+        cur = await conn.execute(SQL["backend_pid"])
         row: Any = await cur.fetchone()  # the pool's rows are dicts
         backend = int(row["pid"])
     try:

@@ -34,11 +34,13 @@ from psycopg.rows import dict_row
 from bench.results import SoakResult, SoakVerdict
 from bench.runs import command
 from bench.sections import publish
+from bench.sql import SQL
 from bench.stats import percentile
 from darkroom.db import embedded
 from darkroom.db.migrations import migrate
 from darkroom.db.queries import QUERIES
 from tests.support.services import free_port
+from tests.support.sql import SQL as TEST_SQL
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out" / "soak.json"
@@ -107,8 +109,7 @@ class Soak:
 
 def sample(db: psycopg.Connection[Any]) -> dict[str, Any]:
     """One snapshot of the database: depth, claim time, sizes, dead rows, vacuums."""
-    counts = {r["status"]: r["n"] for r in db.execute(
-        "SELECT status, count(*) AS n FROM archive_files GROUP BY status").fetchall()}
+    counts = {r["status"]: r["n"] for r in db.execute(TEST_SQL["status_counts"]).fetchall()}
     claims = []
     for _ in range(5):
         with db.transaction(force_rollback=True):
@@ -117,14 +118,10 @@ def sample(db: psycopg.Connection[Any]) -> dict[str, Any]:
                                           "worker": "probe", "claim": uuid.uuid4(),
                                           "bulk_share": 0.1}).fetchall()
             claims.append((time.perf_counter() - start) * 1000)
-    sizes = {r["name"]: r["bytes"] for r in db.execute(
-        "SELECT c.relname AS name, pg_relation_size(c.oid) AS bytes FROM pg_class c"
-        " JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE n.nspname = 'public' AND c.relkind IN ('r', 'i')").fetchall()}
+    sizes = {r["name"]: r["bytes"] for r in db.execute(SQL["relation_sizes"]).fetchall()}
     dead = {r["relname"]: {"live": r["n_live_tup"], "dead": r["n_dead_tup"],
                            "autovacuums": r["autovacuum_count"]}
-            for r in db.execute("SELECT relname, n_live_tup, n_dead_tup, autovacuum_count"
-                                " FROM pg_stat_user_tables").fetchall()}
+            for r in db.execute(SQL["table_activity"]).fetchall()}
     return {"counts": counts, "claim_ms": statistics.median(claims), "sizes": sizes,
             "tables": dead}
 

@@ -36,6 +36,7 @@ from bench.cpu import machine
 from bench.results import WorkerLatency, WorkerResult, WorkerSlots
 from bench.runs import command
 from bench.sections import publish
+from bench.sql import SQL, composed
 from bench.stats import percentile
 from darkroom.config import load_settings
 from darkroom.db import embedded
@@ -47,6 +48,7 @@ from darkroom.queue import ConfirmOutcome, Queue
 from darkroom.sandbox import DecoderProcess
 from darkroom.storage import open_store
 from tests.support.services import CORPUS
+from tests.support.sql import SQL as TEST_SQL
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,8 +99,8 @@ class System:
         self.n += 1
         name = f"bench_worker_{self.n}"
         with psycopg.connect(self.server_url, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name}")
-            conn.execute(f"CREATE DATABASE {name}")
+            conn.execute(composed("drop_database", name=name))
+            conn.execute(composed("create_database", name=name))
         url = psycopg.conninfo.make_conninfo(self.server_url, dbname=name)
         migrate(url)
         store_dir = self.tmp / f"objects-{self.n}"
@@ -152,8 +154,7 @@ def wait_ready(db_url: str, n: int, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     with psycopg.connect(db_url, autocommit=True) as conn:
         while True:
-            row = conn.execute("SELECT count(*) FROM archive_files"
-                               " WHERE status IN ('ready', 'rejected')").fetchone()
+            row = conn.execute(TEST_SQL["finished_count"]).fetchone()
             if row and row[0] >= n:
                 return
             if time.monotonic() > deadline:
@@ -174,8 +175,7 @@ def end_to_end(system: System, images: list[bytes], slots: int) -> float:
         worker.terminate()
         worker.wait(60)
     with psycopg.connect(db_url) as conn:
-        row = conn.execute("SELECT count(*) FROM archive_files WHERE status = 'ready'"
-                           ).fetchone()
+        row = conn.execute(SQL["ready_count"]).fetchone()
     assert row is not None and row[0] == len(images), "not every card became ready"
     return len(images) / elapsed
 
@@ -195,10 +195,7 @@ def latency(system: System, samples: int) -> list[float]:
         worker.terminate()
         worker.wait(60)
     with psycopg.connect(db_url) as conn:
-        rows = conn.execute(
-            "SELECT extract(epoch FROM e.created_at - f.available_at) * 1000"
-            " FROM archive_events e JOIN archive_files f ON f.id = e.file_id"
-            " WHERE e.kind = 'claimed'").fetchall()
+        rows = conn.execute(SQL["confirm_to_claim_ms"]).fetchall()
     return sorted(float(r[0]) for r in rows)
 
 

@@ -122,13 +122,18 @@ _SERVER_SQL = {"tests/db/test_connection.py", "tests/db/test_database.py",
                "tests/support/postgres.py", "tests/support/replica.py"}
 
 
-def test_tests_spell_no_sql_of_their_own() -> None:
-    """A test reads or pokes darkroom's tables only through a named statement: the
-    product's (darkroom/db/*.sql) or the tests' (tests/support/queries.sql)."""
+def test_tests_and_benches_spell_no_sql_of_their_own() -> None:
+    """A test or a bench reads or pokes darkroom's tables (and a bench the server and the
+    peers it is compared with) only through a named statement: the product's
+    (darkroom/db/*.sql), the tests' (tests/support/queries.sql) or the benches'
+    (bench/queries.sql, bench/fair_previous.sql). No bench is excepted: one that speaks to
+    the server names that statement too (bench/sql.py `composed` quotes a database's or a
+    channel's name in), and bench.queue_split's --variant runs SQL from its command line."""
     inline = re.compile(r"\.execute\(\s*f?[\"'](SELECT|UPDATE|INSERT|DELETE|TRUNCATE|WITH"
                         r"|ALTER|CREATE|DROP)\b", re.IGNORECASE)
-    files = subprocess.run(["git", "ls-files", "tests/*.py"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.split()
+    files = subprocess.run(["git", "ls-files", "tests/*.py", "bench/*.py"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert any(f.startswith("bench/") for f in files)
     offenders = [f for f in files if f not in _SERVER_SQL
                  and inline.search((ROOT / f).read_text(errors="replace"))]
     assert offenders == []

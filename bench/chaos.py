@@ -12,7 +12,8 @@ deletes some files while they are processed, and confirms some files twice. The 
 reach PostgreSQL and S3 through fault proxies (tests/support/faults.py): throughout the
 run a share of their statements is cut before it reaches the server or after the server
 answered (committed, answer lost); once the store stalls for them, and once it refuses
-them for longer than the whole retry schedule.
+them for longer than the whole retry schedule. Once its volume server (the bytes) is
+killed for everyone while its S3 front answers, and then started again.
 
 At the end everything is checked from the database and the store, not from logs. The
 test suite runs this in a reduced size (tests/chaos/test_chaos.py).
@@ -30,6 +31,7 @@ from tests.support.chaos import (
     GUARD,
     LEASE,
     MAX_ATTEMPTS,
+    PARTIAL_OUTAGE_SECONDS,
     RETRY_BASE,
     STORE_OUTAGE_SECONDS,
     Outcome,
@@ -61,11 +63,15 @@ def report(outcome: Outcome, seed: int, path: Path) -> None:
         f"| statements committed, answer cut | {t.cuts_after} |",
         f"| S3 stalls for the workers | {t.s3_stalls} |",
         f"| S3 outages for the workers ({STORE_OUTAGE_SECONDS:g} s, refused) | {t.s3_outages} |",
+        f"| partial S3 outages: volume server down, front answering"
+        f" ({PARTIAL_OUTAGE_SECONDS:g} s, everyone) | {t.s3_partial_outages} |",
         f"| cards handed back for the store, attempt not counted | {outcome.deferred} |",
         f"| attempts started (claims) | {outcome.claims} (max per file: {outcome.max_starts}) |",
         f"| lease_lost events | {outcome.lease_lost} |",
         f"| retries scheduled, by cause | {outcome.retries or 'none'} |",
         f"| orphans swept | {outcome.orphans_swept} |",
+        f"| late writes: landed past the {GUARD:g} s guard, removed by reconcile"
+        f" | {outcome.late_writes} |",
         f"| final statuses | {outcome.statuses} |",
         f"| time to drain after the last fault | {outcome.drain_seconds:.1f} s |",
         f"| whole run | {outcome.total_seconds:.0f} s |",

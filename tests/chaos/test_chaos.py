@@ -24,6 +24,7 @@ def test_chaos_run_reduced(tmp_path: Path) -> None:
     assert tally.kills >= 1 and tally.freezes == 1
     assert tally.pg_restarts == 1 and tally.s3_freezes == 1
     assert tally.s3_stalls == 1 and tally.s3_outages == 1
+    assert tally.s3_partial_outages == 1
     assert tally.cuts_before >= 1 and tally.cuts_after >= 1
     assert outcome.max_starts <= 8
     # Every server the run started is gone with it (its PostgreSQL included).

@@ -15,6 +15,7 @@ whose data servers failed does, and `start_volume()` brings it back with its dat
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -27,7 +28,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 import boto3
 from botocore.config import Config
@@ -63,6 +64,22 @@ def _die_with_parent() -> None:
 
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+# Linux sends the parent-death signal when the *thread* that forked the child ends, not
+# the process: a volume server restarted by a test's fault thread died with that thread.
+# Every server is forked by this one thread, which lives as long as the test process.
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="seaweed-spawner")
+
+
+def _spawn(args: list[str], *, cwd: Path, env: dict[str, str], log_file: IO[bytes]
+           ) -> subprocess.Popen[bytes]:
+    """A server in a process group of its own (freeze and stop hit all of it), killed
+    with the test process."""
+    return _SPAWNER.submit(
+        subprocess.Popen, args, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
+        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
+    ).result()
 
 
 def _is_free(port: int) -> bool:
@@ -203,16 +220,7 @@ class SeaweedServer:
         env["TMPDIR"] = str(runtime)
         log_path = tmp / "weed.log"
         with open(log_path, "ab") as log_file:
-            process = subprocess.Popen(
-                args,
-                cwd=data,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: freeze/stop hit all of it
-                preexec_fn=_die_with_parent,
-            )
+            process = _spawn(args, cwd=data, env=env, log_file=log_file)
         server = cls(
             process,
             endpoint_url=f"http://{ip}:{s3}",
@@ -254,10 +262,7 @@ class SeaweedServer:
         env["TMPDIR"] = str(runtime)
         log_path = tmp / "weed.log"
         with open(log_path, "ab") as log_file:
-            process = subprocess.Popen(
-                args, cwd=data, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
-                stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_die_with_parent)
+            process = _spawn(args, cwd=data, env=env, log_file=log_file)
         server = cls(
             process, endpoint_url=f"http://{ip}:{s3}", access_key=access_key,
             secret_key=secret_key, root=tmp, log_path=log_path,
@@ -284,10 +289,8 @@ class SeaweedServer:
         read again through S3."""
         assert self._volume_args, "only a server started with split_volume has one"
         with open(self.root / "weed-volume.log", "ab") as log_file:
-            self.volume = subprocess.Popen(
-                self._volume_args, cwd=self.root, env=self._env, stdin=subprocess.DEVNULL,
-                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_die_with_parent)
+            self.volume = _spawn(self._volume_args, cwd=self.root, env=self._env,
+                                 log_file=log_file)
         client = self.client(connect_timeout=1, read_timeout=5, max_attempts=1)
         bucket = "data-path-check"
         with contextlib.suppress(Exception):

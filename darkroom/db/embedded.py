@@ -21,9 +21,10 @@ The server is private to whoever runs darkroom, by construction:
 PostgreSQL refuses to run as root. When darkroom runs as root, the server runs as the
 unprivileged system user `darkroom` (created if missing), which owns the cluster
 directory; the data dir stays root's, that user's group allowed only to pass through
-(0710); a data dir, or an installation of the server's programs, that user
-cannot reach through its parents' own modes (anything under `/root`, say) is refused with
-one line instead of opened up.
+(0710). Nothing is opened up for that user: the server's programs, where it cannot
+reach them through their parents' own modes (a virtualenv under `/root`, say), are copied
+once to `/var/lib/darkroom` (root's, readable by all); a data dir it cannot reach so is
+refused with one line.
 
 The pgserver Python wrapper is not used: it initialises with trust authentication, moves
 a long socket path to a world-writable runtime directory, and adds o+rx to every parent.

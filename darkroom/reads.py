@@ -128,6 +128,11 @@ class Reads:
             return []
         return await self.db.typed("retry_targets", {"ids": list(ids)}, RetryTarget)
 
+    async def retried_by_run(self, owner: str, run: uuid.UUID) -> list[uuid.UUID]:
+        """The cards of `owner` that the retry run `run` re-queued."""
+        return [r["id"] for r in await self._rows("retried_by_run",
+                                                    {"owner": owner, "run": run})]
+
     async def retry_waiting(self, ids: Sequence[uuid.UUID]) -> int:
         """How many of `ids` are queued or processing."""
         if not ids:

@@ -181,23 +181,37 @@ async def run(settings: Settings, *, owner: str | None, codes: Sequence[str] | N
         for name in sorted({name for name, _ in found}):
             batch = functools.partial(queue.retry, name, run=run_id, actor=actor,
                                       codes=taken, since=after, limit=BATCH)
-            while moved := await _fenced(batch):
-                ids += moved
+            heard: list[uuid.UUID] = []
+            sent_again = False
+            while True:
+                moved, repeated = await _fenced(batch)
+                sent_again |= repeated
+                if not moved:
+                    break
+                heard += moved
+            # A statement sent again may have committed unheard the first time: its cards
+            # are this run's all the same, so they are counted (and waited for) from the
+            # cards that name the run.
+            ids += await Reads(db).retried_by_run(name, run_id) if sent_again else heard
         print(f"queued {len(ids)} retry(s) of {scope} ({what}) as bulk work", file=out)
         if wait:
             await _wait(Reads(db), ids)
         return 0
 
 
-async def _fenced(call: Callable[[], Awaitable[list[uuid.UUID]]]) -> list[uuid.UUID]:
+async def _fenced(call: Callable[[], Awaitable[list[uuid.UUID]]]
+                  ) -> tuple[list[uuid.UUID], bool]:
     """One statement of the run, sent again (same run id) if its answer was lost: the
-    repeat takes nothing the first one moved, so whether it committed does not matter."""
+    repeat takes nothing the first one moved, so whether it committed does not matter.
+    Answers what the statement heard moved, and whether it was sent again."""
+    repeated = False
     for delay in (0.5, 1.0, 2.0):
         try:
-            return await call()
+            return await call(), repeated
         except CONNECTION_ERRORS:
+            repeated = True
             await asyncio.sleep(delay)
-    return await call()
+    return await call(), True
 
 
 async def _wait(reads: Reads, ids: list[uuid.UUID]) -> None:

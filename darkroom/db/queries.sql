@@ -671,6 +671,12 @@ FROM moved;
 SELECT id, owner, status, error_code FROM archive_files
 WHERE id = ANY (%(ids)s::uuid[]) AND status <> 'deleting';
 
+-- name: retried_by_run
+-- The cards one retry run re-queued, whatever answers it heard: read once at its end when
+-- a statement of the run was sent again (the first may have committed unheard). Rare, so
+-- a scan of one owner's cards rather than an index kept for it.
+SELECT id FROM archive_files WHERE owner = %(owner)s AND retried_by = %(run)s::uuid;
+
 -- name: retry_waiting
 -- Of the cards a retry re-queued, those not yet final.
 SELECT count(*) AS n FROM archive_files

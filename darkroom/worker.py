@@ -215,8 +215,7 @@ class Worker:
                     await self._sleep_until_woken()
         finally:
             await self._drain()
-            if self._tracking:
-                await asyncio.wait(self._tracking, timeout=self.settings.lease_seconds)
+            await self._finish_tracking()
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
@@ -476,6 +475,21 @@ class Worker:
         job.puts[key] = put
         return await asyncio.shield(put)
 
+    async def _finish_tracking(self) -> None:
+        """At stop: let unpublished attempts' PUTs return and be tracked, within the
+        shutdown grace; a second signal cuts it short. What is left untracked is
+        reconcile's, as for a worker killed."""
+        if not self._tracking:
+            return
+        tracked = asyncio.ensure_future(asyncio.wait(set(self._tracking)))
+        skipped = asyncio.ensure_future(self.skip_grace.wait())
+        try:
+            await asyncio.wait([tracked, skipped], timeout=self.settings.shutdown_grace_seconds,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            tracked.cancel()  # the wait, not the tasks it waits for
+            skipped.cancel()
+
     def _track_late_writes(self, job: Job) -> None:
         """An attempt that did not publish: once its PUTs have returned, its objects are
         tracked anew. A stalled or half-down store can land a write after the attempt
@@ -490,10 +504,11 @@ class Worker:
                 # Failed PUTs too: their client gave up on them, not necessarily the store.
                 await self._db(lambda: self.queue.track_attempt_objects(
                     job.lease, list(job.puts)), lambda: 0.0)
-            except CONNECTION_ERRORS as exc:
+            except Exception as exc:
                 # The first row may still stand; if not, reconcile finds the object.
                 log.warning("could not track an unpublished attempt's objects",
-                            extra={**job.log_extra(), "error": type(exc).__name__})
+                            extra={**job.log_extra(), "error": type(exc).__name__},
+                            exc_info=not isinstance(exc, CONNECTION_ERRORS))
 
         task = asyncio.create_task(track(), name=f"track-{job.lease.token_prefix}")
         self._tracking.add(task)

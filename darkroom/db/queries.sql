@@ -318,14 +318,19 @@ WITH done AS (
     DELETE FROM orphan_objects o USING published p WHERE o.object_key = p.thumb_key
 ), superseded AS (
     -- The replaced derivative is left to the sweeper (after its guard interval, so a
-    -- reader who just got its URL is not cut off). Not on a repeat of this commit.
+    -- reader who just got its URL is not cut off). Not on a repeat of this commit. A row
+    -- the key already has (its attempt tracked it anew after a commit it never heard
+    -- back from) is made new: its guard counts from now, and a sweeper pass that took
+    -- the old row, and kept the object a card referenced, does not drop this one.
     INSERT INTO orphan_objects (object_key, file_id, token, reason)
     SELECT previous_key, id, token, 'superseded' FROM published
     WHERE previous_key IS NOT NULL AND previous_key <> derived_key
     UNION ALL
     SELECT previous_thumb, id, token, 'superseded' FROM published
     WHERE previous_thumb IS NOT NULL AND previous_thumb IS DISTINCT FROM thumb_key
-    ON CONFLICT (object_key) DO NOTHING
+    ON CONFLICT (object_key) DO UPDATE
+    SET reason = 'superseded', token = EXCLUDED.token, created_at = now(),
+        next_try_at = now(), failures = 0
 ), unpublished AS (
     -- The rows not published just above, read locked: so a commit of the same attempt
     -- that is still finishing (its sender already saw an error) is waited for and seen,

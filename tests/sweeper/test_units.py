@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
 
 from darkroom.canary import round_trip
+from darkroom.db.database import Database
 from darkroom.errors import StorageUnavailable
 from darkroom.layout import (
     CANARY,
@@ -164,6 +165,55 @@ async def test_a_write_that_lands_while_its_orphan_is_swept_is_swept_too(
     assert await unit.run_once() == 1
     assert orphan_rows(db_url) == {}
     assert list(store.list(key)) == []
+
+
+class BeforeDrop:
+    """The sweeper's database, running `hook` once just before a pass drops `key`'s row."""
+
+    def __init__(self, db: Any, key: str, hook: Callable[[], Awaitable[None]]) -> None:
+        self._db = db
+        self.key = key
+        self._hook: Callable[[], Awaitable[None]] | None = hook
+
+    async def rows(self, name: str, params: dict[str, Any]) -> Any:
+        if name == "sweep_drop_orphan" and params["key"] == self.key and self._hook:
+            hook, self._hook = self._hook, None
+            await hook()
+        return await self._db.rows(name, params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
+async def test_a_published_key_tracked_anew_then_replaced_mid_pass_is_still_swept(
+        pool: Any, db_url: str, store: ObjectStore) -> None:
+    """An attempt whose commit went through unheard tracks its (published) key anew; the
+    sweeper takes that row and keeps the object, a card references it. A re-derive then
+    replaces it before the pass drops the row: the replaced key's row is made new
+    ('superseded', its own guard for readers), so the pass's drop leaves it for the next,
+    which deletes the object."""
+    q = make_queue(pool)
+    await queued_card(q, store)
+    [first] = await q.claim(1)
+    old = await orphan(q, store, first)
+    await q.complete(first, Derived(old, "v", "0" * 64, 1, 1, 4))
+    await q.track_attempt_objects(first, [old])
+    assert await q.rederive("o", "another-fingerprint") == 1
+    [second] = await q.claim(1)
+    new = await orphan(q, store, second)
+
+    async def replace() -> None:
+        await q.complete(second, Derived(new, "v", "0" * 64, 1, 1, 4))
+
+    # The real gateway, its one call wrapped: typed as what it stands in for.
+    unit = Orphans(cast(Database, BeforeDrop(q.db, old, replace)), store, guard_seconds=0)
+    await unit.run_once()
+    assert old in orphan_rows(db_url)
+    assert [o.key for o in store.list(old)] == [old]
+    await unit.run_once()
+    assert old not in orphan_rows(db_url)
+    assert list(store.list(old)) == []
+    assert [o.key for o in store.list(new)] == [new]
 
 
 async def test_two_sweepers_share_the_orphans(pool: Any, db_url: str,

@@ -337,6 +337,25 @@ async def test_a_write_that_lands_after_its_attempt_gave_up_is_tracked_anew(
     assert rig.queue.deferred == [(lease.token, ErrorCode.STORAGE_UNAVAILABLE)]
 
 
+async def test_a_stop_waits_for_a_stalled_write_no_longer_than_the_grace(
+        tmp_path: Path) -> None:
+    """A PUT that never returns is waited for (to track its object) only within the
+    shutdown grace, not a lease: the object, if the store ever lands it, is reconcile's."""
+    rig = Rig(tmp_path, Script(alice="ok"), attempt_timeout_seconds=0.4, lease_seconds=60.0)
+    rig.store.stall_writes = True
+    rig.lease("alice")
+    task = asyncio.create_task(rig.worker.run())
+    try:
+        await until(lambda: rig.queue.deferred, "the card handed back")
+        rig.worker.request_stop()
+        await asyncio.wait_for(asyncio.shield(task), DEADLINE)
+        assert rig.queue.tracked == []
+    finally:
+        rig.store.unstall.set()
+        rig.worker.request_stop()
+        await asyncio.wait_for(task, 60)
+
+
 @pytest.mark.parametrize("mode", ["hang", "limit"])
 async def test_a_decode_out_of_time_fails_the_file_processing_timeout(
         tmp_path: Path, mode: str) -> None:

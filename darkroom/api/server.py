@@ -8,8 +8,12 @@ request no database lookup and no parsing:
   `client_header_timeout` and `client_body_timeout` do), and must arrive, all told, at
   `min_body_bytes_per_second` at least once the read timeout has passed: trickling a few
   bytes just often enough holds a connection no longer than an honest slow upload;
-- each process holds at most `max_connections` request connections; past it a request
-  is answered 503 (uvicorn's `limit_concurrency`, counted here). Event streams
+- each process holds at most `max_connections` request connections; past it, a request
+  takes the place of the connection idle the longest (one with no request under way:
+  never used, between keep-alive requests, or still trickling its head), which is
+  closed, so idle connections, however many addresses hold them, never deny a request;
+  only when every connection is at work is the request answered 503 (uvicorn's
+  `limit_concurrency`, counted here). Event streams
   (`GET /v1/events`) live long and are counted apart, in a pool of the same size, so
   open pages never take the place of anyone's requests;
 - one client address (an IPv6 /64) holds at most `max_connections_per_client`
@@ -139,6 +143,8 @@ class GuardedProtocol(HttpToolsProtocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._body_start = 0.0
         self._body_received = 0
+        # Since when no request is under way on this connection (None: one is).
+        self._idle_since: float | None = None
 
     # --- timers ---------------------------------------------------------------------
 
@@ -205,6 +211,7 @@ class GuardedProtocol(HttpToolsProtocol):
                 return
             self._counts.per_client[name] += 1
             self._client_name = name
+        self._idle_since = self.loop.time()
         self._arm()  # the first request's head must come in time, even its first byte
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -270,6 +277,9 @@ class GuardedProtocol(HttpToolsProtocol):
         else:
             full = (len(self.connections) - len(streams) >= limit
                     or len(self.tasks) - len(streams) >= limit)
+        if full and not stream and len(self.tasks) - len(streams) < limit:
+            # Full of connections, not of work: the idlest makes room.
+            full = not self._close_idlest()
         if full:
             # uvicorn's own check (limit_concurrency) would answer a bare text/plain 503
             # and count streams as requests; the same decision, answered like every
@@ -279,6 +289,7 @@ class GuardedProtocol(HttpToolsProtocol):
         if stream:
             self._streaming = True
             streams.add(self)
+        self._idle_since = None
         super().on_headers_complete()
         self._in_body = True
         self._arm()
@@ -304,6 +315,8 @@ class GuardedProtocol(HttpToolsProtocol):
             self._counts.streams.discard(self)
         super().on_response_complete()
         self._disarm()  # idle now, or lingering: uvicorn's keep-alive timer takes over
+        if not self.pipeline:
+            self._idle_since = self.loop.time()
         small = (self._declared_length is not None
                  and self._declared_length <= SMALL_BODY_BYTES)
         if answered_early and small:
@@ -321,6 +334,21 @@ class GuardedProtocol(HttpToolsProtocol):
             self._lingering = True
             if self.transport.can_write_eof():
                 self.transport.write_eof()
+
+    def _close_idlest(self) -> bool:
+        """Close the connection idle the longest, if any: whether one was."""
+        idlest: GuardedProtocol | None = None
+        for other in self.connections:
+            if (isinstance(other, GuardedProtocol) and other is not self
+                    and other._idle_since is not None and not other._lingering
+                    and not other.transport.is_closing()
+                    and (idlest is None or other._idle_since < (idlest._idle_since or 0.0))):
+                idlest = other
+        if idlest is None:
+            return False
+        idlest._idle_since = None
+        idlest.transport.close()
+        return True
 
     # uvicorn answers 400 here for any parser error, ours included.
     def send_400_response(self, msg: str) -> None:

@@ -122,10 +122,12 @@ def test_limits_before_work(harness: Harness) -> None:
     r = httpx.get(f"{url}/healthz", headers={"X-Big": "a" * 64 * 1024})
     assert_problem(r, 431, "headers_too_large")
 
-    # The connection limit: 4 held connections, then a request is answered 503.
+    # The connection limit: 4 held idle connections deny no request; the idlest is closed
+    # to make room (only connections at work fill the process: test_shares).
     held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
     try:
-        wait_for(lambda: _refused_at_capacity(port), what="a 503 at the connection limit")
+        assert httpx.get(f"{url}/healthz").status_code == 200
+        assert _read_answer(held[0]) == b""
     finally:
         for s in held:
             s.close()
@@ -144,16 +146,6 @@ def test_limits_before_work(harness: Harness) -> None:
     _read_answer(slow)  # returns only once the server has closed the connection
     slow.close()
     assert proc.proc.poll() is None
-
-
-def _refused_at_capacity(port: int) -> bool:
-    with socket.create_connection(("127.0.0.1", port)) as s:
-        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        answer = _read_answer(s)
-    if answer.startswith(b"HTTP/1.1 503"):
-        assert b"over_capacity" in answer and b"retry-after" in answer.lower()
-        return True
-    return False
 
 
 # --- 2. keys ----------------------------------------------------------------------------

@@ -180,6 +180,40 @@ def test_connections_are_bounded_per_client_address(harness: Harness) -> None:
     assert proc.proc.poll() is None
 
 
+def test_idle_connections_make_room_and_only_work_fills_the_process(harness: Harness) -> None:
+    """At the process's connection limit a request takes the place of the connection idle
+    the longest (closed: its client reads the end); only connections at work (an upload
+    under way) make a request wait outside, answered 503."""
+    _, url = _api_process(harness, api_max_connections="4")
+    port = int(url.rsplit(":", 1)[1])
+    key = _key(harness, "alice")
+    with _client(url, "127.0.0.1", key) as c:
+        cards = [create(c, size=100_000).json() for _ in range(4)]
+
+    def uploading(card: dict[str, Any]) -> socket.socket:
+        s = _connect(port, "127.0.0.1")
+        s.sendall(f"PUT /v1/files/{card['id']}/content HTTP/1.1\r\nHost: x\r\n"
+                  f"Authorization: Bearer {key}\r\nContent-Type: image/jpeg\r\n"
+                  "Content-Length: 100000\r\n\r\n".encode() + JPEG[:100])
+        return s
+
+    idle = [_connect(port, f"127.0.0.{2 + i}") for i in range(2)]  # idle the longest
+    busy = [uploading(card) for card in cards[:2]]
+    try:
+        # Four held, two of them idle: a request is served, the idlest is closed.
+        assert httpx.get(f"{url}/healthz").status_code == 200
+        assert _read_answer(idle[0]) == b""
+        busy += [uploading(card) for card in cards[2:]]
+        # Four at work: nothing to close, the request is answered 503.
+        wait_for(lambda: httpx.get(f"{url}/healthz").status_code == 503,
+                 what="a 503 with every connection at work")
+        assert_problem(httpx.get(f"{url}/healthz"), 503, "over_capacity")
+    finally:
+        for s in busy + idle:
+            s.close()
+    wait_for(lambda: httpx.get(f"{url}/healthz").status_code == 200, what="room again")
+
+
 # --- 3. pipelining ----------------------------------------------------------------------
 
 

@@ -133,13 +133,6 @@ def test_a_never_seen_valid_key_is_served_while_strangers_guess_from_many_addres
     assert status == 200
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "The total connection cap counts connections that have sent nothing yet: "
-    "`api_max_connections` / `api_max_connections_per_client` addresses (16 by default) "
-    "holding their allowance of idle connections, renewed every read timeout, take every "
-    "slot, and /healthz and every client are answered 503. Counting only connections "
-    "with a request in progress moves the bound to the process's file descriptors; the "
-    "trade-off is the maintainers' to make."))
 def test_idle_connections_from_a_few_addresses_do_not_deny_healthz(live_api: LiveApi) -> None:
     """Seventeen addresses open their allowance of connections each and send nothing;
     another client's /healthz is still answered."""

@@ -82,6 +82,13 @@ def _spawn(args: list[str], *, cwd: Path, env: dict[str, str], log_file: IO[byte
     ).result()
 
 
+class _PortTaken(RuntimeError):
+    """The server could not bind a port found free a moment before."""
+
+
+_PORT_ATTEMPTS = 3
+
+
 def _is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
@@ -148,7 +155,23 @@ class SeaweedServer:
               wrap: Sequence[str] = (), split_volume: bool = False) -> SeaweedServer:
         """`ip`: the address to serve on; `wrap`: a command prefix for the server, such as
         `ip netns exec NAME` (bench/hosts.py runs the store on a host of its own);
-        `split_volume`: the volume server in a process of its own (see above)."""
+        `split_volume`: the volume server in a process of its own (see above).
+
+        A port found free can be taken before the server binds it (another test process
+        picking ports, an outgoing connection given it as its own): the server then
+        refuses to start, and is started again on other ports."""
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            try:
+                return cls._start(Path(tmp) / f"try-{attempt}" if attempt > 1 else Path(tmp),
+                                  timeout=timeout, ip=ip, wrap=wrap, split_volume=split_volume)
+            except _PortTaken:
+                if attempt == _PORT_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _start(cls, tmp: Path, *, timeout: float, ip: str, wrap: Sequence[str],
+               split_volume: bool) -> SeaweedServer:
         tmp = Path(tmp).resolve()
         # Sockets and the server's own temp files go here, not in a shared /tmp.
         runtime = tmp / "run"
@@ -320,9 +343,9 @@ class SeaweedServer:
 
         def serving() -> bool:
             if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"weed mini exited with {self.process.returncode}:\n{self.log_tail()}"
-                )
+                tail = self.log_tail()
+                kind = _PortTaken if "Port allocation failed" in tail else RuntimeError
+                raise kind(f"weed mini exited with {self.process.returncode}:\n{tail}")
             try:
                 client.list_buckets()
             except Exception as exc:  # not ready yet, whatever the form of "not ready"

@@ -128,7 +128,8 @@ class Settings(BaseSettings):
                      "answers `429`; a key once found valid is never counted"))
     api_max_connections: int = Field(1_000, ge=1,
         description=("request connections per API process (event streams have a pool of "
-                     "their own of this size); past it `503`"))
+                     "their own of this size); past it the idlest connection is closed to "
+                     "make room, or, with all at work, `503`"))
     api_max_connections_per_client: int = Field(64, ge=1,
         description=("connections per client address (IPv6: per /64) per API process; past "
                      "it `503` and closed; trusted proxies exempt"))

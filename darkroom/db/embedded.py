@@ -140,22 +140,42 @@ def service_account() -> Account | None:
     try:
         entry = pwd.getpwnam(SERVICE_USER)
     except KeyError:
+        entry = _create_service_user()
+    if entry.pw_uid == 0:
+        raise ConfigError(f"the system user {SERVICE_USER!r} is root; the embedded "
+                          "PostgreSQL must run as an unprivileged user")
+    return Account(entry.pw_uid, entry.pw_gid, SERVICE_USER)
+
+
+def _create_service_user() -> pwd.struct_passwd:
+    """Create the service account once, however many darkroom processes start together.
+
+    Two `useradd`s at once can both pass their own "does it exist" check and leave
+    /etc/passwd with a user other than the one the first of them was told about; so the
+    starts take a lock of darkroom's own (in a directory only root may write) and look
+    again once they hold it.
+    """
+    lock_dir = Path("/run") if Path("/run").is_dir() else Path("/etc")
+    fd = os.open(lock_dir / ".darkroom-account.lock",
+                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(SERVICE_USER)
         made = subprocess.run(
             ["useradd", "--system", "--user-group", "--no-create-home",
              "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", SERVICE_USER],
             capture_output=True, check=False)
         try:
-            entry = pwd.getpwnam(SERVICE_USER)
+            return pwd.getpwnam(SERVICE_USER)
         except KeyError:
             raise ConfigError(
                 f"running as root, the embedded PostgreSQL needs the system user "
                 f"{SERVICE_USER!r}, which could not be created (useradd exit "
                 f"{made.returncode}); create it, run darkroom as an unprivileged user, or "
                 f"set DARKROOM_DATABASE_URL") from None
-    if entry.pw_uid == 0:
-        raise ConfigError(f"the system user {SERVICE_USER!r} is root; the embedded "
-                          "PostgreSQL must run as an unprivileged user")
-    return Account(entry.pw_uid, entry.pw_gid, SERVICE_USER)
+    finally:
+        os.close(fd)  # and with it the lock
 
 
 def _env() -> dict[str, str]:

@@ -393,3 +393,29 @@ def test_as_root_the_service_user_cannot_swap_names_in_the_data_dir(base: Path) 
     assert as_service_user("ls", str(data_dir / "pg")).returncode == 0
     st = data_dir.stat()
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, embedded.SERVED_DATA_DIR_MODE)
+
+
+_SERVICE_ACCOUNT = """
+import sys
+from darkroom.db import embedded
+embedded.SERVICE_USER = sys.argv[1]
+account = embedded.service_account()
+print(account.uid, account.gid)
+"""
+
+
+@needs_root
+def test_starts_at_once_agree_on_the_service_account_they_create() -> None:
+    """The API, the workers and the sweeper of `darkroom up` may all start the embedded
+    server at once on a machine without the account: each must be told of the one
+    account that /etc/passwd ends up holding."""
+    name = f"drs{uuid.uuid4().hex[:8]}"
+    try:
+        starts = [subprocess.Popen([sys.executable, "-c", _SERVICE_ACCOUNT, name],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                  for _ in range(6)]
+        told = {start.communicate(timeout=60)[0].decode().strip() for start in starts}
+        entry = pwd.getpwnam(name)
+        assert told == {f"{entry.pw_uid} {entry.pw_gid}"}
+    finally:
+        subprocess.run(["userdel", name], capture_output=True, check=False)

@@ -29,11 +29,12 @@ test: install
 
 # What a developer runs after each change: no process fleets, no chaos run, no restarts,
 # no browser, and the property tests on fewer examples (`make test` runs everything, as CI does).
-# Two pytest processes, each with its own PostgreSQL and S3 server: every test already has
-# its own database, bucket and ports.
+# Four pytest processes on two cores (many tests wait on a server or a deadline), each
+# with its own PostgreSQL and S3 server: every test already has its own database, bucket
+# and ports.
 test-fast: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not fleet and not browser" \
-		--hypothesis-profile=fast -n 2
+		--hypothesis-profile=fast -n 4
 
 # The tests that talk to PostgreSQL (the fleets aside); .ci/run repeats them against a
 # second server. One process: both would share that server's template database.

@@ -106,6 +106,10 @@ class TestPostgres:
         name = f"darkroom_t_{uuid.uuid4().hex[:12]}"
         with self._admin() as conn:
             template = f" TEMPLATE {TEMPLATE}" if migrated else ""
+            if migrated and self.pgdata is not None:
+                # Our own server (16, flushes off): copying the template's files is about
+                # twice as fast as logging every block of them (the default since 15).
+                template += " STRATEGY FILE_COPY"
             conn.execute(f"CREATE DATABASE {name}{template}")
         return name
 

@@ -109,10 +109,7 @@ def _free_ports(count: int, taken: set[int]) -> list[int]:
 def _admin_ports(taken: set[int]) -> tuple[int, int]:
     """A free admin HTTP port whose +10000 twin is also free (for its gRPC port)."""
     for _ in range(200):
-        port = free_port(avoid=taken)
-        if port + _GRPC_OFFSET > 65535:
-            # Ephemeral ports are high; fold into a lower range that has room above it.
-            port = 20000 + port % 30000
+        port = free_port(avoid=taken, below=20_000)
         twin = port + _GRPC_OFFSET
         if port not in taken and twin not in taken and _is_free(port) and _is_free(twin):
             return port, twin

@@ -7,6 +7,7 @@ import atexit
 import contextlib
 import hashlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -41,15 +42,39 @@ def examples(full: int) -> int:
     return min(full, settings().max_examples)
 
 
-def free_port(avoid: Collection[int] = ()) -> int:
-    """A TCP port on loopback that nothing listens on right now, and not one of `avoid`
-    (the ports already handed to a server that has not bound them yet)."""
+def _ephemeral_ports() -> range:
+    """The ports the kernel gives outgoing connections (`ip_local_port_range`)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+_EPHEMERAL = _ephemeral_ports()
+# Ports for the tests' servers: below the ephemeral range, so that no outgoing
+# connection (a server's own, dialling a sibling it started a moment before) can take a
+# port handed to a server that has not bound it yet; a server of several parts (SeaweedFS)
+# otherwise fails to start now and then, more often the more test processes run.
+_SERVER_PORTS = range(10_000, min(_EPHEMERAL.start, 30_000))
+
+
+def free_port(avoid: Collection[int] = (), *, below: int | None = None) -> int:
+    """A TCP port on loopback that nothing uses right now, outside the ephemeral range,
+    and not one of `avoid` (the ports already handed to a server that has not bound them
+    yet); below `below` when given."""
+    top = min(below, _SERVER_PORTS.stop) if below is not None else _SERVER_PORTS.stop
+    rng = random.SystemRandom()
     while True:
+        port = rng.randrange(_SERVER_PORTS.start, top)
+        if port in avoid:
+            continue
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in avoid:
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
 
 
 def small_photos(count: int) -> list[bytes]:

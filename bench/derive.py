@@ -1,12 +1,11 @@
 """Benchmark of the derivative pipeline (issue 3): throughput per core, limits, memory, bombs.
 
     .venv/bin/python -m bench.derive [--corpus DIR] [--rounds N] [--big PATH]
-    .venv/bin/python -m bench.derive --formats [--rounds N]   # issue 14's section only
     .venv/bin/python -m bench.derive --claims [--rounds N]    # a tiny file claiming 50 MP
 
 Writes bench/out/derive.json (bench/results.py `DeriveResult`) and prints it through its
-renderer (bench/sections.py `derive_section`); `--formats` writes
-bench/out/derive_formats.json (`DeriveFormatsResult`, `derive_formats_section`). Every
+renderer (bench/sections.py `derive_section`); the formats section
+is bench/formats.py's (its measure, `formats_section`, lives here beside its helpers). Every
 figure is measured in the same run: the pipeline against its own components
 (decode+resize alone, encode alone), against Pillow doing the same job, two decoder
 processes against one, the child's peak RSS on a 17.9 MP JPEG, and the time to reject a
@@ -43,16 +42,14 @@ sys.path.insert(0, str(ROOT))
 from PIL import Image, ImageOps  # noqa: E402
 
 from bench.cpu import machine, process_cpu_seconds  # noqa: E402
-from bench.markdown import targets_table  # noqa: E402
 from bench.results import (  # noqa: E402
     DeriveFormatsResult,
     DeriveJail,
     DeriveOwnerSwitch,
     DeriveResult,
-    save,
 )
 from bench.runs import BY_NAME, OUT, command  # noqa: E402
-from bench.sections import derive_formats_section, publish  # noqa: E402
+from bench.sections import publish  # noqa: E402
 from darkroom.config import load_settings  # noqa: E402
 from darkroom.derive import Limits, _vips, decode_resized, derive, encode  # noqa: E402
 from darkroom.errors import DeriveError  # noqa: E402
@@ -277,18 +274,15 @@ def formats_section(paths: list[Path], rounds: int, out: Path) -> int:
     assert sample.thumb is not None and sample.thumbhash is not None
     source = next(p for p in paths if p.suffix == ".jpg").name
     result = DeriveFormatsResult(
-        photo=f"{PHONE_SIZE[0]}x{PHONE_SIZE[1]} from {source}", rounds=rounds,
+        photo=f"{PHONE_SIZE[0]}×{PHONE_SIZE[1]} crop of {source}", rounds=rounds,
         bytes={kind: len(data) for kind, data in files.items()},
         derive_cpu_ms={kind: t.cpu_s * 1000 for kind, t in per_format.items()},
         corpus_today_cpu_s=today.cpu_s, corpus_with_thumbs_cpu_s=now.cpu_s,
         corpus_images=len(corpus), thumb_extra_cpu_share=now.cpu_s / today.cpu_s - 1.0,
         sample_bytes={"preview": sample.size, "thumb": sample.thumb.size,
                       "thumbhash_chars": len(sample.thumbhash)},
-        command=command("derive"))
-    save(result, out)
-    lines, targets = derive_formats_section(result)
-    print("\n".join([*lines, "", *targets_table(targets)]))
-    print(f"\nJSON: {out}")
+        command=command("formats"))
+    publish("formats", result, out)
     return 0
 
 
@@ -413,8 +407,6 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--big", default=None, help=f"path to {BIG_NAME}")
     parser.add_argument("--out", type=Path, default=BY_NAME["derive"].json_path)
-    parser.add_argument("--formats", action="store_true",
-                        help="only the per-format and thumbnail section")
     parser.add_argument("--claims", action="store_true",
                         help="only the tiny file claiming 50 MP, before and after")
     parser.add_argument("--owners", action="store_true",
@@ -424,8 +416,6 @@ def main() -> int:
         return claims_section(args.rounds, OUT / "derive_claims.json")
 
     paths = sorted(p for p in Path(args.corpus).iterdir() if p.suffix in {".jpg", ".png"})
-    if args.formats:
-        return formats_section(paths, args.rounds, OUT / "derive_formats.json")
     corpus = [p.read_bytes() for p in paths]
     if args.owners:
         print(owner_switch(corpus, args.rounds))

@@ -1,6 +1,6 @@
 """The page with a real archive, and what pushing status costs the queue (issue 14).
 
-    .venv/bin/python -m bench.page [--rounds 3] [--jobs 2000]
+    .venv/bin/python -m bench.page [--rounds 5] [--jobs 2000]
 
 1. The page, in Debian's headless Chromium, against a real API on a private PostgreSQL
    (pgserver) and the local store, with 2,000 cards of one owner made through the lease
@@ -29,13 +29,17 @@ from typing import Any
 
 import psycopg
 
+from bench.cpu import machine
+from bench.results import PageDrain, PageResult, PageRound
+from bench.runs import command
+from bench.sections import publish
 from bench.sql import SQL, composed
 from darkroom.api.events import CHANNEL
 from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
 from darkroom.queue import Derived, Queue, derived_key
 from tests.api.conftest import start_api
-from tests.support.archive import FIRST_SCREEN_DONE, fill
+from tests.support.archive import CARDS, FIRST_SCREEN_DONE, fill
 from tests.support.browser import CHROMIUM_ARGS, chromium_binary
 from tests.support.postgres import TestPostgres
 
@@ -130,11 +134,10 @@ async def _enqueue(queue: Queue, i: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=2000)
-    parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "page.json"))
     args = parser.parse_args()
-    load_before = os.getloadavg()[0]
+    started_on = machine()
     postgres = TestPostgres.start(Path(tempfile.mkdtemp()))
     try:
         with postgres.database() as db_url:
@@ -149,22 +152,9 @@ def main() -> int:
             drain = asyncio.run(drain_ratio(db_url, args.jobs, args.rounds))
     finally:
         postgres.stop()
-    best = min(pages, key=lambda r: r["first_screen_ms"])
-    result = {"page_rounds": pages, "page_best": best, "drain": drain,
-              "load_average": [load_before, os.getloadavg()[0]]}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"Page, 2,000 cards, best of {args.rounds} fresh contexts: first contentful paint "
-          f"{best['first_contentful_paint_ms']:.0f} ms, first screen with thumbs "
-          f"{best['first_screen_ms']:.0f} ms; {best['cards_rendered']} cards rendered, "
-          f"{best['requests']} requests ({best['thumb_requests']} thumbs), "
-          f"{best['bytes_received'] / 1e3:.0f} kB received.")
-    print(f"Drain of {drain['jobs']} jobs (claim 100 → complete_many), best of {args.rounds}: "
-          f"notifications on {drain['jobs_per_s']['on']:.0f} jobs/s, off "
-          f"{drain['jobs_per_s']['off']:.0f} jobs/s: they cost "
-          f"{drain['notify_cost_share']:+.1%} of the drain's time.")
-    print(f"Load average {load_before:.2f} → {os.getloadavg()[0]:.2f}. JSON: {out}")
+    publish("page", PageResult(
+        cards=CARDS, rounds=[PageRound(**r) for r in pages], drain=PageDrain(**drain),
+        machine=started_on, loadavg_at_end=list(os.getloadavg()), command=command("page")))
     return 0
 
 

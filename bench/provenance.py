@@ -84,7 +84,7 @@ def machine_of(bench: Bench, data: dict[str, Any], pg_now: str | None) -> dict[s
         "cpu": m.get("cpu") or cpu_model(),
     }
     pg = (data.get("postgres") or {}).get("server_version")
-    if bench.name != "derive":
+    if bench.name not in ("derive", "formats"):  # no database in these
         out["pg"] = pg or pg_now
     before = (m.get("loadavg_at_start") or m.get("loadavg_start")
               or m.get("load_average_before"))

@@ -319,7 +319,7 @@ class DeriveResult:
 
 @dataclass
 class DeriveFormatsResult:
-    """`bench/derive.py --formats` (issue 14): decode cost per format, and what the thumb
+    """`bench/formats.py`: decode cost per format, and what the thumb
     and thumbhash add to the preview-only pipeline, CPU of one process, best of rounds."""
 
     photo: str
@@ -332,6 +332,48 @@ class DeriveFormatsResult:
     thumb_extra_cpu_share: float
     sample_bytes: dict[str, int]  # preview, thumb, thumbhash_chars
     command: str | None = None
+
+
+# --- bench/page.py ------------------------------------------------------------------------
+
+
+@dataclass
+class PageRound:
+    """One fresh browser context loading the page of the 2,000-card archive."""
+
+    first_contentful_paint_ms: float | None
+    first_screen_ms: float  # until every ready card near the viewport shows its thumb
+    cards_rendered: int
+    requests: int
+    thumb_requests: int
+    bytes_received: int
+
+
+@dataclass
+class PageDrain:
+    """The same no-op drain with the status notifications on and off, best of rounds."""
+
+    jobs: int
+    drain_s: dict[str, float]  # "on", "off"
+    jobs_per_s: dict[str, float]
+    notify_cost_share: float  # on / off - 1, of the drain's wall time
+
+
+@dataclass
+class PageResult:
+    """`bench/page.py`: the page in Chromium against a real archive, and what pushing
+    status to it costs the queue."""
+
+    cards: int
+    rounds: list[PageRound]
+    drain: PageDrain
+    machine: dict[str, Any]
+    loadavg_at_end: list[float] | None = None
+    command: str | None = None
+
+    @property
+    def best(self) -> PageRound:
+        return min(self.rounds, key=lambda r: r.first_screen_ms)
 
 
 # --- bench/fair.py ------------------------------------------------------------------------

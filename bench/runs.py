@@ -53,6 +53,9 @@ BENCHES = (
           optional=True),
     Bench("engines", "Against the bare engines", ("--rounds", "1", "--copies", "1"),
           optional=True),
+    Bench("formats", "Formats and thumbnails", ("--rounds", "1")),
+    # Needs Chromium: a machine without it keeps the published block.
+    Bench("page", "Page with 2,000 cards", ("--rounds", "1", "--jobs", "400"), optional=True),
 )
 BY_NAME = {b.name: b for b in BENCHES}
 

@@ -2,7 +2,7 @@
 
 The report splices these into docs/BENCHMARKS.md (`RENDERERS`); a benchmark's own script
 writes its result and prints it through the same renderer (`publish`), so each table is
-written once. The scripts outside the report (`derive.py --formats`, confirm_digest.py,
+written once. The scripts outside the report (confirm_digest.py,
 queue_split.py) have theirs here too.
 """
 
@@ -24,6 +24,7 @@ from bench.results import (
     DeriveResult,
     EnginesResult,
     FairResult,
+    PageResult,
     QueueClaim,
     QueueResult,
     QueueSplitResult,
@@ -319,8 +320,8 @@ def derive_section(src: Source) -> tuple[list[str], list[Target]]:
 
 
 def derive_formats_section(d: DeriveFormatsResult) -> tuple[list[str], list[Target]]:
-    """`bench/derive.py --formats`: printed by the script, not part of the report."""
-    lines = [f"Formats: one {d.photo} photo in each format; best of {d.rounds}; CPU time of "
+    """`bench/formats.py`: decode cost per format, and what the thumbs add."""
+    lines = ["", f"One {d.photo}, in each format; best of {d.rounds}; CPU time of "
              "one process (one libvips thread, one libheif thread).", ""]
     lines += table(["format", "file size", "derive CPU (preview + thumb + thumbhash)"],
                    [[kind, f"{d.bytes[kind] / 1e6:.2f} MB", f"{ms:.0f} ms"]
@@ -334,6 +335,40 @@ def derive_formats_section(d: DeriveFormatsResult) -> tuple[list[str], list[Targ
                     f"{d.corpus_today_cpu_s:.2f} s → {d.corpus_with_thumbs_cpu_s:.2f} s CPU, "
                     f"**+{extra:.1%}**", extra <= DERIVE_THUMB_EXTRA)
     return lines, [target]
+
+
+def formats_section(src: Source) -> tuple[list[str], list[Target]]:
+    return derive_formats_section(load(DeriveFormatsResult, src.data or {}))
+
+
+def page_section(src: Source) -> tuple[list[str], list[Target]]:
+    res = load(PageResult, src.data or {})
+    b = res.best
+    fcp = "–" if b.first_contentful_paint_ms is None else f"{b.first_contentful_paint_ms:.0f} ms"
+    lines = ["", f"Headless Chromium (Debian's), 1280×900, a fresh browser context per round, "
+             f"against a real API on the embedded PostgreSQL and the local store; "
+             f"{res.cards:,} cards of one owner made through the lease protocol (every ninth "
+             f"rejected), with real derivatives of the corpus photos. Best of "
+             f"{len(res.rounds)} rounds (by the first screen).", ""]
+    lines += table(["measure", "result"], [
+        ["first contentful paint", fcp],
+        ["first screen: every ready card near the viewport shows its thumb",
+         f"{b.first_screen_ms:.0f} ms"],
+        ["cards rendered on the first screen", f"{b.cards_rendered:,}"],
+        ["requests for the first screen", f"{b.requests} ({b.thumb_requests} thumbs)"],
+        ["bytes received for the first screen", f"{b.bytes_received / 1e3:,.0f} kB"],
+        ["first screen in each round", " / ".join(f"{r.first_screen_ms:.0f}"
+                                                  for r in res.rounds) + " ms"],
+    ], right_from=99)
+    d = res.drain
+    lines += ["", f"What pushing status costs the queue: a drain of {d.jobs:,} jobs (claim 100 "
+              "→ complete_many) with the card notifications as shipped and with a no-op in "
+              "their place, interleaved, one connection listening; best of rounds:", ""]
+    lines += table(["notifications", "jobs/s", "drain s"],
+                   [[mode, f"{d.jobs_per_s[mode]:,.0f}", f"{d.drain_s[mode]:.2f}"]
+                    for mode in ("on", "off")])
+    lines += ["", f"They cost **{d.notify_cost_share:+.1%}** of the drain's time."]
+    return lines, []
 
 
 def worker_section(src: Source) -> tuple[list[str], list[Target]]:
@@ -758,7 +793,7 @@ Renderer = Callable[[Source], tuple[list[str], list[Target]]]
 RENDERERS: dict[str, Renderer] = {
     "queue": queue_section, "fair": fair_section, "derive": derive_section,
     "worker": worker_section, "api": api_section, "soak": soak_section,
-    "engines": engines_section}
+    "engines": engines_section, "formats": formats_section, "page": page_section}
 
 
 def publish(name: str, result: Any, path: Path | None = None) -> None:
@@ -767,4 +802,5 @@ def publish(name: str, result: Any, path: Path | None = None) -> None:
     path = path or BY_NAME[name].json_path
     save(result, path)
     lines, targets = RENDERERS[name](Source.of(BY_NAME[name], dataclasses.asdict(result)))
-    print("\n".join([*lines, "", *targets_table(targets), "", f"JSON: {path}"]))
+    table_lines = ["", *targets_table(targets)] if targets else []
+    print("\n".join([*lines, *table_lines, "", f"JSON: {path}"]))

@@ -115,6 +115,27 @@ def test_benchmarks_keep_no_diary() -> None:
     assert re.findall(r"\b[Ii]ssue \d+", DOC.read_text(encoding="utf-8")) == []
 
 
+def _benchmarks_notes() -> str:
+    """docs/BENCHMARKS.md without its marked blocks: the hand-written text alone."""
+    from bench.splice import DOC
+
+    doc = DOC.read_text(encoding="utf-8")
+    return re.sub(r"<!-- report:(\w+):start -->.*?<!-- report:\1:end -->", "", doc,
+                  flags=re.S)
+
+
+def test_benchmarks_notes_carry_no_dates_or_commits() -> None:
+    """A generated block carries its run's date and machine; a hand-written note that
+    names a date, a time of day or a commit is about a run the document no longer shows
+    (or about how the figure came to be), so it goes stale the next time the benchmarks
+    run. Notes say how a figure is measured and what it means; git keeps the history."""
+    notes = _benchmarks_notes()
+    assert "<!-- report:" not in notes
+    assert re.findall(r"\b20\d\d-\d\d-\d\d\b", notes) == []
+    assert re.findall(r"\b\d\d:\d\d UTC\b", notes) == []
+    assert re.findall(r"\(([0-9a-f]{7,40})\b", notes) == []
+
+
 # The tests of the database layer itself (servers, connections, failover) and the
 # fixtures that run PostgreSQL speak to the server, not to darkroom's tables.
 _SERVER_SQL = {"tests/db/test_connection.py", "tests/db/test_database.py",

@@ -20,6 +20,11 @@ install: $(STAMP)
 run: install
 	$(BIN)/darkroom up
 
+# The test lanes keep compiled modules between runs, whatever the environment says:
+# otherwise every pytest process rewrites the assertions of every test module again (about
+# 3 s of CPU each) and every process the tests start compiles darkroom anew.
+test test-fast test-db: export PYTHONDONTWRITEBYTECODE :=
+
 # Everything, in two phases: the tests that share the cores well on both of them, then the
 # process fleets, the chaos runs and the browser alone (they measure leases against the
 # clock and want the cores to themselves).

@@ -127,7 +127,10 @@ def test_limits_before_work(harness: Harness) -> None:
     held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
     try:
         assert httpx.get(f"{url}/healthz").status_code == 200
-        assert _read_answer(held[0]) == b""
+        # Closed without a word to make room; or, on a slow machine where the request came
+        # more than the read timeout after it, already answered 408 by that timeout.
+        answer = _read_answer(held[0])
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 408"), answer
     finally:
         for s in held:
             s.close()

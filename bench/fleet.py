@@ -5,7 +5,7 @@
 
 A simulated worker behaves as `darkroom worker` does towards the database, and does
 nothing else: it claims as many cards as it has free slots (`Queue.claim(free)`, so one
-at a time once it is running), registers the attempt's object key, "derives" by sleeping
+at a time once it is running; the claim registers the attempt's object keys), "derives" by sleeping
 a uniformly drawn image time, and publishes its one result with the claim of the slot it
 frees (`Queue.complete_and_claim`, as the worker's completer does; it batches only jobs
 that finish together, rare with a few slots and image times spread over seconds); one
@@ -53,7 +53,7 @@ from darkroom.db import embedded
 from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
 from darkroom.db.migrations import migrate
-from darkroom.queue import Lease, Queue, derived_key
+from darkroom.queue import Lease, Queue
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
@@ -110,7 +110,6 @@ class SimWorker:
         task.add_done_callback(self.tasks.discard)
 
     async def job(self, lease: Lease) -> None:
-        await self.jobs.register_attempt_objects(lease, [derived_key(lease)])
         await asyncio.sleep(self.rng.uniform(*self.job_seconds))
         # The worker's completer: the commit carries the claim of the slot it frees.
         t = time.perf_counter()
@@ -163,9 +162,11 @@ async def _simulate(barrier: Any, url: str, workers: int, slots_per_worker: int,
                     lease: float, job_seconds: tuple[float, float], warmup: float,
                     window: float, conns: int, seed: int) -> dict[str, Any]:
     jobs_pool = await open_pool(make_conninfo(url, application_name=JOBS_APP),
-                                min_size=conns, max_size=conns, name="fleet-jobs")
+                                min_size=conns, max_size=conns, name="fleet-jobs",
+                                generic_plans=True)
     beats_pool = await open_pool(make_conninfo(url, application_name=HEARTBEAT_APP),
-                                 min_size=2, max_size=2, name="fleet-heartbeat")
+                                 min_size=2, max_size=2, name="fleet-heartbeat",
+                                 generic_plans=True)
 
     def queue(pool: Any) -> Queue:
         return Queue(Database(pool), lease_seconds=lease, max_attempts=3, retry_base_seconds=1,

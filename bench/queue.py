@@ -301,7 +301,7 @@ async def drain_batched(queue: Queue, batch: int) -> int:
 async def _darkroom_drain(barrier: Any, url: str, slots: int, name: str,
                           batched: bool) -> tuple[int, float]:
     # The worker's pool size (darkroom/worker.py run_worker: max_size=4).
-    pool = await open_pool(url, min_size=1, max_size=WORKER_POOL, name=name)
+    pool = await open_pool(url, min_size=1, max_size=WORKER_POOL, name=name, generic_plans=True)
     queue = _queue(pool, name)
     try:
         barrier.wait()

@@ -96,14 +96,21 @@ def original_key(file_id: uuid.UUID, owner: str | None) -> str:
     return f"{ORIGINALS}{segment}/{file_id}"
 
 
+# An attempt's objects, as templates of its card's id and its token: the preview, then the
+# thumb. The claim registers both keys in the statement that grants the lease
+# (queries.sql `claim`, which fills in the templates), so this is their one definition for
+# the database too.
+ATTEMPT_KEYS = (DERIVED + "{file}/{token}.webp", DERIVED + "{file}/{token}.thumb.webp")
+
+
 def derived_key(lease: _Attempt) -> str:
     """Unique to the attempt: two attempts never write the same bytes' key."""
-    return f"{DERIVED}{lease.file_id}/{lease.token}.webp"
+    return ATTEMPT_KEYS[0].format(file=lease.file_id, token=lease.token)
 
 
 def thumb_key(lease: _Attempt) -> str:
     """The same attempt's thumb, under the card's derived prefix (a purge lists it too)."""
-    return f"{DERIVED}{lease.file_id}/{lease.token}.thumb.webp"
+    return ATTEMPT_KEYS[1].format(file=lease.file_id, token=lease.token)
 
 
 def canary_key(probe: uuid.UUID) -> str:

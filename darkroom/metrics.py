@@ -15,7 +15,7 @@ JOB_SECONDS = Histogram(
 STAGE_SECONDS = Histogram(
     "darkroom_stage_duration_seconds", "Wall time of one stage of an attempt",
     # fetch | derive (and its steps: derive_spawn, derive_send, derive_decode,
-    # derive_receive, derive_check) | register | put | commit
+    # derive_receive, derive_check) | put | commit
     ["stage"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
 )

@@ -344,10 +344,11 @@ class Queue:
         """Lease up to `n` claimable cards in one short transaction.
 
         Rows that were already started `max_attempts` times are moved to
-        rejected/attempts_exhausted by the same statement and are not returned.
-        Raises `ClaimUnknown` when the statement may have committed but its answer was
-        lost: the caller adopts what it leased (`adopt_claim`) instead of leaving those
-        rows to wait for their lease to expire with an attempt spent.
+        rejected/attempts_exhausted by the same statement and are not returned. Each
+        lease's objects (layout.ATTEMPT_KEYS) are registered with it, before the attempt
+        can write them. Raises `ClaimUnknown` when the statement may have committed but
+        its answer was lost: the caller adopts what it leased (`adopt_claim`) instead of
+        leaving those rows to wait for their lease to expire with an attempt spent.
         """
         if n <= 0:
             return []
@@ -360,7 +361,7 @@ class Queue:
     def _claim_params(self, n: int, claim_id: uuid.UUID) -> dict[str, Any]:
         return {"n": n, "max_attempts": self.max_attempts, "claim": claim_id,
                 "lease_seconds": self.lease_seconds, "worker": self.worker,
-                "bulk_share": self.bulk_share}
+                "bulk_share": self.bulk_share, "attempt_keys": list(layout.ATTEMPT_KEYS)}
 
     async def complete_and_claim(self, results: Sequence[tuple[Lease, Derived]], n: int,
                                  claim_id: uuid.UUID | None = None,
@@ -401,11 +402,6 @@ class Queue:
         })
         return {r["token"] for r in rows}
 
-    async def register_attempt_objects(self, lease: Lease, keys: Sequence[str]) -> None:
-        """Record every key an attempt is about to write, before it writes any."""
-        await self._rows("register_attempt_objects",
-                         {"keys": list(keys), "id": lease.file_id, "token": lease.token})
-
     async def track_attempt_objects(self, lease: Lease, keys: Sequence[str]) -> None:
         """Track an unpublished attempt's objects anew, once its writes have returned: one
         that landed late is deleted a guard interval from now."""
@@ -442,6 +438,7 @@ class Queue:
             "thumb_heights": [d.thumb.height if d.thumb else None for _, d in results],
             "thumb_sizes": [d.thumb.size if d.thumb else None for _, d in results],
             "thumbhashes": [d.thumbhash for _, d in results],
+            "attempt_keys": list(layout.ATTEMPT_KEYS),
             "worker": self.worker, "fingerprint": self.fingerprint,
         }
 

@@ -108,7 +108,6 @@ class WorkerQueue(Completions, Protocol):
     async def claim(self, n: int) -> list[Lease]: ...
     async def adopt_claim(self, claim_id: uuid.UUID) -> list[Lease]: ...
     async def heartbeat(self, leases: Sequence[Lease]) -> set[uuid.UUID]: ...
-    async def register_attempt_objects(self, lease: Lease, keys: Sequence[str]) -> None: ...
     async def track_attempt_objects(self, lease: Lease, keys: Sequence[str]) -> None: ...
     async def fail(self, lease: Lease, code: ErrorCode) -> Status: ...
     async def defer(self, lease: Lease, code: ErrorCode, delay: float) -> None: ...
@@ -429,12 +428,9 @@ class Worker:
                 metrics.STAGE_SECONDS.labels(f"derive_{step}").observe(seconds)
             if job.abandoned:
                 return Outcome.LEASE_LOST
+            # Both keys were registered by the claim that granted the lease.
             key, small_key = derived_key(lease), thumb_key(lease)
             thumb = result.thumb
-            keys = [key] if thumb is None else [key, small_key]
-            with _stage("register"):
-                await self._db(lambda: self.queue.register_attempt_objects(lease, keys),
-                               lambda: job.held_until)
             with _stage("put"), self._on_store(job):
                 version = await self._put(job, key, result.data)
                 stored = None
@@ -827,7 +823,8 @@ async def run_worker(settings: Settings, *, concurrency: int, name: str,
                      child: ChildProgram = DECODER) -> None:
     """Run one worker until `stop` is set (or SIGTERM/SIGINT, when on the main thread)."""
     conninfo, store = await prepare(settings)
-    db = await Database.open(conninfo, min_size=1, max_size=4, name=f"worker-{name}")
+    db = await Database.open(conninfo, min_size=1, max_size=4, name=f"worker-{name}",
+                             generic_plans=True)
     queue = Queue.from_settings(db, settings, worker=name)
     worker = Worker(settings, queue, store, concurrency=concurrency, child=child)
     loop = asyncio.get_running_loop()

@@ -27,6 +27,17 @@ SESSION_OPTIONS: dict[str, Any] = {
     "options": "-c statement_timeout=60000 -c idle_in_transaction_session_timeout=60000",
 }
 
+# A worker's connections keep one plan per prepared statement. Its statements take their
+# rows as arrays, and a generic plan prices unnest() of an array parameter at 100 rows:
+# under the default `auto` mode, once the table holds a backlog, PostgreSQL finds a custom
+# plan cheaper for the usual one or few rows and plans a fenced commit of a single result
+# again at every execution (about half of its CPU; bench/fleet.py). Every statement a
+# worker sends is written for a plan made without its values (rows by id or by array of
+# ids, literal statuses, no parameter in a partial index's predicate), so the generic
+# plan is the one a custom plan would pick. The API and the sweeper keep `auto`: a
+# listing's optional filters and a sweep's limits want the plan of their values.
+GENERIC_PLANS = "-c plan_cache_mode=force_generic_plan"
+
 
 def database_url(settings: Settings) -> str:
     """The configured database, or the embedded one in the data dir."""
@@ -36,12 +47,17 @@ def database_url(settings: Settings) -> str:
 
 
 async def open_pool(conninfo: str, *, min_size: int = 1, max_size: int = 8,
-                    name: str = "darkroom", fail_fast: bool = True) -> AsyncConnectionPool:
+                    name: str = "darkroom", fail_fast: bool = True,
+                    generic_plans: bool = False) -> AsyncConnectionPool:
     """An opened pool; connections that died with a server restart are checked out again.
 
     With `fail_fast`, an unreachable server raises psycopg's own one-line error at once
     instead of the pool retrying in the background; long-running services pass False.
+    With `generic_plans`, prepared statements keep one plan (GENERIC_PLANS).
     """
+    options = dict(SESSION_OPTIONS)
+    if generic_plans:
+        options["options"] = f"{options['options']} {GENERIC_PLANS}"
     if fail_fast:
         probe = await psycopg.AsyncConnection.connect(conninfo, connect_timeout=10)
         await probe.close()
@@ -51,7 +67,7 @@ async def open_pool(conninfo: str, *, min_size: int = 1, max_size: int = 8,
         max_size=max_size,
         name=name,
         open=False,
-        kwargs={"autocommit": True, "row_factory": dict_row, **SESSION_OPTIONS},
+        kwargs={"autocommit": True, "row_factory": dict_row, **options},
         check=check_if_suspect,
     )
     await pool.open(wait=True, timeout=30)

@@ -63,11 +63,12 @@ class Database:
 
     @classmethod
     async def open(cls, conninfo: str, *, name: str, min_size: int = 1, max_size: int = 4,
-                   fail_fast: bool = True) -> Database:
+                   fail_fast: bool = True, generic_plans: bool = False) -> Database:
         """An opened database; with `fail_fast`, an unreachable server is psycopg's one-line
-        error at once (long-running services pass False and wait for it)."""
+        error at once (long-running services pass False and wait for it); with
+        `generic_plans`, the lease protocol's plan mode (connection.GENERIC_PLANS)."""
         return cls(await open_pool(conninfo, min_size=min_size, max_size=max_size,
-                                   name=name, fail_fast=fail_fast))
+                                   name=name, fail_fast=fail_fast, generic_plans=generic_plans))
 
     async def close(self) -> None:
         await self.pool.close()

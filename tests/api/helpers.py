@@ -72,7 +72,6 @@ def make_ready(
             leases = await queue.claim(10)
             lease = next(le for le in leases if le.file_id == uuid.UUID(file_id))
             key = derived_key(lease)
-            await queue.register_attempt_objects(lease, [key])
             version = store.put(key, webp, content_type="image/webp")
             small = None
             if thumb is not None:

@@ -11,9 +11,10 @@ import pytest
 
 from darkroom.db.database import Database, opened
 from darkroom.layout import original_key
-from darkroom.queue import NOTIFY_CHANNEL, Card, Lease, Priority, Status
+from darkroom.queue import NOTIFY_CHANNEL, Card, Derived, Lease, Priority, Status
 from darkroom.reads import Reads
 from tests.support.services import make_queue
+from tests.support.sql import SQL
 
 
 async def test_rows_are_built_by_column_name(pool: Any) -> None:
@@ -51,3 +52,32 @@ async def test_listen_yields_what_is_notified_after_it_began(db_url: str) -> Non
 
 async def test_ping_answers_within_its_bound(pool: Any) -> None:
     await Database(pool).ping(timeout=30)
+
+
+@pytest.mark.parametrize("generic", [False, True])
+async def test_a_workers_connection_plans_its_fenced_commit_once(
+        db_url: str, generic: bool) -> None:
+    """A worker's pool keeps the generic plan of each statement: its fenced commit of one
+    result is not planned again at every execution, as PostgreSQL's default mode does
+    for a statement over arrays once the table holds a backlog (connection.GENERIC_PLANS)."""
+    ids = [uuid.uuid4() for _ in range(20_000)]
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(SQL["seed_queued"], {"owner": "o", "ids": ids,
+                                          "keys": [original_key(i, "o") for i in ids]})
+        conn.execute(SQL["analyze_cards"])
+    db = await Database.open(db_url, name="plans", max_size=1, generic_plans=generic)
+    try:
+        q = make_queue(db.pool)
+        for _ in range(8):
+            [lease] = await q.claim(1)
+            await q.complete(lease, Derived(f"k-{lease.token}", "v", "0" * 64, 1, 1, 1))
+        async with db.pool.connection() as conn:
+            rows = await (await conn.execute(SQL["plans_of_prepared"])).fetchall()
+    finally:
+        await db.close()
+    # The statement as the server holds it ($1 for each parameter): known by a CTE of its own.
+    [complete] = [r for r in rows if "lost_events AS" in r["statement"]]
+    if generic:
+        assert complete["custom_plans"] == 0 and complete["generic_plans"] == 8
+    else:  # why a worker asks for it
+        assert complete["custom_plans"] == 8

@@ -14,6 +14,7 @@ import pytest
 from darkroom.db.database import Database
 from darkroom.db.queries import QUERIES
 from darkroom.errors import ErrorCode
+from darkroom.layout import ATTEMPT_KEYS
 from darkroom.queue import (
     ConfirmOutcome,
     Derived,
@@ -110,7 +111,9 @@ async def test_stale_commit_changes_nothing(pool: Any, db_url: str) -> None:
     row = card(db_url, fid)
     assert row["status"] == "ready" and row["derived_key"] == derived_key(b)
     assert events(db_url, fid) == ["claimed", "claimed", "ready", "lease_lost"]
-    assert orphans(db_url) == [(derived_key(a), a.token)]
+    # Both of the stale attempt's keys, which its claim registered; none of b's.
+    assert sorted(orphans(db_url)) == sorted([(derived_key(a), a.token),
+                                              (thumb_key(a), a.token)])
 
 
 async def test_crash_loop_ends_after_exactly_max_attempts(pool: Any, db_url: str) -> None:
@@ -328,16 +331,31 @@ def derived_with_thumb(lease: Any) -> Derived:
                    width=10, height=8, size=123, thumb=thumb, thumbhash="1XgDfZQL9gh8")
 
 
+async def test_the_claim_registers_the_attempts_keys_and_publishing_takes_them_back(
+        pool: Any, db_url: str) -> None:
+    """Before an attempt can write, its claim has accounted for both keys it may write
+    (layout.ATTEMPT_KEYS, filled in by the statement); its publication, with or without a
+    thumb, leaves nothing for the sweeper."""
+    q = make_queue(pool)
+    await new_queued(q, 2)
+    a, b = await q.claim(2)
+    assert sorted(orphans(db_url)) == sorted(
+        (key, lease.token) for lease in (a, b) for key in (derived_key(lease), thumb_key(lease)))
+    await q.complete(a, derived_for(a))  # a photo small enough for no thumb
+    assert sorted(orphans(db_url)) == sorted([(derived_key(b), b.token),
+                                              (thumb_key(b), b.token)])
+    await q.complete(b, derived_with_thumb(b))
+    assert orphans(db_url) == []
+
+
 async def test_preview_and_thumb_are_published_by_one_fenced_commit(
     pool: Any, db_url: str
 ) -> None:
     q = make_queue(pool)
     [fid] = await new_queued(q)
     [a] = await q.claim(1)
-    await q.register_attempt_objects(a, [derived_key(a), thumb_key(a)])
     expire(db_url, fid)
     [b] = await q.claim(1)
-    await q.register_attempt_objects(b, [derived_key(b), thumb_key(b)])
     await q.complete(b, derived_with_thumb(b))
     row = card(db_url, fid)
     assert row["status"] == "ready"
@@ -362,8 +380,6 @@ async def test_repeated_batch_commit_publishes_once_and_orphans_nothing(
     await new_queued(q, 4)
     leases = await q.claim(4)
     results = [(lease, derived_for(lease)) for lease in leases]
-    for lease in leases:
-        await q.register_attempt_objects(lease, [derived_key(lease)])
     assert await q.complete_many(results) == set()
     assert await q.complete_many(results) == set()  # the whole batch again
     assert orphans(db_url) == []
@@ -417,7 +433,8 @@ async def test_a_claim_whose_answer_was_lost_is_adopted_with_one_attempt(
     async with pool.connection() as conn:
         await conn.execute(QUERIES["claim"], {
             "n": 2, "max_attempts": 3, "claim": claim_id, "lease_seconds": 30.0,
-            "worker": "test", "bulk_share": 0.1})
+            "worker": "test", "bulk_share": 0.1,
+            "attempt_keys": list(ATTEMPT_KEYS)})
     adopted = await q.adopt_claim(claim_id)
     assert len(adopted) == 2 and {lease.attempt for lease in adopted} == {1}
     assert await q.adopt_claim(uuid.uuid4()) == []
@@ -436,7 +453,8 @@ async def test_an_adopted_claim_taken_over_since_is_not_adopted(
     async with pool.connection() as conn:
         await conn.execute(QUERIES["claim"], {
             "n": 1, "max_attempts": 3, "claim": claim_id, "lease_seconds": 30.0,
-            "worker": "test", "bulk_share": 0.1})
+            "worker": "test", "bulk_share": 0.1,
+            "attempt_keys": list(ATTEMPT_KEYS)})
     expire(db_url, fid)
     [b] = await q.claim(1)
     assert b.attempt == 2
@@ -473,7 +491,7 @@ async def _racing_the_original(db_url: str, lease: Any, repeat: Any) -> Any:
             "heights": [d.height], "sizes": [d.size], "thumb_keys": [None],
             "thumb_versions": [None], "thumb_sha256s": [None], "thumb_widths": [None],
             "thumb_heights": [None], "thumb_sizes": [None], "thumbhashes": [None],
-            "worker": "test", "fingerprint": None})
+            "attempt_keys": list(ATTEMPT_KEYS), "worker": "test", "fingerprint": None})
         task = asyncio.ensure_future(repeat())
         with psycopg.connect(db_url, autocommit=True) as waiting:
             # The repeat is blocked on the original's row lock: wait for that, not a clock.

@@ -44,6 +44,7 @@ from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
 from darkroom.db.queries import QUERIES
 from darkroom.errors import RETRYABLE_CODES, TRANSIENT_CODES, ErrorCode
+from darkroom.layout import ATTEMPT_KEYS
 from darkroom.queue import Derived, Lease, LeaseLost, Priority, Queue, derived_key
 from darkroom.storage import open_store
 from darkroom.sweeper import Orphans, Reconcile
@@ -109,9 +110,8 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             shutil.rmtree(self.objects, ignore_errors=True)
 
         def derive(self, w: int, lease: Lease) -> Derived:
-            """What an attempt does before its commit: register its key, then PUT."""
+            """What an attempt does before its commit: PUT (its claim registered the key)."""
             key = derived_key(lease)
-            self.run(self.queues[w].register_attempt_objects(lease, [key]))
             version = self.store.put(key, b"webp")
             return Derived(key, version, "0" * 64, 1, 1, 4)
 
@@ -407,7 +407,8 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             due, k, credit = self.due(), self.slots_for_due(n), self.bulk_credit()
             self.db.execute(QUERIES["claim"], {
                 "n": n, "max_attempts": MAX_ATTEMPTS, "claim": claim_id,
-                "lease_seconds": 60, "worker": f"w{w}", "bulk_share": float(SHARE)})
+                "lease_seconds": 60, "worker": f"w{w}", "bulk_share": float(SHARE),
+                "attempt_keys": list(ATTEMPT_KEYS)})
             still = {r["id"] for r in self.due()}
             self.check_fair(due, [r["id"] for r in due if r["id"] not in still], k, credit)
             leases = self.run(self.queues[w].adopt_claim(claim_id))

@@ -426,3 +426,9 @@ ANALYZE archive_files;
 SELECT kind, count(*) FROM archive_events
 WHERE kind IN ('ready', 'claimed', 'lease_lost')
 GROUP BY kind ORDER BY kind;
+
+-- Plans ------------------------------------------------------------------------------------
+
+-- name: plans_of_prepared
+-- How this session has planned each of its prepared statements so far.
+SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements;

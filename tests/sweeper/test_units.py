@@ -74,7 +74,6 @@ async def queued_card(q: Queue, store: ObjectStore, owner: str = "o",
 
 async def orphan(q: Queue, store: ObjectStore, lease: Lease) -> str:
     key = derived_key(lease)
-    await q.register_attempt_objects(lease, [key])
     await asyncio.to_thread(store.put, key, b"webp")
     return key
 
@@ -95,9 +94,10 @@ async def test_orphans_are_deleted_but_never_a_referenced_object(
     await q.complete(published, Derived(kept, "v", "0" * 64, 1, 1, 4))
     await q.revoke(lost.file_id, "o")
     # As an old bug did: the published key registered as an orphan after all.
-    await q.register_attempt_objects(published, [kept])
+    await q.track_attempt_objects(published, [kept])
     unit = Orphans(q.db, store, guard_seconds=0)
-    assert await unit.run_once() == 2
+    # The revoked attempt's two keys (its claim registered the thumb's too), and `kept`.
+    assert await unit.run_once() == 3
     assert orphan_rows(db_url) == {}
     assert [o.key for o in store.list(kept)] == [kept]
     assert list(store.list(gone)) == []
@@ -113,7 +113,7 @@ async def test_an_orphan_that_cannot_be_deleted_is_retried_and_holds_up_nothing(
     for lease in leases:
         await q.release([lease])
     unit = Orphans(q.db, RefusingStore(store, {keys[0]}), guard_seconds=0)
-    assert await unit.run_once() == 2
+    assert await unit.run_once() == 5  # three attempts' previews and thumbs, but one
     assert orphan_rows(db_url) == {keys[0]: 1}
     assert await unit.run_once() == 0  # not due again before its backoff
     with psycopg.connect(db_url, autocommit=True) as conn:
@@ -158,7 +158,7 @@ async def test_a_write_that_lands_while_its_orphan_is_swept_is_swept_too(
             q.track_attempt_objects(lease, [key]), loop).result(timeout=30)
 
     unit = Orphans(q.db, LandingStore(store, key, land), guard_seconds=0)
-    assert await unit.run_once() == 1
+    assert await unit.run_once() == 2  # the preview and the thumb the claim registered
     # The row the pass took is gone; the one the late write made stays, and its object.
     assert orphan_rows(db_url) == {key: 0}
     assert [o.key for o in store.list(key)] == [key]
@@ -219,16 +219,17 @@ async def test_a_published_key_tracked_anew_then_replaced_mid_pass_is_still_swep
 async def test_two_sweepers_share_the_orphans(pool: Any, db_url: str,
                                               store: ObjectStore) -> None:
     q = make_queue(pool)
-    total = BATCH + BATCH // 2
-    for _ in range(total):
+    cards = (BATCH + BATCH // 2) // 2
+    for _ in range(cards):
         await queued_card(q, store)
-    leases = await q.claim(total)
+    leases = await q.claim(cards)
     for lease in leases:
         await orphan(q, store, lease)
     await q.release(leases)
     units = [Orphans(q.db, store, guard_seconds=0) for _ in range(2)]
     done = await asyncio.gather(*(u.run_once() for u in units))
-    assert sum(done) == total and min(done) > 0
+    # Two keys an attempt (preview and thumb): more than one pass's batch.
+    assert sum(done) == 2 * cards and min(done) > 0
     assert orphan_rows(db_url) == {}
 
 
@@ -257,7 +258,6 @@ async def test_reconcile_deletes_only_what_nothing_accounts_for(
     file_id = await queued_card(q, store)
     [lease] = await q.claim(1)
     key = derived_key(lease)
-    await q.register_attempt_objects(lease, [key])
     version = store.put(key, b"webp2")
     await q.complete(lease, Derived(key, version, "0" * 64, 1, 1, 5))
     stray_original = original_key(uuid.uuid4(), "o")  # bytes that landed after a purge
@@ -460,7 +460,6 @@ async def test_reconcile_keeps_a_published_thumb_and_deletes_a_stray_one(
     file_id = await queued_card(q, store)
     [lease] = await q.claim(1)
     key, small = derived_key(lease), thumb_key(lease)
-    await q.register_attempt_objects(lease, [key, small])
     version, small_version = store.put(key, b"preview"), store.put(small, b"thumb")
     thumb = DerivedObject(small, small_version, "1" * 64, 1, 1, 5)
     await q.complete(lease, Derived(key, version, "0" * 64, 2, 2, 7, thumb=thumb,

@@ -69,7 +69,6 @@ class ScriptedQueue:
         self.failed: list[tuple[uuid.UUID, ErrorCode]] = []
         self.deferred: list[tuple[uuid.UUID, ErrorCode]] = []
         self.released: list[uuid.UUID] = []
-        self.registered: list[uuid.UUID] = []
         self.tracked: list[tuple[uuid.UUID, list[str]]] = []
 
     async def claim(self, n: int) -> list[Lease]:
@@ -82,9 +81,6 @@ class ScriptedQueue:
 
     async def heartbeat(self, leases: Sequence[Lease]) -> set[uuid.UUID]:
         return {lease.token for lease in leases if lease.token in self.lost_at_heartbeat}
-
-    async def register_attempt_objects(self, lease: Lease, keys: Sequence[str]) -> None:
-        self.registered.append(lease.token)
 
     async def track_attempt_objects(self, lease: Lease, keys: Sequence[str]) -> None:
         self.tracked.append((lease.token, list(keys)))
@@ -330,7 +326,7 @@ async def test_a_write_that_lands_after_its_attempt_gave_up_is_tracked_anew(
     lease = rig.lease("alice")
     async with rig.running():
         await until(lambda: rig.queue.deferred, "the card handed back")
-        assert rig.queue.registered == [lease.token] and rig.queue.tracked == []
+        assert rig.queue.tracked == []
         rig.store.unstall.set()
         await until(lambda: rig.queue.tracked, "the late write tracked")
     assert rig.queue.tracked == [(lease.token, [derived_key(lease)])]
@@ -464,5 +460,5 @@ async def test_a_lease_lost_at_the_heartbeat_abandons_the_job(tmp_path: Path) ->
         await until(lambda: outcomes("lease_lost") > lost, "the job abandoned")
         assert rig.script.killed == 1  # its child killed at once, not left to finish
         assert rig.worker.jobs == {}
-    assert rig.queue.registered == [] and rig.queue.batches == []
+    assert rig.queue.batches == []
     assert rig.queue.failed == [] and rig.queue.deferred == [] and rig.queue.released == []

@@ -48,7 +48,7 @@ def test_thirty_photos_end_ready_each_published_once(harness: Harness) -> None:
     assert "darkroom_stage_duration_seconds_bucket" in metrics
     # Every stage of every attempt, the decoder's own steps among them.
     for stage in ("fetch", "derive", "derive_spawn", "derive_send", "derive_decode",
-                  "derive_receive", "derive_check", "register", "put", "commit"):
+                  "derive_receive", "derive_check", "put", "commit"):
         assert f'darkroom_stage_duration_seconds_count{{stage="{stage}"}} 30.0' in metrics
     logs = [json.loads(line) for line in w.log().splitlines() if line.startswith("{")]
     ready = [entry for entry in logs if entry["msg"] == "ready"]

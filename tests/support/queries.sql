@@ -432,3 +432,115 @@ GROUP BY kind ORDER BY kind;
 -- name: plans_of_prepared
 -- How this session has planned each of its prepared statements so far.
 SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements;
+
+-- Test databases made new (tests/support/postgres.py) --------------------------------------
+
+-- name: terminate_sessions
+-- Every session on a database but this one, each waited for until it has ended.
+SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity
+WHERE datname = %(name)s AND pid <> pg_backend_pid();
+
+-- name: own_tables
+SELECT relname FROM pg_class
+WHERE relnamespace = 'public'::regnamespace AND relkind IN ('r', 'p')
+ORDER BY relname;
+
+-- name: own_sequences
+SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace AND relkind = 'S'
+ORDER BY relname;
+
+-- name: forget_statistics
+-- A clone of the template has never been analysed; a test that analysed its rows must not
+-- hand its statistics to the next test's planner.
+DELETE FROM pg_statistic
+WHERE starelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'public'::regnamespace);
+
+-- name: set_sequence
+SELECT setval(%(seq)s::regclass, %(last)s, %(called)s);
+
+-- name: schema_fingerprint
+-- Everything a test could change in a database besides its rows, by definition: its
+-- schemas, relations (with their options and grants), columns, defaults, constraints,
+-- indexes, functions, triggers, rules, policies, types, extensions and the database's own
+-- settings. A database made new must match its template's.
+SELECT md5(string_agg(d, E'\n' ORDER BY d)) AS fingerprint FROM (
+    SELECT 'schema ' || nspname || ' ' || coalesce(nspacl::text, '') FROM pg_namespace
+    UNION ALL
+    SELECT 'rel ' || c.oid::regclass::text || ' ' || c.relkind::text || ' '
+           || coalesce(c.reloptions::text, '') || ' ' || coalesce(c.relacl::text, '')
+           || ' ' || c.relrowsecurity::text || ' ' || c.relpersistence::text
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')
+    UNION ALL
+    SELECT 'col ' || a.attrelid::regclass::text || ' ' || a.attname || ' '
+           || format_type(a.atttypid, a.atttypmod) || ' ' || a.attnotnull::text || ' '
+           || a.attidentity::text || a.attgenerated::text || ' '
+           || coalesce(pg_get_expr(ad.adbin, ad.adrelid), '')
+    FROM pg_attribute a
+    JOIN pg_class c ON c.oid = a.attrelid
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
+    WHERE a.attnum > 0 AND NOT a.attisdropped
+      AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')
+    UNION ALL
+    SELECT 'con ' || conrelid::regclass::text || ' ' || contypid::regtype::text || ' '
+           || conname || ' ' || pg_get_constraintdef(oid)
+    FROM pg_constraint
+    WHERE connamespace NOT IN ('pg_catalog'::regnamespace, 'information_schema'::regnamespace)
+    UNION ALL
+    SELECT 'index ' || pg_get_indexdef(i.indexrelid)
+    FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+    WHERE c.relnamespace NOT IN ('pg_catalog'::regnamespace, 'pg_toast'::regnamespace,
+                                 'information_schema'::regnamespace)
+    UNION ALL
+    SELECT 'function ' || p.oid::regprocedure::text || ' ' || p.prokind::text || ' '
+           || md5(p.prosrc) || ' ' || coalesce(p.proconfig::text, '') || ' '
+           || p.provolatile::text || p.prosecdef::text || ' ' || coalesce(p.proacl::text, '')
+    FROM pg_proc p
+    WHERE p.pronamespace NOT IN ('pg_catalog'::regnamespace, 'information_schema'::regnamespace)
+    UNION ALL
+    SELECT 'trigger ' || pg_get_triggerdef(oid) || ' ' || tgenabled::text FROM pg_trigger
+    WHERE NOT tgisinternal
+    UNION ALL
+    SELECT 'event trigger ' || evtname || ' ' || evtevent || ' ' || evtenabled::text
+    FROM pg_event_trigger
+    UNION ALL
+    SELECT 'rule ' || ev_class::regclass::text || ' ' || rulename || ' ' || pg_get_ruledef(oid)
+    FROM pg_rewrite
+    WHERE ev_class IN (SELECT c.oid FROM pg_class c
+                       WHERE c.relnamespace NOT IN ('pg_catalog'::regnamespace,
+                                                    'information_schema'::regnamespace))
+    UNION ALL
+    SELECT 'policy ' || polrelid::regclass::text || ' ' || polname || ' ' || polcmd::text || ' '
+           || coalesce(pg_get_expr(polqual, polrelid), '') || ' '
+           || coalesce(pg_get_expr(polwithcheck, polrelid), '')
+    FROM pg_policy
+    UNION ALL
+    SELECT 'type ' || t.oid::regtype::text || ' ' || t.typtype::text FROM pg_type t
+    WHERE t.typnamespace NOT IN ('pg_catalog'::regnamespace,
+                                 'information_schema'::regnamespace, 'pg_toast'::regnamespace)
+      AND t.typrelid = 0
+    UNION ALL
+    SELECT 'extension ' || extname || ' ' || extversion FROM pg_extension
+    UNION ALL
+    SELECT 'setting ' || coalesce(setrole::regrole::text, '') || ' ' || setconfig::text
+    FROM pg_db_role_setting
+    WHERE setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())
+    UNION ALL
+    SELECT 'database ' || datallowconn::text || ' ' || datconnlimit::text || ' ' || coalesce(datacl::text, '')
+    FROM pg_database WHERE datname = current_database()
+) AS s(d);
+
+-- name: database_oid
+-- Which database this is, whatever it is called now.
+SELECT oid FROM pg_database WHERE datname = current_database();
+
+-- name: fair_clock
+SELECT * FROM fair_clock;
+
+-- name: event_count
+SELECT count(*) AS n FROM archive_events;
+
+-- name: statistics_count
+SELECT count(*) AS n FROM pg_statistic
+WHERE starelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'public'::regnamespace);

@@ -445,6 +445,13 @@ SELECT relname FROM pg_class
 WHERE relnamespace = 'public'::regnamespace AND relkind IN ('r', 'p')
 ORDER BY relname;
 
+-- name: own_tables_written
+-- The tables with anything on disk (rows, or the pages of rows deleted since).
+SELECT relname FROM pg_class
+WHERE relnamespace = 'public'::regnamespace AND relkind IN ('r', 'p')
+  AND pg_relation_size(oid) > 0
+ORDER BY relname;
+
 -- name: own_sequences
 SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace AND relkind = 'S'
 ORDER BY relname;

@@ -412,9 +412,10 @@ def write_doc(result: dict[str, Any]) -> None:
         f"{a['slots_per_worker']} slots per simulated worker, images of "
         f"{a['job_seconds'][0]}–{a['job_seconds'][1]} s (uniform), lease {a['lease']:.0f} s "
         f"(a heartbeat per worker every {a['lease'] / 3:.0f} s), {a['warmup']:.0f} s warm-up "
-        f"then a {a['window']:.0f} s window per size; per job: register the "
-        "attempt's key, then the fenced complete with the claim of the freed slot in one "
-        "transaction. Ideal = slots ÷ mean image "
+        f"then a {a['window']:.0f} s window per size; per job: one transaction, the "
+        "fenced complete with the claim of the freed slot (which registers the new "
+        "attempt's object keys), on connections that keep one plan per statement, as a "
+        "worker's. Ideal = slots ÷ mean image "
         "time. PG cores = PostgreSQL's CPU seconds per second, all its processes.",
         "",
         "| slots | jobs/s | of ideal | PG cores | PG µs/job | heartbeat share | "

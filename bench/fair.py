@@ -80,7 +80,7 @@ from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
 from darkroom.db.migrations import migrate
 from darkroom.db.queries import QUERIES
-from darkroom.queue import Lease, Priority, Queue
+from darkroom.queue import Lease, Priority, Queue, claim_params
 
 OUT = BY_NAME["fair"].json_path
 POLICIES = ("fifo", "fair", "fair_bulk")
@@ -392,8 +392,9 @@ THROUGHPUT_CLIENTS = 8
 async def _claim_rate(url: str, sql: str, claims: int, bulk_share: float) -> float:
     """Claims per second of THROUGHPUT_CLIENTS connections claiming one card at a time
     (each claim its own transaction) until `claims` were made."""
-    params = {"n": 1, "max_attempts": 3, "lease_seconds": 300.0, "worker": "bench",
-              "bulk_share": bulk_share}
+    # The previous claim takes what it knows of these (psycopg passes only its own).
+    params = claim_params(n=1, max_attempts=3, lease_seconds=300.0, worker="bench",
+                          claim=uuid.uuid4(), bulk_share=bulk_share)
     left = [claims]
     conns = [await psycopg.AsyncConnection.connect(url, autocommit=True)
              for _ in range(THROUGHPUT_CLIENTS)]

@@ -30,6 +30,7 @@ from bench.sql import SQL
 from darkroom.db.migrations import migrate
 from darkroom.db.queries import QUERIES
 from darkroom.layout import ORIGINALS
+from darkroom.queue import claim_params
 from tests.support.sql import SQL as TEST_SQL
 
 
@@ -80,9 +81,9 @@ def main() -> None:
             times = []
             for i in range(args.claims + 10):
                 t = time.perf_counter()
-                got = conn.execute(QUERIES["claim"], {
-                    "n": 32, "max_attempts": 3, "lease_seconds": 300.0, "worker": "bench",
-                    "claim": uuid.uuid4(), "bulk_share": 0.1}, prepare=True).fetchall()
+                got = conn.execute(QUERIES["claim"], claim_params(
+                    n=32, max_attempts=3, lease_seconds=300.0, worker="bench",
+                    claim=uuid.uuid4(), bulk_share=0.1), prepare=True).fetchall()
                 if i >= 10:
                     times.append((time.perf_counter() - t) * 1000)
                 assert not got

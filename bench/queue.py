@@ -60,7 +60,7 @@ from darkroom.db.database import Database
 from darkroom.db.migrations import migrate
 from darkroom.db.queries import QUERIES
 from darkroom.layout import DERIVED, ORIGINALS, original_key
-from darkroom.queue import NOTIFY_CHANNEL, Derived, Lease, Queue, derived_key
+from darkroom.queue import NOTIFY_CHANNEL, Derived, Lease, Queue, claim_params, derived_key
 
 OUT = Path(__file__).resolve().parent / "out" / "queue.json"
 WORKER_COUNTS = (1, 4, 16)
@@ -978,8 +978,8 @@ def _timed_claims(url: str, claims: int, once: Callable[[psycopg.Connection[Any]
 
 def darkroom_claim_once(n: int, sql: str | None = None
                         ) -> Callable[[psycopg.Connection[Any]], Any]:
-    params = {"n": n, "max_attempts": 3, "lease_seconds": 300.0, "worker": "bench",
-              "claim": uuid.uuid4(), "bulk_share": 0.1}
+    params = claim_params(n=n, max_attempts=3, lease_seconds=300.0, worker="bench",
+                          claim=uuid.uuid4(), bulk_share=0.1)
     query = sql or QUERIES["claim"]
 
     def once(conn: psycopg.Connection[Any]) -> Any:

@@ -39,6 +39,7 @@ from bench.stats import percentile
 from darkroom.db import embedded
 from darkroom.db.migrations import migrate
 from darkroom.db.queries import QUERIES
+from darkroom.queue import claim_params
 from tests.support.services import free_port
 from tests.support.sql import SQL as TEST_SQL
 
@@ -114,9 +115,9 @@ def sample(db: psycopg.Connection[Any]) -> dict[str, Any]:
     for _ in range(5):
         with db.transaction(force_rollback=True):
             start = time.perf_counter()
-            db.execute(QUERIES["claim"], {"n": 1, "max_attempts": 3, "lease_seconds": 60.0,
-                                          "worker": "probe", "claim": uuid.uuid4(),
-                                          "bulk_share": 0.1}).fetchall()
+            db.execute(QUERIES["claim"], claim_params(
+                n=1, max_attempts=3, lease_seconds=60.0, worker="probe", claim=uuid.uuid4(),
+                bulk_share=0.1)).fetchall()
             claims.append((time.perf_counter() - start) * 1000)
     sizes = {r["name"]: r["bytes"] for r in db.execute(SQL["relation_sizes"]).fetchall()}
     dead = {r["relname"]: {"live": r["n_live_tup"], "dead": r["n_dead_tup"],

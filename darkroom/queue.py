@@ -131,6 +131,15 @@ class Confirmation:
     claimed_sha256: str | None = None  # DIGEST_REQUIRED: the digest claimed at create
 
 
+def claim_params(*, n: int, claim: uuid.UUID, max_attempts: int, lease_seconds: float,
+                 worker: str, bulk_share: float) -> dict[str, Any]:
+    """The `claim` statement's parameters: what `Queue.claim` sends, for a caller that sends
+    the statement itself (a benchmark timing it, a test whose claim's answer is lost)."""
+    return {"n": n, "max_attempts": max_attempts, "claim": claim,
+            "lease_seconds": lease_seconds, "worker": worker, "bulk_share": bulk_share,
+            "attempt_keys": list(layout.ATTEMPT_KEYS)}
+
+
 def backoff_delay(
     attempt: int, base: float, cap: float, rng: random.Random | None = None
 ) -> float:
@@ -359,9 +368,9 @@ class Queue:
             raise ClaimUnknown(claim_id) from exc
 
     def _claim_params(self, n: int, claim_id: uuid.UUID) -> dict[str, Any]:
-        return {"n": n, "max_attempts": self.max_attempts, "claim": claim_id,
-                "lease_seconds": self.lease_seconds, "worker": self.worker,
-                "bulk_share": self.bulk_share, "attempt_keys": list(layout.ATTEMPT_KEYS)}
+        return claim_params(n=n, claim=claim_id, max_attempts=self.max_attempts,
+                            lease_seconds=self.lease_seconds, worker=self.worker,
+                            bulk_share=self.bulk_share)
 
     async def complete_and_claim(self, results: Sequence[tuple[Lease, Derived]], n: int,
                                  claim_id: uuid.UUID | None = None,

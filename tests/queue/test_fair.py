@@ -12,9 +12,9 @@ import pytest
 
 from darkroom.db.queries import QUERIES
 from darkroom.errors import ErrorCode
-from darkroom.layout import ATTEMPT_KEYS, original_key
+from darkroom.layout import original_key
 from darkroom.owners import set_owner_weight
-from darkroom.queue import Derived, Lease, Priority, Queue, derived_key
+from darkroom.queue import Derived, Lease, Priority, Queue, claim_params, derived_key
 from darkroom.reads import Reads
 from darkroom.stats import read as read_stats
 from tests.support.services import confirm, make_queue
@@ -301,8 +301,7 @@ def test_the_claim_reads_the_line_in_order_when_one_owner_holds_the_backlog(
         conn.execute(SQL["analyze_cards"])
         plan = "\n".join(r[0] for r in conn.execute(
             ("EXPLAIN " + QUERIES["claim"]).encode(),
-            {"n": 4, "max_attempts": 3, "claim": uuid.uuid4(), "lease_seconds": 60,
-             "worker": "w", "bulk_share": 0.1,
-             "attempt_keys": list(ATTEMPT_KEYS)}).fetchall())
+            claim_params(n=4, max_attempts=3, claim=uuid.uuid4(), lease_seconds=60,
+                         worker="w", bulk_share=0.1)).fetchall())
     # A sort of archive_files rows: every due card read and ordered at each claim.
     assert "Sort Key: archive_files" not in plan, plan

@@ -22,6 +22,7 @@ from darkroom.queue import (
     LeaseLost,
     Status,
     backoff_delay,
+    claim_params,
     derived_key,
     thumb_key,
 )
@@ -431,10 +432,9 @@ async def test_a_claim_whose_answer_was_lost_is_adopted_with_one_attempt(
     claim_id = uuid.uuid4()
     # The claim statement commits; its answer never reaches the worker.
     async with pool.connection() as conn:
-        await conn.execute(QUERIES["claim"], {
-            "n": 2, "max_attempts": 3, "claim": claim_id, "lease_seconds": 30.0,
-            "worker": "test", "bulk_share": 0.1,
-            "attempt_keys": list(ATTEMPT_KEYS)})
+        await conn.execute(QUERIES["claim"], claim_params(
+            n=2, max_attempts=3, claim=claim_id, lease_seconds=30.0, worker="test",
+            bulk_share=0.1))
     adopted = await q.adopt_claim(claim_id)
     assert len(adopted) == 2 and {lease.attempt for lease in adopted} == {1}
     assert await q.adopt_claim(uuid.uuid4()) == []
@@ -451,10 +451,9 @@ async def test_an_adopted_claim_taken_over_since_is_not_adopted(
     [fid] = await new_queued(q)
     claim_id = uuid.uuid4()
     async with pool.connection() as conn:
-        await conn.execute(QUERIES["claim"], {
-            "n": 1, "max_attempts": 3, "claim": claim_id, "lease_seconds": 30.0,
-            "worker": "test", "bulk_share": 0.1,
-            "attempt_keys": list(ATTEMPT_KEYS)})
+        await conn.execute(QUERIES["claim"], claim_params(
+            n=1, max_attempts=3, claim=claim_id, lease_seconds=30.0, worker="test",
+            bulk_share=0.1))
     expire(db_url, fid)
     [b] = await q.claim(1)
     assert b.attempt == 2

@@ -44,8 +44,7 @@ from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
 from darkroom.db.queries import QUERIES
 from darkroom.errors import RETRYABLE_CODES, TRANSIENT_CODES, ErrorCode
-from darkroom.layout import ATTEMPT_KEYS
-from darkroom.queue import Derived, Lease, LeaseLost, Priority, Queue, derived_key
+from darkroom.queue import Derived, Lease, LeaseLost, Priority, Queue, claim_params, derived_key
 from darkroom.storage import open_store
 from darkroom.sweeper import Orphans, Reconcile
 from tests.support.services import confirm, examples
@@ -405,10 +404,9 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             """The claim commits, its answer never arrives; the worker adopts by claim id."""
             claim_id = uuid.uuid4()
             due, k, credit = self.due(), self.slots_for_due(n), self.bulk_credit()
-            self.db.execute(QUERIES["claim"], {
-                "n": n, "max_attempts": MAX_ATTEMPTS, "claim": claim_id,
-                "lease_seconds": 60, "worker": f"w{w}", "bulk_share": float(SHARE),
-                "attempt_keys": list(ATTEMPT_KEYS)})
+            self.db.execute(QUERIES["claim"], claim_params(
+                n=n, max_attempts=MAX_ATTEMPTS, claim=claim_id, lease_seconds=60,
+                worker=f"w{w}", bulk_share=float(SHARE)))
             still = {r["id"] for r in self.due()}
             self.check_fair(due, [r["id"] for r in due if r["id"] not in still], k, credit)
             leases = self.run(self.queues[w].adopt_claim(claim_id))

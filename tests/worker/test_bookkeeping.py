@@ -12,8 +12,7 @@ import pytest
 
 from darkroom.config import Settings
 from darkroom.db.database import Database
-from darkroom.layout import ATTEMPT_KEYS
-from darkroom.queue import Queue
+from darkroom.queue import Queue, claim_params
 from darkroom.reads import Reads
 from darkroom.storage import open_store
 from darkroom.worker import Worker
@@ -174,11 +173,10 @@ async def test_a_lost_claim_that_commits_after_its_lookup_is_still_adopted(
             if lookups:
                 return await super().claim(n)
             claim_id = uuid.uuid4()
-            await asyncio.to_thread(late.execute, QUERIES["claim"], {
-                "n": n, "max_attempts": self.max_attempts, "claim": claim_id,
-                "lease_seconds": self.lease_seconds, "worker": self.worker,
-                "bulk_share": self.bulk_share,
-                "attempt_keys": list(ATTEMPT_KEYS)})
+            await asyncio.to_thread(late.execute, QUERIES["claim"], claim_params(
+                n=n, max_attempts=self.max_attempts, claim=claim_id,
+                lease_seconds=self.lease_seconds, worker=self.worker,
+                bulk_share=self.bulk_share))
             raise ClaimUnknown(claim_id)
 
         async def adopt_claim(self, claim_id: uuid.UUID) -> list[Lease]:

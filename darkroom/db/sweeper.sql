@@ -10,18 +10,21 @@
 -- holds no lease, and tokens never hold a lease again) and the guard interval has passed.
 -- An object that a card references is not an orphan whatever its row says (a repeated
 -- commit that went through): it is answered with referenced = true and never deleted.
+-- The live attempts' rows (every claim registers its attempt's keys) are passed over in
+-- the batch's own scan, not after it: long attempts, or expired leases a pause holds back
+-- from rescue, would otherwise fill every batch and stop the sweep.
 WITH taken AS (
     UPDATE orphan_objects o
     SET next_try_at = now() + make_interval(secs => %(retry_seconds)s::float8)
     WHERE o.object_key = ANY (ARRAY(
-        SELECT object_key FROM orphan_objects
-        WHERE next_try_at <= now()
-          AND created_at < now() - make_interval(secs => %(guard_seconds)s::float8)
-        ORDER BY next_try_at
+        SELECT x.object_key FROM orphan_objects x
+        WHERE x.next_try_at <= now()
+          AND x.created_at < now() - make_interval(secs => %(guard_seconds)s::float8)
+          AND NOT EXISTS (SELECT 1 FROM archive_files f
+                          WHERE f.id = x.file_id AND f.lease_token = x.token)
+        ORDER BY x.next_try_at
         LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED))
-      AND NOT EXISTS (SELECT 1 FROM archive_files f
-                      WHERE f.id = o.file_id AND f.lease_token = o.token)
+        FOR UPDATE OF x SKIP LOCKED))
     RETURNING o.object_key, o.file_id, o.token, o.reason, o.failures, o.created_at
 )
 SELECT t.*, EXISTS (SELECT 1 FROM archive_files f

@@ -216,6 +216,26 @@ async def test_a_published_key_tracked_anew_then_replaced_mid_pass_is_still_swep
     assert [o.key for o in store.list(new)] == [new]
 
 
+async def test_attempts_still_running_never_hold_up_the_sweep(
+        pool: Any, db_url: str, store: ObjectStore) -> None:
+    """Every running attempt has rows (its claim registered its keys), skipped while its
+    lease holds; a batch's worth of them, older than the guard interval (long attempts,
+    or expired leases an operator's pause holds back from rescue), must not fill every
+    pass and leave the ended attempts' objects for ever."""
+    q = make_queue(pool)
+    for _ in range(BATCH // 2):
+        await queued_card(q, store, owner="busy")
+    running = await q.claim(BATCH // 2)
+    await queued_card(q, store, owner="o")
+    [ended] = await q.claim(1)
+    key = await orphan(q, store, ended)
+    await q.release([ended])
+    unit = Orphans(q.db, store, guard_seconds=0)
+    assert await unit.run_once() == 2  # the ended attempt's preview and thumb
+    assert list(store.list(key)) == []
+    assert len(orphan_rows(db_url)) == 2 * len(running)  # the running ones', untouched
+
+
 async def test_two_sweepers_share_the_orphans(pool: Any, db_url: str,
                                               store: ObjectStore) -> None:
     q = make_queue(pool)

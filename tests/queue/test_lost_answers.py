@@ -28,11 +28,11 @@ from darkroom.db.connection import open_pool
 from darkroom.db.database import CONNECTION_ERRORS
 from darkroom.errors import ErrorCode
 from darkroom.layout import original_key
-from darkroom.queue import Queue, Status
+from darkroom.queue import ClaimUnknown, Queue, Status, derived_key, thumb_key
 from darkroom.reads import Reads
 from darkroom.storage import ObjectStore, open_store
 from darkroom.sweeper import PendingExpiry, Reconcile
-from tests.queue.test_protocol import new_queued
+from tests.queue.test_protocol import derived_for, new_queued, orphans
 from tests.support.faults import FaultProxy, through_proxy
 from tests.support.services import make_queue
 from tests.support.sql import SQL
@@ -82,6 +82,48 @@ def events(db_url: str, file_id: uuid.UUID) -> list[str]:
 def card(db_url: str, file_id: uuid.UUID) -> tuple[Any, ...] | None:
     with psycopg.connect(db_url) as conn:
         return conn.execute(SQL["lost_answer_card"], {"id": file_id}).fetchone()
+
+
+# --- a worker's claim, which registers its attempts' objects, and its publication ---------
+
+
+@pytest.mark.parametrize("where", WHERE)
+async def test_a_claim_whose_answer_was_lost_registered_exactly_what_it_leased(
+        pool: Any, db_url: str, lossy: Lossy, where: str) -> None:
+    """The worker looks up a claim whose answer never came by its id (adopt_claim). What
+    the claim leased, its keys are registered with it; what it never leased, nothing is."""
+    q = make_queue(pool)
+    await new_queued(q)
+    lossy.proxy.cut_statement(b"registered AS (", where=where)
+    with pytest.raises(ClaimUnknown) as unknown:
+        await lossy.queue.claim(1)
+    assert not lossy.proxy.statement_cut_pending
+    adopted = await q.adopt_claim(unknown.value.claim_id)
+    if where == "before":
+        assert adopted == [] and orphans(db_url) == []
+        adopted = await q.claim(1)
+    [lease] = adopted
+    assert sorted(orphans(db_url)) == sorted([(derived_key(lease), lease.token),
+                                              (thumb_key(lease), lease.token)])
+    assert events(db_url, lease.file_id) == ["claimed"]
+
+
+@pytest.mark.parametrize("where", WHERE)
+async def test_a_publication_whose_answer_was_lost_takes_back_the_claims_rows_once(
+        pool: Any, db_url: str, lossy: Lossy, where: str) -> None:
+    """The worker's completer sends a commit again until it is answered: the repeat of one
+    that went through is recognized as published, and the rows the claim registered (the
+    thumb's too, for a photo that needed none) are gone either way."""
+    q = make_queue(pool)
+    [fid] = await new_queued(q)
+    [lease] = await q.claim(1)
+    publish = functools.partial(lossy.queue.complete_many, [(lease, derived_for(lease))])
+    await lossy.lost(b"accounted AS (", where, publish)
+    assert (orphans(db_url) == []) is (where == "after")
+    assert await publish() == set()
+    assert await publish() == set()
+    assert orphans(db_url) == []
+    assert events(db_url, fid) == ["claimed", "ready"]
 
 
 # --- a worker's counted deferral -------------------------------------------------------

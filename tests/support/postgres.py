@@ -190,7 +190,6 @@ class TestPostgres:
             self._drop(made.result())
 
 
-
 class _Template:
     """What a test database must hold to be as the migrated template left it: the rows of
     each table (the migrations' own, such as the fair clock's one row), the state of each

@@ -29,7 +29,16 @@ from typing import Any
 
 from darkroom.derive import Limits
 from darkroom.errors import DeriveError, ErrorCode
-from darkroom.jail import PROTECTIONS, Jail, enter_namespaces, lock_down, per_job_cpu
+from darkroom.jail import (
+    PROTECTIONS,
+    Jail,
+    enter_child_namespace,
+    enter_namespaces,
+    enter_slot_namespaces,
+    lock_down,
+    per_job_cpu,
+    shield_parent,
+)
 from darkroom.wire import FRAME, HELLO, MAX_META, ProtocolError, read_exact, write_frame
 
 # Every variable the parent gives a child (`darkroom.sandbox.child_environment`).
@@ -100,7 +109,7 @@ def _watch_parent() -> None:
     threading.Thread(target=watch, name="watch-parent", daemon=True).start()
 
 
-def _start_jail(memory_mb: int, nice: int, jailed: bool) -> Jail:
+def _start_jail(memory_mb: int, nice: int, jailed: bool, slot: Jail | None) -> Jail:
     """Everything the child does before importing libvips (see `darkroom.jail`)."""
     jail = Jail()
     # Given by the parent (`DecoderProcess._spawn`): checked here so the report is true.
@@ -124,7 +133,9 @@ def _start_jail(memory_mb: int, nice: int, jailed: bool) -> Jail:
     else:
         jail.off("empty_working_directory", "working directory not empty or writable")
     _harden(memory_mb, nice)
-    if jailed:
+    if jailed and slot is not None:
+        enter_child_namespace(jail, slot)  # a fork of the slot's init (`_zygote`)
+    elif jailed:
         enter_namespaces(jail)  # returns in the decoder, PID 2 of its own namespace
     else:
         for name in PROTECTIONS:
@@ -148,9 +159,10 @@ def decode_job(data: bytes, limits: Limits) -> tuple[dict[str, Any], bytes]:
     return reply, payload
 
 
-def _zygote(jailed: bool) -> bool:
-    """Import everything once, then fork a child per request (`darkroom.zygote`). True in
-    a forked child, which goes on as a child started on its own; False when done."""
+def _zygote(jailed: bool) -> Jail | None:
+    """Import everything once, enter the slot's namespaces, then fork a child per request
+    (`darkroom.zygote`). In a forked child, answers the slot's jail (what its namespaces
+    gave), and the child goes on as a child started on its own does; None when done."""
     import resource
     import socket
 
@@ -167,17 +179,27 @@ def _zygote(jailed: bool) -> bool:
     # a child's collections do not write to (and so copy) the zygote's pages.
     gc.collect()
     gc.freeze()
+    slot = Jail()
     if jailed:
-        lock_down_zygote(Jail())
-    return serve_forks(control)
+        lock_down_zygote(slot)
+        # Returns in the slot's init; the zygote waits for it on the host's side.
+        enter_slot_namespaces(slot, control.fileno())
+        # The init outlives every child of the slot: none of them, even with the rights
+        # a child has before its lock-down, may read or write its memory (its children
+        # make themselves dumpable again, `darkroom.zygote`).
+        shield_parent()
+    return slot if serve_forks(control) else None
 
 
 def serve(memory_mb: int, nice: int = 0, cpu_seconds: int = 61, *, jailed: bool = True,
           probe: bool = False, job: Job = decode_job,
           prepare: Prepare | None = None, zygote: bool = False) -> int:
-    if zygote and not _zygote(jailed):
-        return 0
-    jail = _start_jail(memory_mb, nice, jailed)
+    slot = None
+    if zygote:
+        slot = _zygote(jailed)
+        if slot is None:
+            return 0
+    jail = _start_jail(memory_mb, nice, jailed, slot)
     # The protocol owns fd 1. Anything else that writes to stdout (a stray print, a
     # library message) is sent to stderr instead of corrupting a frame.
     out = os.fdopen(os.dup(1), "wb")
@@ -204,7 +226,10 @@ def serve(memory_mb: int, nice: int = 0, cpu_seconds: int = 61, *, jailed: bool 
         # Still single-threaded: Landlock binds this thread and those it starts later.
         lock_down(jail, cpu_seconds=cpu_seconds, cpu_lifetime_seconds=cpu_lifetime(cpu_seconds),
                   threads=VIPS_THREADS, extra_fds=(out.fileno(), *kept))
-    _watch_parent()
+    if not jail.active["pid_namespace"]:
+        # In a PID namespace the worker's death already ends this child: its init (or
+        # the slot's) is killed with the process the worker started.
+        _watch_parent()
     if probe:
         out.write(json.dumps(jail.report).encode())
         out.flush()

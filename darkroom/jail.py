@@ -7,10 +7,13 @@ applies them (`docs/SECURITY.md` says what each stops and what it does not):
 
 1. Started by the parent with an empty environment, an empty working directory it may
    not write, and no descriptor but its three pipes (`DecoderProcess._spawn`).
-2. `enter_namespaces()`, first thing, while the child is single-threaded: its own network
-   namespace (no interface but a down loopback), mount namespace and PID namespace —
-   directly as root, through a user namespace otherwise. In the PID namespace the decoder
-   is PID 2 under an init of its own (`_enter_pid_namespace`).
+2. Namespaces, while single-threaded: a network namespace (no interface but a down
+   loopback), a PID namespace and a mount namespace of the child's own — directly as
+   root, through a user namespace otherwise. A slot's zygote makes the network, PID (and
+   user) namespaces once for all its children (`enter_slot_namespaces`): its init, PID 1,
+   forks each child, which adds its own mount namespace (`enter_child_namespace`). A
+   child started on its own makes them all (`enter_namespaces`) and is PID 2 under an
+   init of its own (`_enter_pid_namespace`).
 3. The child imports Python modules and initialises libvips: everything that reads files
    happens here, before the doors close.
 4. `lock_down()`: `/proc` is covered by an empty read-only tmpfs (other processes'
@@ -87,7 +90,7 @@ OWN_UID_BASE = 0x7000_0000
 
 def own_uid(host_pid: int | None = None) -> int:
     """The uid (and gid) a decoder whose pid on the host is `host_pid` takes when it drops
-    root (inside its PID namespace its own pid is 2, the same for every child)."""
+    root (its pid inside its PID namespace is the same for many children)."""
     return OWN_UID_BASE + (os.getpid() if host_pid is None else host_pid)
 
 # Descriptors: the child needs its pipes and the files Python may read for a traceback.
@@ -320,6 +323,13 @@ def shield_parent() -> bool:
         return False
 
 
+def unshield() -> None:
+    """Undo a `shield_parent()` inherited from the slot's init: a child's own `/proc`
+    files belong to its uid again, as its start needs (its autogroup, say)."""
+    with contextlib.suppress(OSError):
+        _prctl(_PR_SET_DUMPABLE, 1)
+
+
 def enter_namespaces(jail: Jail) -> None:
     """Own network, mount and PID namespaces. Must run while the process is
     single-threaded. Returns in the decoder, PID 2 of its namespace (`_enter_pid_namespace`);
@@ -369,6 +379,94 @@ def enter_namespaces(jail: Jail) -> None:
         jail.off("pid_namespace", exc)
     else:
         _enter_pid_namespace(jail)
+
+
+def enter_slot_namespaces(jail: Jail, control: int) -> None:
+    """The zygote's half of the namespaces (`darkroom.zygote`): user, network and PID
+    namespaces made once for every child of one worker slot. Must run while the zygote is
+    single-threaded. Returns in the slot's init, PID 1 of the new PID namespace, which
+    serves the forks on `control`; the zygote itself stays on the host's side
+    (`_outer`) and never returns.
+
+    A child forked by that init is PID 2 or later of the slot's namespace (so the kernel
+    delivers it every signal, the CPU limit's included), lays its own mount namespace over
+    the slot's (`enter_child_namespace`) and takes a uid of its own; the slot's earlier
+    children are gone by then (the worker retires one before it asks for the next).
+    """
+    flags = _CLONE_NEWNET | _CLONE_NEWPID
+    if os.geteuid() == 0:
+        jail.off("user_namespace", BY_DESIGN["user_namespace"])
+        try:
+            _unshare(_CLONE_NEWNET)
+            jail.on("network_namespace")
+        except OSError as exc:
+            jail.off("network_namespace", exc)
+        try:
+            _unshare(_CLONE_NEWPID)
+        except OSError as exc:
+            jail.off("pid_namespace", exc)
+            return
+    else:
+        uid, gid = os.getuid(), os.getgid()
+        try:
+            try:
+                _unshare(_CLONE_NEWUSER | flags)
+            except OSError as exc:
+                jail.off("pid_namespace", exc)
+                _unshare(_CLONE_NEWUSER | _CLONE_NEWNET)
+                flags = 0
+            Path("/proc/self/setgroups").write_text("deny")
+            Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
+            Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
+        except OSError as exc:
+            for name in ("user_namespace", "network_namespace", "mount_namespace_proc_hidden",
+                         "pid_namespace"):
+                jail.off(name, exc if name == "user_namespace" else
+                         "needs root or a user namespace")
+            return
+        jail.on("user_namespace")
+        jail.on("network_namespace")
+        if not flags:
+            return
+    host_parent = os.getppid()
+    alive_r, alive_w = os.pipe()
+    init = os.fork()
+    if init:
+        os.close(alive_r)
+        os.close(control)
+        shield_parent()  # as its init is (`decoder_child._zygote`)
+        _outer(init, host_parent)
+    os.close(alive_w)
+    try:
+        # The zygote's death (the worker killed it) ends the slot's init, and with it
+        # every child in the namespace.
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if select.select([alive_r], [], [], 0)[0]:
+            os._exit(1)
+        os.close(alive_r)
+    except BaseException:
+        os._exit(1)
+    jail.on("pid_namespace")
+
+
+def enter_child_namespace(jail: Jail, slot: Jail) -> None:
+    """A forked child's half: the slot's namespaces (`enter_slot_namespaces`) and a mount
+    namespace of its own, where `lock_down()` covers `/proc` for this child alone."""
+    for name in ("user_namespace", "network_namespace", "pid_namespace"):
+        if slot.active[name]:
+            jail.on(name)
+        else:
+            jail.off(name, slot.reasons.get(name, "not entered"))
+    jail.host_pid = _host_pid()
+    if not slot.active["user_namespace"] and os.geteuid() != 0:
+        jail.off("mount_namespace_proc_hidden", "needs root or a user namespace")
+        return
+    try:
+        _unshare(_CLONE_NEWNS)
+    except OSError as exc:
+        jail.off("mount_namespace_proc_hidden", exc)
+    else:
+        _private_mounts(jail)
 
 
 def _enter_pid_namespace(jail: Jail) -> None:
@@ -492,8 +590,10 @@ def _own_uid_tasks(uid: int) -> int:
 def lock_down(jail: Jail, *, cpu_seconds: int, cpu_lifetime_seconds: int,
               threads: int, extra_fds: tuple[int, ...] = ()) -> None:
     """Close every door. Call after all imports and library initialisation."""
-    run_as = own_uid(jail.host_pid) if os.geteuid() == 0 else os.getuid()
-    tasks = _own_uid_tasks(run_as) + len(os.listdir("/proc/self/task"))
+    root = os.geteuid() == 0
+    run_as = own_uid(jail.host_pid) if root else os.getuid()
+    # As root the uid is this child's alone (`own_uid`): nothing else counts against it.
+    tasks = (0 if root else _own_uid_tasks(run_as)) + len(os.listdir("/proc/self/task"))
     if jail.private_mounts:
         try:
             _mount("none", "/proc", "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,

@@ -298,7 +298,8 @@ class _Zygote:
             for fd in fds:
                 os.close(fd)
             raise OSError("zygote did not fork")
-        return _Forked(int(message), fds)
+        # The zygote names it as its PID namespace does; the worker's logs want the host's.
+        return _Forked(_pidfd_pid(fds[3]) or int(message), fds)
 
     def close(self) -> None:
         """EOF on its control socket: the zygote reaps its children and exits."""
@@ -308,6 +309,16 @@ class _Zygote:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+def _pidfd_pid(pidfd: int) -> int | None:
+    """The pid a pidfd stands for, as this process's PID namespace sees it."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/self/fdinfo/{pidfd}").read_text().splitlines():
+            if line.startswith("Pid:"):
+                pid = int(line.split()[1])
+                return pid if pid > 0 else None  # -1: it has ended
+    return None
 
 
 class Cancelled(DeriveError):
@@ -357,8 +368,8 @@ class DecoderProcess:
         self._job_lock = threading.Lock()  # one request on the pipe at a time
         self._lock = threading.Lock()  # guards every field below
         self._proc: Child | None = None
-        # The decoding process of `_proc`, on the host: `_proc` itself, or the PID 2 of the
-        # PID namespace `_proc` made.
+        # The decoding process of `_proc`, as the host names it: `_proc` itself (a fork of
+        # the slot's init), or the PID 2 of the PID namespace `_proc` made on its own.
         self._decoder_pid: int | None = None
         # A pidfd of the decoding process: what a kill signals (`_retire_locked`).
         self._decoder_fd: int | None = None
@@ -545,9 +556,9 @@ class DecoderProcess:
         self._fed = False
         decoder, self._decoder_fd, self._decoder_pid = self._decoder_fd, None, None
         if decoder is not None:
-            # The decoder itself, not the child's first process: its init reaps it and
-            # the first process ends as it did, so the whole chain exits in order (and
-            # its CPU time is accounted to the worker's children).
+            # The decoder itself, not a child's first process: its init reaps it (and a
+            # first process ends as it did), so everything exits in order and its CPU
+            # time is accounted to the worker's children.
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(decoder, signal.SIGKILL)
             os.close(decoder)
@@ -646,9 +657,9 @@ class DecoderProcess:
                 with self._lock:
                     reason = self._kill_reason
                 if reason is None:
-                    # The decoder died by itself: its outer process ends as it did (by the
-                    # same signal) a moment after the pipe's EOF. Killed first, it would
-                    # say SIGKILL instead.
+                    # The decoder died by itself: its exit code (the slot's init reports
+                    # it, or its first process ends by the same signal) comes a moment
+                    # after the pipe's EOF. Killed first, it would say SIGKILL instead.
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         proc.wait(timeout=_EXIT_SECONDS)
                 with self._lock:

@@ -4,14 +4,21 @@ A decoder child costs a Python start-up and libvips' and pillow-heif's imports (
 tenth of a CPU second); a worker that gives every owner a fresh child would pay that at
 every owner change. So each `DecoderProcess` starts one zygote
 (`python -m darkroom.decoder_child ... --zygote`): it does those imports once, never reads
-an image, and forks a child per request. The child then jails itself exactly as a child
-started on its own does (`darkroom.jail`: namespaces, its own uid, Landlock, seccomp) and
+an image, and forks a child per request. The child then takes the rest of the jail
+(`darkroom.jail`: a mount namespace of its own, its own uid, Landlock, seccomp) and
 serves its one owner.
 
+The zygote makes the slot's network, PID and (when not root) user namespaces once
+(`darkroom.jail.enter_slot_namespaces`): its fork, PID 1 of that namespace, is the one
+that serves the requests below, and every child is PID 2 or later under it. The zygote
+itself only waits on the host's side and ends as its init does; killing it kills the
+init, and the init's death the namespace.
+
 The worker asks for a child with one byte on the control socket (the zygote's stdin). The
-zygote answers the forked child's pid and five descriptors (SCM_RIGHTS): the child's
-stdin, stdout and stderr pipes (the worker's ends), a pidfd to kill it by, and a pipe on
-which the zygote writes its exit code (`EXIT`, as `subprocess` reports it) once reaped.
+slot's init answers the forked child's pid (in its namespace) and five descriptors
+(SCM_RIGHTS): the child's stdin, stdout and stderr pipes (the worker's ends), a pidfd to
+kill it by, and a pipe on which it writes the child's exit code (`EXIT`, as `subprocess`
+reports it) once reaped.
 
 The zygote holds no secret (the empty environment of every child), no image, and a
 seccomp filter of its own: no exec, no tracing, no new socket. It cannot be locked down
@@ -28,9 +35,10 @@ import select
 import signal
 import socket
 import struct
+import sys
 from typing import Any
 
-from darkroom.jail import Jail
+from darkroom.jail import Jail, unshield
 
 # A child's exit code, as the zygote reports it: negative for a signal.
 EXIT = struct.Struct("!i")
@@ -63,7 +71,8 @@ def lock_down_zygote(jail: Jail) -> None:
 
 
 def serve_forks(control: socket.socket) -> bool:
-    """Fork a child per request until the worker closes the control socket.
+    """Fork a child per request until the worker closes the control socket (run by the
+    slot's init, or by the zygote itself where it could make no PID namespace).
 
     Returns True in a forked child (its pipes on 0, 1 and 2, nothing else open), False in
     the zygote once every child it forked has been reaped.
@@ -102,13 +111,46 @@ def _reap(pidfd: Any, children: dict[int, tuple[int, int]]) -> None:
     os.close(pidfd)
 
 
+def clear_namespace(children: dict[int, tuple[int, int]]) -> None:
+    """Run by the slot's init before each fork: nothing of the slot's earlier children
+    (the worker has retired them) may meet the next one in the namespace. Every process
+    there but the init is killed and reaped: a process a child forked before its
+    lock-down and left for the init to adopt, too. Then the namespace's pid counter is
+    reset, so every child is PID 2: its own pid tells a child nothing of how many pids the
+    one before it used (its threads take pids too)."""
+    if os.getpid() != 1:
+        return  # not a namespace's init: kill(-1) would reach the host
+    for pidfd in list(children):
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    with contextlib.suppress(OSError):  # ESRCH: nobody else is here
+        os.kill(-1, signal.SIGKILL)
+    for pidfd in list(children):
+        _reap(pidfd, children)
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+    try:
+        with open("/proc/sys/kernel/ns_last_pid", "w", encoding="ascii") as counter:
+            counter.write("1")
+    except OSError as exc:
+        print(f"darkroom.zygote: cannot reset the pid counter: {exc.strerror}",
+              file=sys.stderr, flush=True)
+
+
 def _fork_one(control: socket.socket, children: dict[int, tuple[int, int]]) -> bool:
+    clear_namespace(children)
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     exit_r, exit_w = os.pipe()
     pid = os.fork()
     if pid == 0:
+        unshield()
         for target, fd in enumerate((in_r, out_w, err_w)):
             os.dup2(fd, target, inheritable=True)
         # Not the control socket, nor the pipes of the zygote's other children.

@@ -11,6 +11,7 @@ Nothing in the product can start this module: only a test passes it as the child
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -21,6 +22,7 @@ import signal
 import socket
 import stat
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -189,6 +191,30 @@ def forged(kind: str, data: bytes, limits: Limits) -> tuple[dict[str, Any], byte
     return meta, preview + thumb
 
 
+def _parent_on_host(pid: int) -> int:
+    # The host's /proc (not yet covered) names parents as the host does.
+    lines = Path(f"/proc/{'self' if pid == os.getpid() else pid}/status").read_text()
+    return int(next(line.split()[1] for line in lines.splitlines() if line.startswith("PPid:")))
+
+
+def _open_mem(pid: int) -> str:
+    with open(f"/proc/{pid}/mem", "rb"):
+        return "opened"
+
+
+def _leave_a_lurker() -> None:
+    first = os.fork()
+    if first:
+        os.waitpid(first, 0)
+        return
+    if os.fork():
+        os._exit(0)
+    for fd in range(3):  # holding the worker's pipes would keep them open
+        os.close(fd)
+    while True:
+        signal.pause()
+
+
 def run(argv: list[str]) -> int:
     action, args = argv[argv.index("--") + 1], argv[argv.index("--") + 2:]
     fifo: list[int] = []
@@ -204,6 +230,19 @@ def run(argv: list[str]) -> int:
             seen.append(f"getpid {os.getpid()}; getppid {os.getppid()}; {nspid.split()}")
             for pid in map(int, args):
                 seen.append(attempt(f"signal {pid}", functools.partial(_signal_0, pid)))
+        if action == "peek":
+            # Before the lock-down: the memory of the processes above it, the slot's init
+            # (its parent) and the zygote (the init's), by their pids on the host.
+            parent = _parent_on_host(os.getpid())
+            for name, pid in (("init", parent), ("zygote", _parent_on_host(parent))):
+                seen.append(attempt(f"{name} memory", functools.partial(_open_mem, pid)))
+        if action == "linger":
+            # Before the lock-down, while fork is still allowed: a process of its own that
+            # the slot's init adopts, waiting for the next owner's child. Only the first
+            # child of the test leaves one (it makes the file named in args).
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(args[0], os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+                _leave_a_lurker()
         # A hang announces each job on a FIFO the test blocks reading: opened now (O_RDWR
         # never blocks on a FIFO), before the jail closes every path.
         # (A worker test's marker that is no FIFO is made by the worker, tests/support/
@@ -226,8 +265,16 @@ def run(argv: list[str]) -> int:
             per_job_cpu(1)
             while True:
                 pass
-        if action == "pidns":
+        if action in ("pidns", "peek"):
             raise DeriveError(ErrorCode.PROCESSING_FAILED, "; ".join(seen))
+        if action == "pid-counter":
+            # After the lock-down: threads take pids of the namespace, a number the next
+            # child of the same namespace would read from its own pid.
+            for _ in range(int(args[0])):
+                thread = threading.Thread(target=lambda: None)
+                thread.start()
+                thread.join()
+            raise DeriveError(ErrorCode.PROCESSING_FAILED, f"getpid {os.getpid()}")
         raise DeriveError(ErrorCode.PROCESSING_FAILED, report(action, args))
 
     return main(argv, job=job, prepare=prepare)

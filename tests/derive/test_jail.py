@@ -9,6 +9,7 @@ record an ordinary outcome for the file (`processing_failed`) and go on decoding
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -452,6 +453,53 @@ def test_hostile_with_all_its_rights_sees_and_signals_no_pid_outside(
     assert sibling.derive(DUNE).width == 1680 and child_pid(sibling) == victim
 
 
+def test_the_next_owners_child_shares_its_slots_namespace_with_its_init_alone() -> None:
+    # A slot's children live in one PID namespace, made by the slot's zygote once; the
+    # second owner's child is PID 2 there too, the first one gone. Even with all its
+    # rights (before the lock-down) it reaches nothing on the host but its init.
+    with compromised("pidns", str(os.getpid()), "1") as proc:
+        first = attack_as(proc, "alice")
+        second = attack_as(proc, "bob")
+        own = child_pid(proc)
+    assert first.startswith("getpid 2; getppid 1;"), first
+    assert second.startswith(f"getpid 2; getppid 1; ['NSpid:', '{own}', '2']"), second
+    assert f"signal {os.getpid()}: refused (ESRCH)" in second
+    assert "signal 1: done None" in second
+
+
+def test_no_child_learns_how_many_pids_the_one_before_it_used() -> None:
+    # Every child of a slot is the same PID of the slot's namespace, whatever the one
+    # before it did: its pid carries nothing from one owner's child to the next.
+    with compromised("pid-counter", "40") as proc:
+        details = [attack_as(proc, owner) for owner in ("alice", "bob", "carol")]
+    assert details == ["getpid 2"] * 3
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="the first child marks itself with a file in /tmp")
+def test_nothing_a_child_leaves_in_its_slots_namespace_outlives_it(tmp_path: Path) -> None:
+    # Before its lock-down a child could still fork a process of its own, which the
+    # slot's init adopts. The next owner's child shares the namespace with no such
+    # process: only with the init.
+    with compromised("linger", str(tmp_path / "lurking")) as proc:
+        attack_as(proc, "alice")
+        attack_as(proc, "bob")
+        child = child_pid(proc)
+        init = int(status(child)["PPid"])
+        namespace = Path(f"/proc/{child}/ns/pid").readlink()
+        inside = set()
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if entry.name.isdigit() and (entry / "ns/pid").readlink() == namespace:
+                    inside.add(int(entry.name))
+    assert inside == {init, child}
+
+
+def attack_as(proc: DecoderProcess, owner: str) -> str:
+    with pytest.raises(DeriveError) as info:
+        proc.derive(DUNE, owner=owner)
+    return info.value.detail
+
+
 def test_a_decoder_spinning_forever_is_ended_by_its_cpu_limit() -> None:
     # The wall-clock limit is far away: only the CPU limit's SIGXCPU can end this job,
     # and the decoder is not its namespace's init, which would ignore it.
@@ -460,7 +508,7 @@ def test_a_decoder_spinning_forever_is_ended_by_its_cpu_limit() -> None:
     assert error.detail == "child killed by SIGXCPU"
 
 
-def test_a_timeout_kills_the_decoder_and_its_init_at_once() -> None:
+def test_a_timeout_kills_the_decoder_and_closing_ends_its_slots_init() -> None:
     with DecoderProcess(LIMITS, timeout=1.0, memory_mb=1024, program=hostile("hang")) as proc:
         proc.start()
         decoder = child_pid(proc)
@@ -468,10 +516,10 @@ def test_a_timeout_kills_the_decoder_and_its_init_at_once() -> None:
         with pytest.raises(DeriveError) as info:
             proc.derive(DUNE)
         assert info.value.code == ErrorCode.PROCESSING_TIMEOUT
-    # The decoder died with its namespace, before the worker saw the pipe close; the init
-    # (the kill's target, through its parent-death signal) is at most a zombie, which the
-    # host reaps.
-    assert not Path(f"/proc/{decoder}").exists()
+        # The decoder is killed (and reaped by the slot's init, which serves on).
+        wait_for(lambda: ended(decoder), timeout=5.0, what="decoder ended")
+        assert not ended(init)
+    # Closing the slot ends its init, at most a zombie for the host to reap.
     wait_for(lambda: ended(init), timeout=5.0, what="init ended")
 
 
@@ -479,22 +527,36 @@ def test_a_new_owner_gets_a_fresh_child_forked_by_the_zygote(secrets: dict[str, 
     with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) as proc:
         proc.derive(DUNE, owner="a")
         first, zygote = child_pid(proc), proc.zygote_pid
+        first_parent = int(status(first)["PPid"])
         assert zygote is not None
         proc.derive(DUNE, owner="b")
         second = child_pid(proc)
         assert second != first
         wait_for(lambda: ended(first), timeout=5.0, what="first child ended")
-        # decoder → its init → the child's first process → the same zygote
-        outer = int(status(int(status(second)["PPid"]))["PPid"])
-        assert int(status(outer)["PPid"]) == zygote == proc.zygote_pid
-        # The zygote: no secret, no privilege to gain by exec, its own seccomp filter,
-        # and of its live child only a pidfd and the pipe for its exit code (besides its
-        # stdin, stdout, stderr and control socket): none of the child's own pipes.
-        environ = Path(f"/proc/{zygote}/environ").read_bytes()
-        assert not any(value.encode() in environ for value in secrets.values())
-        assert status(zygote)["NoNewPrivs"] == "1" and status(zygote)["Seccomp"] == "2"
-        assert len(os.listdir(f"/proc/{zygote}/fd")) == 4 + 2
-    assert ended(zygote)  # close() ends the zygote too
+        # decoder → the slot's init (PID 1 of the slot's namespace) → the same zygote
+        init = int(status(second)["PPid"])
+        assert init == int(status(first_parent)["Pid"])
+        assert int(status(init)["PPid"]) == zygote == proc.zygote_pid
+        assert status(init)["NSpid"].split()[-1] == "1"
+        assert status(second)["NSpid"].split() == [str(second), "2"]
+        # The slot's PID namespace, a mount namespace of its own (its /proc cover).
+        namespace = {name: Path(f"/proc/{second}/ns/{name}").readlink() for name in ("pid", "mnt")}
+        assert namespace["pid"] == Path(f"/proc/{init}/ns/pid").readlink()
+        assert namespace["mnt"] != Path(f"/proc/{init}/ns/mnt").readlink()
+        if AS_ROOT:
+            assert status(second)["Uid"].split()[0] == str(OWN_UID_BASE + second)
+        # The zygote and the init: no secret, no privilege to gain by exec, a seccomp
+        # filter of their own; of its live child the init holds only a pidfd and the pipe
+        # for its exit code (besides its stdin, stdout, stderr and control socket): none
+        # of the child's own pipes. The zygote holds its stderr, its init's pidfd and the
+        # pipe whose end tells the init it still lives.
+        for process in (zygote, init):
+            environ = Path(f"/proc/{process}/environ").read_bytes()
+            assert not any(value.encode() in environ for value in secrets.values())
+            assert status(process)["NoNewPrivs"] == "1" and status(process)["Seccomp"] == "2"
+        assert len(os.listdir(f"/proc/{init}/fd")) == 4 + 2
+        assert len(os.listdir(f"/proc/{zygote}/fd")) == 3
+    assert ended(zygote) and ended(init)  # close() ends the zygote and its init too
 
 
 def test_a_child_started_on_its_own_is_jailed_the_same() -> None:
@@ -654,6 +716,39 @@ def test_hostile_of_a_non_root_worker_reads_none_of_its_users_files(host_dir: Pa
     for i, target in enumerate(targets):
         assert f"read #{i}: refused" in done.stdout, (target, done.stdout)
     assert "hunter2" not in done.stdout
+
+
+PEEK_SCRIPT = """
+import sys
+from darkroom.config import load_settings
+from darkroom.derive import Limits
+from darkroom.errors import DeriveError
+from darkroom.sandbox import DecoderProcess
+from tests.derive.hostile_child import hostile
+limits = Limits.from_settings(load_settings())
+with DecoderProcess(limits, timeout=30.0, memory_mb=1024, program=hostile("peek")) as proc:
+    for owner in ("alice", "bob"):
+        try:
+            proc.derive(open(sys.argv[1], "rb").read(), owner=owner)
+        except DeriveError as exc:
+            print(exc.detail)
+"""
+
+
+@pytest.mark.skipif(not AS_ROOT or not shutil.which("setpriv"),
+                    reason="needs root and setpriv to start a worker as another user")
+def test_a_child_of_a_non_root_worker_cannot_open_its_inits_or_zygotes_memory() -> None:
+    # The slot's init forks every owner's child; with a non-root worker each child keeps
+    # the worker's uid (and, before its lock-down, sees the host's /proc). The init and
+    # the zygote are not dumpable, so even then their memory is closed to it.
+    as_user = ["setpriv", f"--reuid={NON_ROOT_UID}", f"--regid={NON_ROOT_UID}", "--clear-groups"]
+    done = subprocess.run(
+        [*as_user, python_for(as_user), "-c", PEEK_SCRIPT, str(im.CORPUS / "Dune.jpg")],
+        capture_output=True, text=True, timeout=120, cwd="/", env=non_root_env(Path("/")),
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines == ["init memory: refused (EACCES); zygote memory: refused (EACCES)"] * 2
 
 
 @pytest.mark.parametrize("kind", ["file", "png", "dimensions", "edge", "padded", "thumbhash",

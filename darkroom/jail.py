@@ -330,54 +330,61 @@ def unshield() -> None:
         _prctl(_PR_SET_DUMPABLE, 1)
 
 
+def _unshare_one(jail: Jail, flag: int, protection: str) -> bool:
+    """As root: one namespace; if the kernel refuses, `protection` is off and says why."""
+    try:
+        _unshare(flag)
+    except OSError as exc:
+        jail.off(protection, exc)
+        return False
+    return True
+
+
+def _enter_user_namespace(jail: Jail, flags: int) -> bool | None:
+    """Not root: a user namespace with the namespaces of `flags` (the PID namespace among
+    them), mapping our own ids only, so files look the same from inside. Answers whether
+    the PID namespace came too; None when there is no user namespace (nor any other)."""
+    uid, gid = os.getuid(), os.getgid()
+    pid_namespace = True
+    try:
+        try:
+            _unshare(_CLONE_NEWUSER | flags)
+        except OSError as exc:
+            jail.off("pid_namespace", exc)
+            pid_namespace = False
+            _unshare(_CLONE_NEWUSER | (flags & ~_CLONE_NEWPID))
+        Path("/proc/self/setgroups").write_text("deny")
+        Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
+        Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
+    except OSError as exc:
+        jail.off("user_namespace", exc)
+        for name in ("network_namespace", "mount_namespace_proc_hidden", "pid_namespace"):
+            jail.off(name, "needs root or a user namespace")
+        return None
+    jail.on("user_namespace")
+    jail.on("network_namespace")
+    return pid_namespace
+
+
 def enter_namespaces(jail: Jail) -> None:
     """Own network, mount and PID namespaces. Must run while the process is
     single-threaded. Returns in the decoder, PID 2 of its namespace (`_enter_pid_namespace`);
     the processes above it never return."""
-    flags = _CLONE_NEWNET | _CLONE_NEWNS
-    if os.geteuid() == 0:
-        jail.off("user_namespace", BY_DESIGN["user_namespace"])
-    else:
-        uid, gid = os.getuid(), os.getgid()
-        pid_namespace = True
-        try:
-            try:
-                _unshare(_CLONE_NEWUSER | _CLONE_NEWPID | flags)
-            except OSError as exc:
-                jail.off("pid_namespace", exc)
-                pid_namespace = False
-                _unshare(_CLONE_NEWUSER | flags)
-            # Map our own ids only, so files look the same from inside.
-            Path("/proc/self/setgroups").write_text("deny")
-            Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
-            Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
-        except OSError as exc:
-            jail.off("user_namespace", exc)
-            for name in ("network_namespace", "mount_namespace_proc_hidden", "pid_namespace"):
-                jail.off(name, "needs root or a user namespace")
+    if os.geteuid() != 0:
+        pid_namespace = _enter_user_namespace(
+            jail, _CLONE_NEWPID | _CLONE_NEWNET | _CLONE_NEWNS)
+        if pid_namespace is None:
             return
-        jail.on("user_namespace")
-        jail.on("network_namespace")
         _private_mounts(jail)
         if pid_namespace:
             _enter_pid_namespace(jail)
         return
-    try:
-        _unshare(_CLONE_NEWNET)
+    jail.off("user_namespace", BY_DESIGN["user_namespace"])
+    if _unshare_one(jail, _CLONE_NEWNET, "network_namespace"):
         jail.on("network_namespace")
-    except OSError as exc:
-        jail.off("network_namespace", exc)
-    try:
-        _unshare(_CLONE_NEWNS)
-    except OSError as exc:
-        jail.off("mount_namespace_proc_hidden", exc)
-    else:
+    if _unshare_one(jail, _CLONE_NEWNS, "mount_namespace_proc_hidden"):
         _private_mounts(jail)
-    try:
-        _unshare(_CLONE_NEWPID)
-    except OSError as exc:
-        jail.off("pid_namespace", exc)
-    else:
+    if _unshare_one(jail, _CLONE_NEWPID, "pid_namespace"):
         _enter_pid_namespace(jail)
 
 
@@ -393,59 +400,18 @@ def enter_slot_namespaces(jail: Jail, control: int) -> None:
     the slot's (`enter_child_namespace`) and takes a uid of its own; the slot's earlier
     children are gone by then (the worker retires one before it asks for the next).
     """
-    flags = _CLONE_NEWNET | _CLONE_NEWPID
-    if os.geteuid() == 0:
-        jail.off("user_namespace", BY_DESIGN["user_namespace"])
-        try:
-            _unshare(_CLONE_NEWNET)
-            jail.on("network_namespace")
-        except OSError as exc:
-            jail.off("network_namespace", exc)
-        try:
-            _unshare(_CLONE_NEWPID)
-        except OSError as exc:
-            jail.off("pid_namespace", exc)
-            return
+    if os.geteuid() != 0:
+        if not _enter_user_namespace(jail, _CLONE_NEWPID | _CLONE_NEWNET):
+            return  # no PID namespace: the zygote serves the forks itself
     else:
-        uid, gid = os.getuid(), os.getgid()
-        try:
-            try:
-                _unshare(_CLONE_NEWUSER | flags)
-            except OSError as exc:
-                jail.off("pid_namespace", exc)
-                _unshare(_CLONE_NEWUSER | _CLONE_NEWNET)
-                flags = 0
-            Path("/proc/self/setgroups").write_text("deny")
-            Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
-            Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
-        except OSError as exc:
-            for name in ("user_namespace", "network_namespace", "mount_namespace_proc_hidden",
-                         "pid_namespace"):
-                jail.off(name, exc if name == "user_namespace" else
-                         "needs root or a user namespace")
+        jail.off("user_namespace", BY_DESIGN["user_namespace"])
+        if _unshare_one(jail, _CLONE_NEWNET, "network_namespace"):
+            jail.on("network_namespace")
+        if not _unshare_one(jail, _CLONE_NEWPID, "pid_namespace"):
             return
-        jail.on("user_namespace")
-        jail.on("network_namespace")
-        if not flags:
-            return
-    host_parent = os.getppid()
-    alive_r, alive_w = os.pipe()
-    init = os.fork()
-    if init:
-        os.close(alive_r)
-        os.close(control)
-        shield_parent()  # as its init is (`decoder_child._zygote`)
-        _outer(init, host_parent)
-    os.close(alive_w)
-    try:
-        # The zygote's death (the worker killed it) ends the slot's init, and with it
-        # every child in the namespace.
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if select.select([alive_r], [], [], 0)[0]:
-            os._exit(1)
-        os.close(alive_r)
-    except BaseException:
-        os._exit(1)
+    # The zygote's death (the worker killed it) ends the slot's init, and with it every
+    # child in the namespace. The zygote holds no image either: not dumpable, as its init.
+    _fork_init(close=(control,), shield=True)
     jail.on("pid_namespace")
 
 
@@ -481,20 +447,8 @@ def _enter_pid_namespace(jail: Jail) -> None:
     here. A SIGKILL to the outer process reaches the init (its parent-death signal), and
     the init's death kills everything in the namespace: nothing outlives the worker's kill.
     """
-    host_parent = os.getppid()
-    # The init learns here whether the outer process died before the init could ask for
-    # its parent-death signal (an EOF on this pipe).
-    alive_r, alive_w = os.pipe()
-    init = os.fork()
-    if init:
-        os.close(alive_r)
-        _outer(init, host_parent)
-    os.close(alive_w)
+    _fork_init()
     try:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if select.select([alive_r], [], [], 0)[0]:
-            os._exit(1)
-        os.close(alive_r)
         decoder = os.fork()
     except BaseException:
         os._exit(1)
@@ -503,6 +457,32 @@ def _enter_pid_namespace(jail: Jail) -> None:
         jail.on("pid_namespace")
         return
     _init(decoder)
+
+
+def _fork_init(close: tuple[int, ...] = (), shield: bool = False) -> None:
+    """Fork the new PID namespace's init; returns in it, with the parent-death signal of
+    SIGKILL. The caller stays on the host's side (`_outer`, after closing `close`) and
+    never returns."""
+    host_parent = os.getppid()
+    # The init learns here whether the outer process died before the init could ask for
+    # its parent-death signal (an EOF on this pipe).
+    alive_r, alive_w = os.pipe()
+    init = os.fork()
+    if init:
+        os.close(alive_r)
+        for fd in close:
+            os.close(fd)
+        if shield:
+            shield_parent()
+        _outer(init, host_parent)
+    os.close(alive_w)
+    try:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if select.select([alive_r], [], [], 0)[0]:
+            os._exit(1)
+        os.close(alive_r)
+    except BaseException:
+        os._exit(1)
 
 
 def _host_pid() -> int:

@@ -111,6 +111,9 @@ def _reap(pidfd: Any, children: dict[int, tuple[int, int]]) -> None:
     os.close(pidfd)
 
 
+_counter_warned = False
+
+
 def clear_namespace(children: dict[int, tuple[int, int]]) -> None:
     """Run by the slot's init before each fork: nothing of the slot's earlier children
     (the worker has retired them) may meet the next one in the namespace. Every process
@@ -134,12 +137,16 @@ def clear_namespace(children: dict[int, tuple[int, int]]) -> None:
             break
         except InterruptedError:
             continue
+    global _counter_warned
     try:
         with open("/proc/sys/kernel/ns_last_pid", "w", encoding="ascii") as counter:
             counter.write("1")
     except OSError as exc:
-        print(f"darkroom.zygote: cannot reset the pid counter: {exc.strerror}",
-              file=sys.stderr, flush=True)
+        # A read-only /proc/sys (a container's default): said once, in the worker's log.
+        if not _counter_warned:
+            _counter_warned = True
+            print(f"darkroom.zygote: cannot reset the slot's pid counter: {exc.strerror}",
+                  file=sys.stderr, flush=True)
 
 
 def _fork_one(control: socket.socket, children: dict[int, tuple[int, int]]) -> bool:

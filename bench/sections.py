@@ -309,7 +309,11 @@ def derive_section(src: Source) -> tuple[list[str], list[Target]]:
                   "two owners alternating on two slots (the worker's pick keeps each "
                   "owner's child); a fresh child is a fork of the slot's zygote, "
                   f"{o.cpu_per_job_ms.get('owner_every_job_no_zygote', float('nan')):.0f} ms "
-                  "per job when each child starts Python and libvips itself."]
+                  "per job when each child starts Python and libvips itself."
+                  + ("" if o.tiny_switch_cpu_ms is None else
+                     f" With a 64×48 JPEG, whose job costs next to nothing, a change costs "
+                     f"{o.tiny_switch_cpu_ms:.1f} ms of CPU (median of rounds): the fresh "
+                     "child itself, without a photo's first job in a new heap.")]
         targets.append(Target(
             f"fresh child at each owner change costs ≤ {DERIVE_OWNER_SWITCH_COST:.0%} of "
             "throughput (owner changing at every job)", f"**{cost:.0%}**",

@@ -391,10 +391,8 @@ def owner_switch(corpus: list[bytes], rounds: int) -> DeriveOwnerSwitch:
                 for slot in slots:
                     slot.close()
             else:
-                with DecoderProcess(LIMITS, timeout=120.0, memory_mb=1024,
-                                    zygote=mode != "owner_every_job_no_zygote") as proc:
-                    for i, data in enumerate(jobs):
-                        proc.derive(data, owner="1" if mode == "same_owner" else str(i))
+                _run_jobs(jobs, new_owner_each=mode != "same_owner",
+                          zygote=mode != "owner_every_job_no_zygote")
             best[mode] = min(best[mode], (_children_cpu() - before) / len(jobs))
     return DeriveOwnerSwitch(
         jobs=len(jobs), cpu_per_job_ms={k: v * 1000 for k, v in best.items()},
@@ -403,20 +401,31 @@ def owner_switch(corpus: list[bytes], rounds: int) -> DeriveOwnerSwitch:
         tiny_switch_cpu_ms=tiny_switch_ms(max(rounds, 4)))
 
 
+def _run_jobs(jobs: list[bytes], *, new_owner_each: bool, zygote: bool = True) -> None:
+    """The jobs through one slot: all of one owner, or each of a new owner."""
+    with DecoderProcess(LIMITS, timeout=120.0, memory_mb=1024, zygote=zygote) as proc:
+        for i, data in enumerate(jobs):
+            proc.derive(data, owner=str(i) if new_owner_each else "1")
+
+
+def tiny_jpeg() -> bytes:
+    """A 64×64 JPEG: a job that costs next to nothing."""
+    data: bytes = _vips().Image.black(64, 64, bands=3).jpegsave_buffer()
+    return data
+
+
 def tiny_switch_ms(rounds: int, jobs: int = 30) -> float:
     """CPU of an owner change where the job costs next to nothing: what the fresh child
     itself costs (fork, jail, first job), with far less noise than the photos' figure."""
-    tiny = _vips().Image.black(64, 48, bands=3).jpegsave_buffer()
+    tiny = [tiny_jpeg()] * jobs
     differences = []
     for _ in range(rounds):
         spent = {}
-        for mode in ("same_owner", "owner_every_job"):
+        for new_owner_each in (False, True):
             before = _children_cpu()
-            with DecoderProcess(LIMITS, timeout=120.0, memory_mb=1024) as proc:
-                for i in range(jobs):
-                    proc.derive(tiny, owner="1" if mode == "same_owner" else str(i))
-            spent[mode] = (_children_cpu() - before) / jobs
-        differences.append(spent["owner_every_job"] - spent["same_owner"])
+            _run_jobs(tiny, new_owner_each=new_owner_each)
+            spent[new_owner_each] = (_children_cpu() - before) / jobs
+        differences.append(spent[True] - spent[False])
     return statistics.median(differences) * 1000
 
 
@@ -480,8 +489,7 @@ def main() -> int:
     header_rejection_ms = bomb_ms(one, png_header_only(100_000, 100_000), 5)
     one.close()
     bare.close()
-    tiny_image = _vips().Image.black(64, 64, bands=3).jpegsave_buffer()
-    start_up = start_up_ms(max(rounds * 3, 9), tiny_image)
+    start_up = start_up_ms(max(rounds * 3, 9), tiny_jpeg())
 
     with DecoderProcess(LIMITS, timeout=120.0, memory_mb=1024) as a, DecoderProcess(
         LIMITS, timeout=120.0, memory_mb=1024

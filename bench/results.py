@@ -280,7 +280,7 @@ class DeriveOwnerSwitch:
     cpu_per_job_ms: dict[str, float]
     switch_cpu_ms: float  # extra CPU per owner change
     throughput_ratio: float  # owner_every_job rate / same_owner rate
-    # The jail's share of a change alone: a 64×48 JPEG, whose job costs next to nothing,
+    # The jail's share of a change alone: a 64×64 JPEG, whose job costs next to nothing,
     # 30 jobs of one owner against 30 of a new owner each; median of rounds' differences.
     tiny_switch_cpu_ms: float | None = None
 

@@ -311,7 +311,7 @@ def derive_section(src: Source) -> tuple[list[str], list[Target]]:
                   f"{o.cpu_per_job_ms.get('owner_every_job_no_zygote', float('nan')):.0f} ms "
                   "per job when each child starts Python and libvips itself."
                   + ("" if o.tiny_switch_cpu_ms is None else
-                     f" With a 64×48 JPEG, whose job costs next to nothing, a change costs "
+                     f" With a 64×64 JPEG, whose job costs next to nothing, a change costs "
                      f"{o.tiny_switch_cpu_ms:.1f} ms of CPU (median of rounds): the fresh "
                      "child itself, without a photo's first job in a new heap.")]
         targets.append(Target(

@@ -123,11 +123,8 @@ def clear_namespace(children: dict[int, tuple[int, int]]) -> None:
     one before it used (its threads take pids too)."""
     if os.getpid() != 1:
         return  # not a namespace's init: kill(-1) would reach the host
-    for pidfd in list(children):
-        with contextlib.suppress(OSError):
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
     with contextlib.suppress(OSError):  # ESRCH: nobody else is here
-        os.kill(-1, signal.SIGKILL)
+        os.kill(-1, signal.SIGKILL)  # from PID 1: everyone in the namespace but itself
     for pidfd in list(children):
         _reap(pidfd, children)
     while True:

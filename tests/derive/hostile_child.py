@@ -191,9 +191,9 @@ def forged(kind: str, data: bytes, limits: Limits) -> tuple[dict[str, Any], byte
     return meta, preview + thumb
 
 
-def _parent_on_host(pid: int) -> int:
-    # The host's /proc (not yet covered) names parents as the host does.
-    lines = Path(f"/proc/{'self' if pid == os.getpid() else pid}/status").read_text()
+def _parent_on_host(pid: int | None = None) -> int:
+    # The host's /proc (not yet covered) names parents as the host does. None: our own.
+    lines = Path(f"/proc/{'self' if pid is None else pid}/status").read_text()
     return int(next(line.split()[1] for line in lines.splitlines() if line.startswith("PPid:")))
 
 
@@ -233,7 +233,7 @@ def run(argv: list[str]) -> int:
         if action == "peek":
             # Before the lock-down: the memory of the processes above it, the slot's init
             # (its parent) and the zygote (the init's), by their pids on the host.
-            parent = _parent_on_host(os.getpid())
+            parent = _parent_on_host()
             for name, pid in (("init", parent), ("zygote", _parent_on_host(parent))):
                 seen.append(attempt(f"{name} memory", functools.partial(_open_mem, pid)))
         if action == "linger":

@@ -43,8 +43,8 @@ from darkroom.wire import FRAME, HELLO, MAX_META, ProtocolError, read_exact, wri
 
 # Every variable the parent gives a child (`darkroom.sandbox.child_environment`).
 ENVIRONMENT_NAMES = frozenset({
-    "VIPS_CONCURRENCY", "MALLOC_ARENA_MAX", "VIPS_BLOCK_UNTRUSTED", "PYTHONPATH",
-    "PYTHONDONTWRITEBYTECODE", "LC_ALL",
+    "VIPS_CONCURRENCY", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "VIPS_BLOCK_UNTRUSTED",
+    "PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "LC_ALL",
 })
 # libvips threads in a child. The worker's parallelism is its number of children (one per
 # slot), each decoding on one core; a single thread also keeps the jail's thread count and

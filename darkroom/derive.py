@@ -290,8 +290,11 @@ def check_dimensions(width: int, height: int, limits: Limits) -> None:
         raise DeriveError(ErrorCode.IMAGE_TOO_LARGE, f"{width}x{height} pixels")
 
 
-# How libvips, libjpeg, libspng and glib word an allocation failure under RLIMIT_AS.
-_OOM_MARKERS = ("out of memory", "insufficient memory", "memory allocation", "failed to allocate")
+# How libvips, libjpeg, libspng and glib word an allocation failure under RLIMIT_AS. A
+# worker thread libvips cannot start (its stack is address space too) is the same: the
+# child's limits failed, not the file.
+_OOM_MARKERS = ("out of memory", "insufficient memory", "memory allocation", "failed to allocate",
+                "error creating thread")
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:

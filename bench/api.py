@@ -67,7 +67,7 @@ from darkroom.db.migrations import migrate
 from darkroom.keys import create_key_at
 from darkroom.queue import ConfirmOutcome, Queue
 from darkroom.storage import open_store
-from tests.support.services import CORPUS, free_port
+from tests.support.services import corpus_photos, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 OWNER = "bench"  # the cards the API is asked about
@@ -202,7 +202,7 @@ def tiny_jpeg() -> bytes:
 
 
 def corpus(n: int) -> list[tuple[bytes, str]]:
-    files = sorted(p for p in CORPUS.iterdir() if p.suffix in {".jpg", ".png"})
+    files = corpus_photos()
     types = {".jpg": "image/jpeg", ".png": "image/png"}
     return [(files[i % len(files)].read_bytes(), types[files[i % len(files)].suffix])
             for i in range(n)]

@@ -57,7 +57,7 @@ from darkroom.errors import DeriveError  # noqa: E402
 from darkroom.sandbox import DecoderProcess  # noqa: E402
 from darkroom.worker import pick_decoder  # noqa: E402
 from tests.derive.images import png_header_only, png_zlib_bomb  # noqa: E402
-from tests.support.services import CORPUS  # noqa: E402
+from tests.support.services import CORPUS, corpus_photos  # noqa: E402
 
 LIMITS = Limits.from_settings(load_settings())
 BIG_NAME = "Elephants_5640x3172.jpg"
@@ -443,7 +443,7 @@ def main() -> int:
     if args.claims:
         return claims_section(args.rounds, OUT / "derive_claims.json")
 
-    paths = sorted(p for p in Path(args.corpus).iterdir() if p.suffix in {".jpg", ".png"})
+    paths = corpus_photos(Path(args.corpus))
     corpus = [p.read_bytes() for p in paths]
     if args.owners:
         print(owner_switch(corpus, args.rounds))

@@ -56,7 +56,7 @@ from bench.sql import SQL
 from darkroom.db import embedded
 from darkroom.db.migrations import migrate
 from darkroom.keys import create_key_at
-from tests.support.services import CORPUS, free_port
+from tests.support.services import corpus_photos, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARP_DIR = ROOT / "bench" / "engines"
@@ -125,10 +125,6 @@ process.stdin.once("data", async () => {
   process.exit(0);
 });
 """).substitute(edge=EDGE, thumb=THUMB, q=QUALITY, effort=EFFORT)
-
-
-def photos() -> list[Path]:
-    return sorted(p for p in CORPUS.iterdir() if p.suffix in {".jpg", ".png"})
 
 
 def split(paths: list[Path], parts: int) -> list[list[Path]]:
@@ -413,7 +409,7 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=2)
     args = parser.parse_args()
     started_machine = machine()
-    base = photos()
+    base = corpus_photos()
     paths = base * args.copies
     missing = sharp_missing()
     runners = [r for r in RUNNERS if r != "sharp" or missing is None]

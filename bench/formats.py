@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bench.derive import formats_section
 from bench.runs import BY_NAME
-from tests.support.services import CORPUS
+from tests.support.services import CORPUS, corpus_photos
 
 
 def main() -> int:
@@ -24,7 +24,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--corpus", default=str(CORPUS))
     args = parser.parse_args()
-    paths = sorted(p for p in Path(args.corpus).iterdir() if p.suffix in {".jpg", ".png"})
+    paths = corpus_photos(Path(args.corpus))
     return formats_section(paths, args.rounds, BY_NAME["formats"].json_path)
 
 

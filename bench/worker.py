@@ -47,14 +47,14 @@ from darkroom.derive import Limits
 from darkroom.queue import ConfirmOutcome, Queue
 from darkroom.sandbox import DecoderProcess
 from darkroom.storage import open_store
-from tests.support.services import CORPUS
+from tests.support.services import corpus_photos
 from tests.support.sql import SQL as TEST_SQL
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def corpus(n: int) -> list[bytes]:
-    files = sorted(p for p in CORPUS.iterdir() if p.suffix in {".jpg", ".png"})
+    files = corpus_photos()
     return [files[i % len(files)].read_bytes() for i in range(n)]
 
 

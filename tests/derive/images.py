@@ -9,8 +9,9 @@ import zlib
 from PIL import Image
 
 from tests.support.services import CORPUS as CORPUS
+from tests.support.services import corpus_photos
 
-CORPUS_IMAGES = sorted(p for p in CORPUS.glob("*") if p.suffix in {".jpg", ".png"})
+CORPUS_IMAGES = corpus_photos()
 
 RED = (255, 0, 0)
 GREEN = (0, 255, 0)

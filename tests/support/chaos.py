@@ -34,7 +34,13 @@ from darkroom.storage import S3Store
 from tests.support.faults import FaultProxy, through_proxy
 from tests.support.postgres import TestPostgres
 from tests.support.seaweed import SeaweedServer
-from tests.support.services import CORPUS, DarkroomProcess, free_port, wait_for, wait_past_guard
+from tests.support.services import (
+    DarkroomProcess,
+    corpus_photos,
+    free_port,
+    wait_for,
+    wait_past_guard,
+)
 from tests.support.sql import SQL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,7 +95,7 @@ def photos(count: int, rng: random.Random) -> list[bytes]:
     """Corpus photos, shrunk so that a 2-core machine gets through thousands."""
     import pyvips
 
-    sources = sorted(p for p in CORPUS.iterdir() if p.suffix in {".jpg", ".png"})
+    sources = corpus_photos()
     out = []
     for i in range(count):
         src = sources[i % len(sources)]

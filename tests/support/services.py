@@ -36,6 +36,11 @@ T = TypeVar("T")
 CORPUS = Path(__file__).resolve().parents[2] / "corpus"
 
 
+def corpus_photos(folder: Path = CORPUS) -> list[Path]:
+    """The photographs in `folder` (its JPEGs and PNGs), in name order."""
+    return sorted(p for p in folder.iterdir() if p.suffix in {".jpg", ".png"})
+
+
 def examples(full: int) -> int:
     """How many Hypothesis examples a property test runs: `full`, or fewer when the loaded
     profile allows fewer (the `fast` profile of `make test-fast`, see tests/conftest.py)."""

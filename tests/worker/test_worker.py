@@ -12,13 +12,13 @@ import httpx
 import pytest
 
 from tests.derive import images as im
-from tests.support.services import CORPUS, Harness, free_port, wait_for
+from tests.support.services import Harness, corpus_photos, free_port, wait_for
 from tests.support.sql import SQL
 
 # A fleet of real processes: not in `make test-fast`.
 pytestmark = pytest.mark.fleet
 
-PHOTOS = sorted(p for p in CORPUS.iterdir() if p.suffix in {".jpg", ".png"})
+PHOTOS = corpus_photos()
 
 
 def photo(i: int = 0) -> bytes:

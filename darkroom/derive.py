@@ -153,8 +153,7 @@ def _open_heic(vips: Any, data: bytes, limits: Limits) -> Any:
         width, height = (int(v) for v in container.size)
         mode = str(container.mode)
     except (ValueError, RuntimeError, SyntaxError, OSError, EOFError) as exc:
-        log.info("header rejected (heic): %s", exc)
-        raise DeriveError(ErrorCode.INVALID_IMAGE, "heic header") from None
+        raise _failed("heic", "header", exc) from None
     check_dimensions(width, height, limits)
     check_density(width, height, len(data))
     bands = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}.get(mode)
@@ -167,11 +166,7 @@ def _open_heic(vips: Any, data: bytes, limits: Limits) -> Any:
     except MemoryError:
         raise
     except (ValueError, RuntimeError, SyntaxError, OSError, EOFError) as exc:
-        if _is_out_of_memory(exc):
-            log.warning("decode ran out of memory (heic): %s", exc)
-            raise DeriveError(ErrorCode.PROCESSING_FAILED, "out of memory") from None
-        log.info("decode failed (heic): %s", exc)
-        raise DeriveError(ErrorCode.INVALID_IMAGE, "heic decode") from None
+        raise _failed("heic", "decode", exc) from None
     if stride % bands or stride < width * bands or len(pixels) < stride * height:
         raise DeriveError(ErrorCode.INVALID_IMAGE, "heic buffer")
     image = vips.Image.new_from_memory(pixels, stride // bands, height, bands, "uchar")
@@ -290,16 +285,35 @@ def check_dimensions(width: int, height: int, limits: Limits) -> None:
         raise DeriveError(ErrorCode.IMAGE_TOO_LARGE, f"{width}x{height} pixels")
 
 
-# How libvips, libjpeg, libspng and glib word an allocation failure under RLIMIT_AS. A
-# worker thread libvips cannot start (its stack is address space too) is the same: the
-# child's limits failed, not the file.
+# How libvips, libjpeg, libspng, glib and libheif word an allocation failure under
+# RLIMIT_AS. A worker thread a decoder cannot start (its stack is address space too) is
+# the same: the child's limits failed, not the file. libheif answers "unexpected C++
+# exception" for what its own code does not catch: std::bad_alloc, or std::system_error
+# from a thread it could not start; never a property of the file's bytes.
 _OOM_MARKERS = ("out of memory", "insufficient memory", "memory allocation", "failed to allocate",
-                "error creating thread")
+                "error creating thread", "unexpected c++ exception")
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:
     text = str(exc).lower()
     return any(marker in text for marker in _OOM_MARKERS)
+
+
+def _ours(exc: BaseException, stage: str) -> str:
+    """The detail of a failure of ours: "out of memory" (which retires the child, its
+    heap left fragmented: `darkroom.sandbox`) when it was one."""
+    return "out of memory" if _is_out_of_memory(exc) else stage
+
+
+def _failed(kind: str, stage: str, exc: BaseException) -> DeriveError:
+    """A decoder's error reading the header or the pixels: the file's fault, unless the
+    decoder ran out of memory (at any stage: libvips' WebP loader allocates the whole
+    frame while reading the header, libjpeg its markers), which is the child's."""
+    if _is_out_of_memory(exc):
+        log.warning("%s %s ran out of memory: %s", kind, stage, exc)
+        return DeriveError(ErrorCode.PROCESSING_FAILED, "out of memory")
+    log.info("%s %s failed: %s", kind, stage, exc)
+    return DeriveError(ErrorCode.INVALID_IMAGE, f"{kind} {stage}")
 
 
 def open_checked(data: bytes, limits: Limits) -> tuple[Any, str]:
@@ -315,8 +329,7 @@ def open_checked(data: bytes, limits: Limits) -> tuple[Any, str]:
     try:
         header = _load_header(vips, kind, data)
     except vips.Error as exc:
-        log.info("header rejected (%s): %s", kind, exc)
-        raise DeriveError(ErrorCode.INVALID_IMAGE, f"{kind} header") from None
+        raise _failed(kind, "header", exc) from None
     width, height = int(header.width), int(header.height)
     check_dimensions(width, height, limits)
     check_density(width, height, len(data))
@@ -326,16 +339,14 @@ def open_checked(data: bytes, limits: Limits) -> tuple[Any, str]:
             try:
                 header = _load_header(vips, kind, data, webp_scale=scale)
             except vips.Error as exc:
-                log.info("webp reopen failed: %s", exc)
-                raise DeriveError(ErrorCode.INVALID_IMAGE, "webp header") from None
+                raise _failed(kind, "header", exc) from None
     if kind == "jpeg":
         shrink = _jpeg_shrink(width, height, limits.max_edge)
         if shrink > 1:
             try:
                 header = _load_header(vips, kind, data, jpeg_shrink=shrink)
             except vips.Error as exc:
-                log.info("jpeg reopen failed: %s", exc)
-                raise DeriveError(ErrorCode.INVALID_IMAGE, "jpeg header") from None
+                raise _failed(kind, "header", exc) from None
     return header, kind
 
 
@@ -358,17 +369,13 @@ def decode_resized(data: bytes, limits: Limits) -> Any:
         # input's fault) from encode errors (ours).
         image = image.copy_memory()
     except vips.Error as exc:
-        if _is_out_of_memory(exc):
-            log.warning("decode ran out of memory (%s): %s", kind, exc)
-            raise DeriveError(ErrorCode.PROCESSING_FAILED, "out of memory") from None
-        log.info("decode failed (%s): %s", kind, exc)
-        raise DeriveError(ErrorCode.INVALID_IMAGE, f"{kind} decode") from None
+        raise _failed(kind, "decode", exc) from None
     try:
         image = image.autorot()
         image = _to_srgb(vips, image)
     except vips.Error as exc:
         log.warning("colour/orientation failed (%s): %s", kind, exc)
-        raise DeriveError(ErrorCode.PROCESSING_FAILED, "colour conversion") from None
+        raise DeriveError(ErrorCode.PROCESSING_FAILED, _ours(exc, "colour conversion")) from None
     return image
 
 
@@ -451,7 +458,7 @@ def derive(data: bytes, limits: Limits) -> Derivative:
             placeholder = thumbhash(small)
         except vips.Error as exc:
             log.warning("webp encode failed: %s", exc)
-            raise DeriveError(ErrorCode.PROCESSING_FAILED, "encode") from None
+            raise DeriveError(ErrorCode.PROCESSING_FAILED, _ours(exc, "encode")) from None
         return replace(preview, thumb=thumb, thumbhash=placeholder)
     except DeriveError:
         raise

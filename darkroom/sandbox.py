@@ -339,6 +339,10 @@ def _pidfd_pid(pidfd: int) -> int | None:
     return None
 
 
+class _UsedChildBlamedTheFile(Exception):
+    """A child that had run jobs before answered `invalid_image`: ask a fresh one."""
+
+
 class Cancelled(DeriveError):
     """The in-flight derive was cancelled by `DecoderProcess.kill()`."""
 
@@ -650,69 +654,85 @@ class DecoderProcess:
         # address-space limit, which would turn image_too_large into a crash).
         check_size(data, self.limits)
         with self._job_lock:
-            started = time.perf_counter()
-            self.last_stages = stages = {}
+            try:
+                return self._derive_locked(data, owner)
+            except _UsedChildBlamedTheFile:
+                # A child that had run jobs before blamed the file: its heap, kept from
+                # those jobs, may be what failed (a decoder out of address space does not
+                # always say so). Only a fresh child's verdict on the file stands.
+                return self._derive_locked(data, owner)
+
+    def _derive_locked(self, data: bytes, owner: str | None) -> Derivative:
+        started = time.perf_counter()
+        self.last_stages = stages = {}
+        with self._lock:
+            if owner != self._owner:
+                if self._fed:
+                    # It has decoded another owner's image. A child that has decoded
+                    # nothing yet (started ahead: `start()`, or after a retirement)
+                    # holds nobody's bytes and takes the owner without a fork.
+                    self._retire_locked()
+                self._owner = owner
+            proc = self._ensure_child_locked()
+            used = self._fed
+            self._fed = True
+            self._next_job += 1
+            job = self._job = self._next_job
+            self._kill_reason = None
+        stages["spawn"] = time.perf_counter() - started
+        timer = threading.Timer(self.timeout, self._on_timeout, args=(job,))
+        timer.daemon = True
+        timer.start()
+        try:
+            meta, payload = self._exchange(proc, data, stages)
+        except ProtocolError as exc:
             with self._lock:
-                if owner != self._owner:
-                    if self._fed:
-                        # It has decoded another owner's image. A child that has decoded
-                        # nothing yet (started ahead: `start()`, or after a retirement)
-                        # holds nobody's bytes and takes the owner without a fork.
-                        self._retire_locked()
-                    self._owner = owner
-                proc = self._ensure_child_locked()
-                self._fed = True
-                self._next_job += 1
-                job = self._job = self._next_job
-                self._kill_reason = None
-            stages["spawn"] = time.perf_counter() - started
-            timer = threading.Timer(self.timeout, self._on_timeout, args=(job,))
-            timer.daemon = True
-            timer.start()
-            try:
-                meta, payload = self._exchange(proc, data, stages)
-            except ProtocolError as exc:
-                with self._lock:
-                    reason = self._kill_reason
-                if reason is None:
-                    # The decoder died by itself: its exit code (the slot's init reports
-                    # it, or its first process ends by the same signal) comes a moment
-                    # after the pipe's EOF. Killed first, it would say SIGKILL instead.
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(timeout=_EXIT_SECONDS)
-                with self._lock:
-                    self._job = 0
-                    reason = self._kill_reason
-                    if self._proc is proc:
-                        self._retire_locked()
-                raise self._failure(proc, reason, str(exc)) from None
-            finally:
-                timer.cancel()
-                with self._lock:
-                    self._job = 0
-                    if self._proc is proc:
-                        self._watch_idle_locked(
-                            proc, job, _child_cpu_seconds(self._decoder_pid or proc.pid))
-            detail = meta.get("detail")
-            if isinstance(detail, str) and detail in _OUT_OF_MEMORY:
-                # A heap that ran out is left fragmented: the next job, however small,
-                # could run out too. It gets a fresh child.
-                with self._lock:
-                    if self._proc is proc:
-                        self._retire_locked()
-            try:
-                checked = time.perf_counter()
-                result = self._result(meta, payload)
-                stages["check"] = time.perf_counter() - checked
-                return result
-            except InvalidDerivative as exc:
-                # Not what a working decoder answers: the child is compromised or broken,
-                # and is never asked again.
-                with self._lock:
-                    if self._proc is proc:
-                        self._retire_locked()
-                log.warning("decoder child answered an invalid derivative: %s", exc)
-                raise DeriveError(ErrorCode.PROCESSING_FAILED, "invalid child output") from None
+                reason = self._kill_reason
+            if reason is None:
+                # The decoder died by itself: its exit code (the slot's init reports
+                # it, or its first process ends by the same signal) comes a moment
+                # after the pipe's EOF. Killed first, it would say SIGKILL instead.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=_EXIT_SECONDS)
+            with self._lock:
+                self._job = 0
+                reason = self._kill_reason
+                if self._proc is proc:
+                    self._retire_locked()
+            raise self._failure(proc, reason, str(exc)) from None
+        finally:
+            timer.cancel()
+            with self._lock:
+                self._job = 0
+                if self._proc is proc:
+                    self._watch_idle_locked(
+                        proc, job, _child_cpu_seconds(self._decoder_pid or proc.pid))
+        detail, code = meta.get("detail"), meta.get("error_code")
+        if (isinstance(detail, str) and detail in _OUT_OF_MEMORY) or (
+                used and code == ErrorCode.INVALID_IMAGE):
+            # A heap that ran out is left fragmented: the next job, however small, could
+            # run out too. And a used child that blamed the file is asked again fresh
+            # (`derive`). Either way the next job gets a fresh child.
+            with self._lock:
+                if self._proc is proc:
+                    self._retire_locked()
+        try:
+            checked = time.perf_counter()
+            result = self._result(meta, payload)
+            stages["check"] = time.perf_counter() - checked
+            return result
+        except DeriveError as exc:
+            if used and exc.code == ErrorCode.INVALID_IMAGE:
+                raise _UsedChildBlamedTheFile from None
+            raise
+        except InvalidDerivative as exc:
+            # Not what a working decoder answers: the child is compromised or broken,
+            # and is never asked again.
+            with self._lock:
+                if self._proc is proc:
+                    self._retire_locked()
+            log.warning("decoder child answered an invalid derivative: %s", exc)
+            raise DeriveError(ErrorCode.PROCESSING_FAILED, "invalid child output") from None
 
     def _exchange(
         self, proc: Child, data: bytes, stages: dict[str, float]

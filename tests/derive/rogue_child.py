@@ -18,6 +18,8 @@ job runs ACTION, a decoder already taken over by an image:
 - `spin`: answers a real derivative, then keeps burning CPU in a thread of its own while
   the parent believes it idle (SIGXCPU ignored, soft CPU limit raised to the hard one).
 - `flood N`: writes N lines to stderr, then answers an error.
+- `invalid-when-used`: derives its first job, then answers `invalid_image` for every
+  later one, as a decoder whose heap kept from earlier jobs fails would.
 
 Nothing in the product can start this module: only a test passes it as the child program.
 """
@@ -79,8 +81,15 @@ def _smuggled(meta: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], byt
 
 def run(argv: list[str]) -> int:
     action, args = argv[argv.index("--") + 1], argv[argv.index("--") + 2:]
+    jobs = 0
 
     def job(data: bytes, limits: Limits) -> tuple[dict[str, Any], bytes]:
+        nonlocal jobs
+        jobs += 1
+        if action == "invalid-when-used":
+            if jobs == 1:
+                return decode_job(data, limits)
+            raise DeriveError(ErrorCode.INVALID_IMAGE, "jpeg decode")
         if action == "detail-list":
             return {"error_code": str(ErrorCode.PROCESSING_FAILED), "detail": ["oom"]}, b""
         if action in ("deep-json", "huge-prefix", "partial-frame"):

@@ -32,6 +32,19 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / 100
 
 
+def test_a_used_childs_verdict_against_a_file_is_asked_again_of_a_fresh_child() -> None:
+    """A child that has run jobs before and blames the file (`invalid_image`) may have
+    failed for its own reasons: memory its earlier jobs kept, which a decoder does not
+    always report as such. The job runs again in a fresh child, whose verdict stands."""
+    dune = (im.CORPUS / "Dune.jpg").read_bytes()
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024,
+                        program=rogue("invalid-when-used")) as proc:
+        proc.derive(dune)
+        first = proc.pid
+        assert proc.derive(dune).width == 1680
+        assert proc.pid not in (None, first)
+
+
 @pytest.mark.parametrize("action", ["detail-list", "deep-json", "rt-signal", "huge-prefix"])
 def test_malformed_answer_fails_the_file_and_replaces_the_child(action: str) -> None:
     """An answer the parent cannot even parse, or a death it has no name for, is

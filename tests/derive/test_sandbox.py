@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from darkroom.config import Settings, load_settings
-from darkroom.derive import Derivative, Limits, derive
+from darkroom.derive import Derivative, Limits, _vips, derive
 from darkroom.errors import DeriveError, ErrorCode
 from darkroom.sandbox import DECODER, Cancelled, DecoderProcess, cli
 from tests.derive import images as im
@@ -104,11 +104,16 @@ def test_child_is_reused_across_jobs_and_errors(proc: DecoderProcess) -> None:
     with pytest.raises(DeriveError) as info:
         proc.derive(b"not an image at all")
     assert info.value.code == ErrorCode.UNSUPPORTED_FORMAT
+    assert proc.pid == pid
+    # A used child's verdict against the file is asked again of a fresh child
+    # (`test_rogue_child`), whose own verdict stands; that child serves on.
     with pytest.raises(DeriveError) as info:
         proc.derive(DUNE[: len(DUNE) // 2])
     assert info.value.code == ErrorCode.INVALID_IMAGE
+    fresh = proc.pid
+    assert fresh not in (None, pid)
     assert proc.derive(DUNE) == first
-    assert proc.pid == pid
+    assert proc.pid == fresh
 
 
 @pytest.mark.parametrize(
@@ -224,6 +229,21 @@ def test_oversized_input_is_refused_in_the_parent(proc: DecoderProcess) -> None:
         proc.derive(b"\xff\xd8\xff" + bytes(LIMITS.max_bytes))
     assert info.value.code == ErrorCode.IMAGE_TOO_LARGE
     assert proc.pid == pid
+
+
+def test_a_decoder_out_of_memory_while_reading_the_header_does_not_blame_the_file() -> None:
+    # libvips' WebP loader allocates the whole frame as it reads the header: a valid
+    # 2560×1600 WebP in a child too small for that frame is the child's failure.
+    vips = _vips()
+    x = vips.Image.xyz(2560, 1600)
+    webp = (x[0] % 256).bandjoin([x[1] % 256, (x[0] + x[1]) % 256]).cast("uchar") \
+        .copy(interpretation="srgb").webpsave_buffer(Q=80)
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=64) as proc:
+        with pytest.raises(DeriveError) as info:
+            proc.derive(webp)
+        assert info.value.code == ErrorCode.PROCESSING_FAILED, info.value.detail
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) as proc:
+        assert proc.derive(webp).width == 2048
 
 
 def test_memory_limit_too_small_to_start_is_still_a_code() -> None:

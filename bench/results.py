@@ -273,13 +273,16 @@ class DeriveOwnerSwitch:
     """A fresh decoder child whenever the owner changes (issue 22): the same jobs through
     one `DecoderProcess`, all of one owner and with the owner changing at every job (the
     worst case: fair share may interleave owners at every claim). CPU of every child, the
-    spawns included, from the reaped children's rusage; best of rounds."""
+    spawns included, from the reaped children's rusage."""
 
     jobs: int
-    # same_owner, owner_every_job, two_owners_two_slots, owner_every_job_no_zygote
+    # same_owner, owner_every_job, two_owners_two_slots, owner_every_job_no_zygote; best
+    # of rounds
     cpu_per_job_ms: dict[str, float]
-    switch_cpu_ms: float  # extra CPU per owner change
-    throughput_ratio: float  # owner_every_job rate / same_owner rate
+    # Extra CPU per owner change, and owner_every_job rate / same_owner rate: medians of
+    # the rounds' own figures (the two modes run back to back in each round).
+    switch_cpu_ms: float
+    throughput_ratio: float
     # The jail's share of a change alone: a 64×64 JPEG, whose job costs next to nothing,
     # 30 jobs of one owner against 30 of a new owner each; median of rounds' differences.
     tiny_switch_cpu_ms: float | None = None

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from darkroom.derive import Limits
+from darkroom.derive import OUT_OF_MEMORY, Limits
 from darkroom.errors import DeriveError, ErrorCode
 from darkroom.jail import (
     PROTECTIONS,
@@ -258,7 +258,7 @@ def serve(memory_mb: int, nice: int = 0, cpu_seconds: int = 61, *, jailed: bool 
         except DeriveError as exc:
             reply, payload = {"error_code": str(exc.code), "detail": exc.detail}, b""
         except MemoryError:
-            reply = {"error_code": str(ErrorCode.PROCESSING_FAILED), "detail": "oom"}
+            reply = {"error_code": str(ErrorCode.PROCESSING_FAILED), "detail": OUT_OF_MEMORY}
             payload = b""
         del data
         try:

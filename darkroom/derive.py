@@ -294,15 +294,19 @@ _OOM_MARKERS = ("out of memory", "insufficient memory", "memory allocation", "fa
                 "error creating thread", "unexpected c++ exception")
 
 
+# The detail of every failure that was the decoder running out of memory: the parent
+# replaces such a child (`darkroom.sandbox`).
+OUT_OF_MEMORY = "out of memory"
+
+
 def _is_out_of_memory(exc: BaseException) -> bool:
     text = str(exc).lower()
     return any(marker in text for marker in _OOM_MARKERS)
 
 
 def _ours(exc: BaseException, stage: str) -> str:
-    """The detail of a failure of ours: "out of memory" (which retires the child, its
-    heap left fragmented: `darkroom.sandbox`) when it was one."""
-    return "out of memory" if _is_out_of_memory(exc) else stage
+    """The detail of a failure of ours: `OUT_OF_MEMORY` when it was one."""
+    return OUT_OF_MEMORY if _is_out_of_memory(exc) else stage
 
 
 def _failed(kind: str, stage: str, exc: BaseException) -> DeriveError:
@@ -311,7 +315,7 @@ def _failed(kind: str, stage: str, exc: BaseException) -> DeriveError:
     frame while reading the header, libjpeg its markers), which is the child's."""
     if _is_out_of_memory(exc):
         log.warning("%s %s ran out of memory: %s", kind, stage, exc)
-        return DeriveError(ErrorCode.PROCESSING_FAILED, "out of memory")
+        return DeriveError(ErrorCode.PROCESSING_FAILED, OUT_OF_MEMORY)
     log.info("%s %s failed: %s", kind, stage, exc)
     return DeriveError(ErrorCode.INVALID_IMAGE, f"{kind} {stage}")
 
@@ -465,7 +469,7 @@ def derive(data: bytes, limits: Limits) -> Derivative:
     except MemoryError:
         # The header limits passed, so a blow-up is the decoder misbehaving or the
         # memory limit being set too tight: not something the uploader can fix.
-        raise DeriveError(ErrorCode.PROCESSING_FAILED, "out of memory") from None
+        raise DeriveError(ErrorCode.PROCESSING_FAILED, OUT_OF_MEMORY) from None
     except Exception as exc:
         log.exception("unexpected derive failure")
         raise DeriveError(ErrorCode.PROCESSING_FAILED, type(exc).__name__) from None

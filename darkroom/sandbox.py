@@ -53,7 +53,7 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Protocol, cast
 
 from darkroom.decoder_child import ENVIRONMENT_NAMES, VIPS_THREADS, cpu_budget, cpu_lifetime
-from darkroom.derive import Derivative, Limits, check_size
+from darkroom.derive import OUT_OF_MEMORY, Derivative, Limits, check_size
 from darkroom.errors import DeriveError, ErrorCode
 from darkroom.jail import BY_DESIGN, PROTECTIONS, shield_parent
 from darkroom.webp import InvalidDerivative, check_derivative, check_thumbhash, max_payload
@@ -65,7 +65,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("darkroom.sandbox")
 # What the child answers when an allocation failed (see derive.py and decoder_child.py).
-_OUT_OF_MEMORY = frozenset({"oom", "out of memory"})
 # What a decoder may say about an image; the other codes are the worker's to give.
 _DECODER_CODES = frozenset({ErrorCode.UNSUPPORTED_FORMAT, ErrorCode.INVALID_IMAGE,
                             ErrorCode.IMAGE_TOO_LARGE, ErrorCode.PROCESSING_FAILED})
@@ -707,22 +706,21 @@ class DecoderProcess:
                 if self._proc is proc:
                     self._watch_idle_locked(
                         proc, job, _child_cpu_seconds(self._decoder_pid or proc.pid))
-        detail, code = meta.get("detail"), meta.get("error_code")
-        if (isinstance(detail, str) and detail in _OUT_OF_MEMORY) or (
-                used and code == ErrorCode.INVALID_IMAGE):
-            # A heap that ran out is left fragmented: the next job, however small, could
-            # run out too. And a used child that blamed the file is asked again fresh
-            # (`derive`). Either way the next job gets a fresh child.
-            with self._lock:
-                if self._proc is proc:
-                    self._retire_locked()
         try:
             checked = time.perf_counter()
             result = self._result(meta, payload)
             stages["check"] = time.perf_counter() - checked
             return result
         except DeriveError as exc:
-            if used and exc.code == ErrorCode.INVALID_IMAGE:
+            blamed = used and exc.code == ErrorCode.INVALID_IMAGE
+            if blamed or exc.detail == OUT_OF_MEMORY:
+                # A heap that ran out is left fragmented: the next job, however small,
+                # could run out too. And a used child that blamed the file is asked again
+                # fresh (`derive`). Either way the next job gets a fresh child.
+                with self._lock:
+                    if self._proc is proc:
+                        self._retire_locked()
+            if blamed:
                 raise _UsedChildBlamedTheFile from None
             raise
         except InvalidDerivative as exc:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from darkroom.config import Settings, load_settings
 from darkroom.derive import Derivative, Limits, _vips, derive
@@ -244,6 +245,32 @@ def test_a_decoder_out_of_memory_while_reading_the_header_does_not_blame_the_fil
         assert info.value.code == ErrorCode.PROCESSING_FAILED, info.value.detail
     with DecoderProcess(LIMITS, timeout=30.0, memory_mb=1024) as proc:
         assert proc.derive(webp).width == 2048
+
+
+@pytest.mark.parametrize("memory_mb", [144, 152])
+def test_libjpeg_out_of_memory_on_large_markers_does_not_blame_the_file(memory_mb: int) -> None:
+    # A valid photo carrying 19.5 MB of APP1 segments: libjpeg keeps them as it reads the
+    # header, and a child too small for them runs out there. It may derive the photo or
+    # fail by its own fault, never blame the file.
+    segment = b"\xff\xe1" + (65_000 + 7).to_bytes(2, "big") + b"junk\0"
+    padded = DUNE[:2] + b"".join(segment + bytes([i % 251]) * 65_000 for i in range(300)) \
+        + DUNE[2:]
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=memory_mb) as proc:
+        try:
+            assert proc.derive(padded).width == 1680
+        except DeriveError as failed:
+            assert failed.code == ErrorCode.PROCESSING_FAILED, failed.detail
+
+
+def test_a_heic_decoder_that_cannot_start_its_threads_does_not_blame_the_file() -> None:
+    # libheif says "unexpected C++ exception" for a std::bad_alloc or a thread it could
+    # not start: in a child this small, the child's failure.
+    photo = Image.open(im.CORPUS / "Dune.jpg").convert("RGB").resize((2560, 1600))
+    heic = im.heic(photo)
+    with DecoderProcess(LIMITS, timeout=30.0, memory_mb=64) as proc:
+        with pytest.raises(DeriveError) as info:
+            proc.derive(heic)
+        assert info.value.code == ErrorCode.PROCESSING_FAILED, info.value.detail
 
 
 def test_memory_limit_too_small_to_start_is_still_a_code() -> None:

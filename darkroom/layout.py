@@ -97,9 +97,10 @@ def original_key(file_id: uuid.UUID, owner: str | None) -> str:
 
 
 # An attempt's objects, as templates of its card's id and its token: the preview, then the
-# thumb. The claim registers both keys in the statement that grants the lease
-# (queries.sql `claim`, which fills in the templates), so this is their one definition for
-# the database too.
+# thumb. An attempt whose lease ends unpublished is recorded by the database
+# (unpublished_attempts, migration 0020), and the sweeper fills these templates in for it
+# (sweeper.sql `sweep_unpublished_attempts`), so this is their one definition for the
+# database too.
 ATTEMPT_KEYS = (DERIVED + "{file}/{token}.webp", DERIVED + "{file}/{token}.thumb.webp")
 
 

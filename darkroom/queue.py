@@ -136,8 +136,7 @@ def claim_params(*, n: int, claim: uuid.UUID, max_attempts: int, lease_seconds: 
     """The `claim` statement's parameters: what `Queue.claim` sends, for a caller that sends
     the statement itself (a benchmark timing it, a test whose claim's answer is lost)."""
     return {"n": n, "max_attempts": max_attempts, "claim": claim,
-            "lease_seconds": lease_seconds, "worker": worker, "bulk_share": bulk_share,
-            "attempt_keys": list(layout.ATTEMPT_KEYS)}
+            "lease_seconds": lease_seconds, "worker": worker, "bulk_share": bulk_share}
 
 
 def backoff_delay(
@@ -353,11 +352,12 @@ class Queue:
         """Lease up to `n` claimable cards in one short transaction.
 
         Rows that were already started `max_attempts` times are moved to
-        rejected/attempts_exhausted by the same statement and are not returned. Each
-        lease's objects (layout.ATTEMPT_KEYS) are registered with it, before the attempt
-        can write them. Raises `ClaimUnknown` when the statement may have committed but
-        its answer was lost: the caller adopts what it leased (`adopt_claim`) instead of
-        leaving those rows to wait for their lease to expire with an attempt spent.
+        rejected/attempts_exhausted by the same statement and are not returned. A lease
+        that ends without publishing has its objects (layout.ATTEMPT_KEYS) accounted for
+        by the database, whatever statement ends it (migration 0020). Raises
+        `ClaimUnknown` when the statement may have committed but its answer was lost: the
+        caller adopts what it leased (`adopt_claim`) instead of leaving those rows to wait
+        for their lease to expire with an attempt spent.
         """
         if n <= 0:
             return []
@@ -447,7 +447,6 @@ class Queue:
             "thumb_heights": [d.thumb.height if d.thumb else None for _, d in results],
             "thumb_sizes": [d.thumb.size if d.thumb else None for _, d in results],
             "thumbhashes": [d.thumbhash for _, d in results],
-            "attempt_keys": list(layout.ATTEMPT_KEYS),
             "worker": self.worker, "fingerprint": self.fingerprint,
         }
 

@@ -40,7 +40,7 @@ from darkroom.card import PendingCard
 from darkroom.config import Settings
 from darkroom.db.database import CONNECTION_ERRORS, Database
 from darkroom.errors import ObjectMissing, StorageError
-from darkroom.layout import DERIVED, ORIGINALS, derived_prefix, parse_key
+from darkroom.layout import ATTEMPT_KEYS, DERIVED, ORIGINALS, derived_prefix, parse_key
 from darkroom.queue import ConfirmOutcome, Queue
 from darkroom.reads import Reads
 from darkroom.services import prepare
@@ -101,6 +101,10 @@ class Orphans:
         self.guard_seconds = guard_seconds
 
     async def run_once(self) -> int:
+        # Attempts that ended unpublished since the last pass become their keys' rows; a
+        # backlog of them is moved a batch per pass, like the rows themselves.
+        await self.db.rowcount("sweep_unpublished_attempts",
+                               {"limit": BATCH, "attempt_keys": list(ATTEMPT_KEYS)})
         rows = await self.db.rows("sweep_take_orphans", {
             "guard_seconds": self.guard_seconds, "limit": BATCH,
             "retry_seconds": TAKE_SECONDS})

@@ -428,7 +428,7 @@ class Worker:
                 metrics.STAGE_SECONDS.labels(f"derive_{step}").observe(seconds)
             if job.abandoned:
                 return Outcome.LEASE_LOST
-            # Both keys were registered by the claim that granted the lease.
+            # Both keys are accounted for by the database if the lease ends unpublished.
             key, small_key = derived_key(lease), thumb_key(lease)
             thumb = result.thumb
             with _stage("put"), self._on_store(job):

@@ -194,18 +194,6 @@ WITH expired AS (
               f.original_key, f.original_version,
               coalesce(f.error_code, CASE WHEN f.status = 'ready' THEN f.rederive_error END)
                   AS error_code
-), registered AS (
-    -- Every object the attempt may write is accounted for before it can write any, in the
-    -- statement that grants its lease: the sweeper removes what no live attempt or card
-    -- accounts for, so a crash between a PUT and the commit leaks nothing, and no attempt
-    -- spends a statement of its own on it. The keys are layout.py's ATTEMPT_KEYS filled
-    -- in; the commit that publishes the attempt takes its rows back (complete).
-    INSERT INTO orphan_objects (object_key, file_id, token, reason)
-    SELECT replace(replace(t, '{file}', c.id::text), '{token}', c.lease_token::text),
-           c.id, c.lease_token, 'attempt'
-    FROM claimed c CROSS JOIN unnest(%(attempt_keys)s::text[]) AS t
-    WHERE c.status = 'processing'
-    ON CONFLICT (object_key) DO NOTHING
 ), notified AS (
     -- Open pages see the change (GET /v1/events): one notification per statement.
     SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, status))) AS n
@@ -316,14 +304,6 @@ WITH done AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker)
     SELECT id, 'ready', attempts, token, %(worker)s
     FROM published LEFT JOIN notified ON true  -- see claim
-), accounted AS (
-    -- The published objects are the card's now, and what the claim registered for an
-    -- object the attempt did not write (a photo small enough to need no thumb) is nothing.
-    DELETE FROM orphan_objects o USING published p
-    WHERE o.object_key = ANY (ARRAY[p.derived_key, p.thumb_key]
-                              || ARRAY(SELECT replace(replace(t, '{file}', p.id::text),
-                                                      '{token}', p.token::text)
-                                       FROM unnest(%(attempt_keys)s::text[]) AS t))
 ), superseded AS (
     -- The replaced derivative is left to the sweeper (after its guard interval, so a
     -- reader who just got its URL is not cut off). Not on a repeat of this commit. A row
@@ -721,6 +701,8 @@ RETURNING f.id, f.original_key;
 -- prunes them): they are the history of what happened to the file.
 WITH card AS (
     DELETE FROM archive_files WHERE id = %(id)s AND status = 'deleting' RETURNING id
+), attempts AS (
+    DELETE FROM unpublished_attempts WHERE file_id IN (SELECT id FROM card)
 )
 DELETE FROM orphan_objects WHERE file_id IN (SELECT id FROM card);
 

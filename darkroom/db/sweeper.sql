@@ -10,9 +10,10 @@
 -- holds no lease, and tokens never hold a lease again) and the guard interval has passed.
 -- An object that a card references is not an orphan whatever its row says (a repeated
 -- commit that went through): it is answered with referenced = true and never deleted.
--- The live attempts' rows (every claim registers its attempt's keys) are passed over in
--- the batch's own scan, not after it: long attempts, or expired leases a pause holds back
--- from rescue, would otherwise fill every batch and stop the sweep.
+-- The live attempts' rows (an attempt that tracked its writes anew and was then rescued and
+-- leased again cannot be, but a row is never trusted to say so) are passed over in the
+-- batch's own scan, not after it, so that they can never fill every batch and stop the
+-- sweep.
 WITH taken AS (
     UPDATE orphan_objects o
     SET next_try_at = now() + make_interval(secs => %(retry_seconds)s::float8)
@@ -31,6 +32,25 @@ SELECT t.*, EXISTS (SELECT 1 FROM archive_files f
                     WHERE f.id = t.file_id
                       AND t.object_key IN (f.derived_key, f.thumb_key)) AS referenced
 FROM taken t;
+
+-- name: sweep_unpublished_attempts
+-- Attempts whose lease ended unpublished (migration 0020) become rows for the keys they
+-- may have written: layout.py's ATTEMPT_KEYS filled in, guarded from when the lease
+-- ended. A key that already has a row keeps it (tracked anew by its attempt after its
+-- writes returned, or recorded by a commit that found its lease lost): that row is as
+-- new or newer. Taken by several sweepers at once, each moves rows of its own.
+WITH taken AS (
+    DELETE FROM unpublished_attempts u
+    WHERE u.token = ANY (ARRAY(SELECT token FROM unpublished_attempts
+                               ORDER BY ended_at LIMIT %(limit)s
+                               FOR UPDATE SKIP LOCKED))
+    RETURNING u.token, u.file_id, u.ended_at
+)
+INSERT INTO orphan_objects (object_key, file_id, token, reason, created_at, next_try_at)
+SELECT replace(replace(t, '{file}', a.file_id::text), '{token}', a.token::text),
+       a.file_id, a.token, 'attempt', a.ended_at, a.ended_at
+FROM taken a CROSS JOIN unnest(%(attempt_keys)s::text[]) AS t
+ON CONFLICT (object_key) DO NOTHING;
 
 -- name: sweep_drop_orphan
 -- After every version is gone, or kept because a card references it: only the row that
@@ -91,7 +111,10 @@ WHERE NOT EXISTS (
                                       OR (f.thumb_key = o.object_key
                                           AND f.thumb_version = o.version)
                                       OR f.lease_token = o.token))))
-  AND NOT EXISTS (SELECT 1 FROM orphan_objects x WHERE x.object_key = o.object_key);
+  AND NOT EXISTS (SELECT 1 FROM orphan_objects x WHERE x.object_key = o.object_key)
+  -- An attempt that ended unpublished: its keys are the orphan sweep's, about to be filled
+  -- in (sweep_unpublished_attempts).
+  AND NOT EXISTS (SELECT 1 FROM unpublished_attempts u WHERE u.token = o.token);
 
 -- name: reconcile_cardless
 -- Of the file ids of unaccounted originals, those no card holds at all, and whether the

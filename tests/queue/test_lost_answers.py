@@ -84,42 +84,44 @@ def card(db_url: str, file_id: uuid.UUID) -> tuple[Any, ...] | None:
         return conn.execute(SQL["lost_answer_card"], {"id": file_id}).fetchone()
 
 
-# --- a worker's claim, which registers its attempts' objects, and its publication ---------
+# --- a worker's claim and its publication ----------------------------------------------
 
 
 @pytest.mark.parametrize("where", WHERE)
-async def test_a_claim_whose_answer_was_lost_registered_exactly_what_it_leased(
+async def test_a_claim_whose_answer_was_lost_is_adopted_and_accounted_for_when_it_ends(
         pool: Any, db_url: str, lossy: Lossy, where: str) -> None:
     """The worker looks up a claim whose answer never came by its id (adopt_claim). What
-    the claim leased, its keys are registered with it; what it never leased, nothing is."""
+    the claim leased is a lease like any other: nothing for the sweeper while it holds,
+    both its keys once it ends unpublished. What it never leased, nothing is."""
     q = make_queue(pool)
     await new_queued(q)
-    lossy.proxy.cut_statement(b"registered AS (", where=where)
+    lossy.proxy.cut_statement(b"ticked AS (", where=where)
     with pytest.raises(ClaimUnknown) as unknown:
         await lossy.queue.claim(1)
     assert not lossy.proxy.statement_cut_pending
     adopted = await q.adopt_claim(unknown.value.claim_id)
     if where == "before":
-        assert adopted == [] and orphans(db_url) == []
+        assert adopted == []
         adopted = await q.claim(1)
     [lease] = adopted
+    assert orphans(db_url) == []
+    assert await q.release([lease]) == {lease.file_id}
     assert sorted(orphans(db_url)) == sorted([(derived_key(lease), lease.token),
                                               (thumb_key(lease), lease.token)])
-    assert events(db_url, lease.file_id) == ["claimed"]
+    assert events(db_url, lease.file_id) == ["claimed", "released"]
 
 
 @pytest.mark.parametrize("where", WHERE)
-async def test_a_publication_whose_answer_was_lost_takes_back_the_claims_rows_once(
+async def test_a_publication_whose_answer_was_lost_leaves_nothing_for_the_sweeper(
         pool: Any, db_url: str, lossy: Lossy, where: str) -> None:
     """The worker's completer sends a commit again until it is answered: the repeat of one
-    that went through is recognized as published, and the rows the claim registered (the
-    thumb's too, for a photo that needed none) are gone either way."""
+    that went through is recognized as published, and neither leaves anything for the
+    sweeper (the thumb's key, for a photo that needed none, included)."""
     q = make_queue(pool)
     [fid] = await new_queued(q)
     [lease] = await q.claim(1)
     publish = functools.partial(lossy.queue.complete_many, [(lease, derived_for(lease))])
-    await lossy.lost(b"accounted AS (", where, publish)
-    assert (orphans(db_url) == []) is (where == "after")
+    await lossy.lost(b"superseded AS (", where, publish)
     assert await publish() == set()
     assert await publish() == set()
     assert orphans(db_url) == []

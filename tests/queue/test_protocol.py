@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import random
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -14,12 +15,13 @@ import pytest
 from darkroom.db.database import Database
 from darkroom.db.queries import QUERIES
 from darkroom.errors import ErrorCode
-from darkroom.layout import ATTEMPT_KEYS
 from darkroom.queue import (
     ConfirmOutcome,
     Derived,
     DerivedObject,
+    Lease,
     LeaseLost,
+    Queue,
     Status,
     backoff_delay,
     claim_params,
@@ -28,7 +30,7 @@ from darkroom.queue import (
 )
 from darkroom.reads import Reads
 from darkroom.stats import read as read_stats
-from tests.support.services import confirm, make_queue, wait_for
+from tests.support.services import confirm, make_queue, sweepable_orphans, wait_for
 from tests.support.sql import SQL
 
 
@@ -60,8 +62,16 @@ def events(db_url: str, file_id: uuid.UUID) -> list[str]:
 
 
 def orphans(db_url: str) -> list[tuple[str, uuid.UUID]]:
+    """The keys the orphan sweep will delete (once past its guard interval)."""
+    return sweepable_orphans(db_url)
+
+
+def rows_written(db_url: str) -> list[Any]:
+    """Whatever the protocol wrote for the sweeper, before any sweep: orphan rows and
+    attempts recorded as ended unpublished."""
     with psycopg.connect(db_url) as conn:
-        return conn.execute(SQL["orphan_tokens"]).fetchall()
+        return (conn.execute(SQL["orphan_tokens"]).fetchall()
+                + conn.execute(SQL["unpublished_attempts"]).fetchall())
 
 
 def card(db_url: str, file_id: uuid.UUID) -> dict[str, Any]:
@@ -112,7 +122,8 @@ async def test_stale_commit_changes_nothing(pool: Any, db_url: str) -> None:
     row = card(db_url, fid)
     assert row["status"] == "ready" and row["derived_key"] == derived_key(b)
     assert events(db_url, fid) == ["claimed", "claimed", "ready", "lease_lost"]
-    # Both of the stale attempt's keys, which its claim registered; none of b's.
+    # Both of the stale attempt's keys, recorded when the rescue ended its lease; none of
+    # b's.
     assert sorted(orphans(db_url)) == sorted([(derived_key(a), a.token),
                                               (thumb_key(a), a.token)])
 
@@ -332,21 +343,82 @@ def derived_with_thumb(lease: Any) -> Derived:
                    width=10, height=8, size=123, thumb=thumb, thumbhash="1XgDfZQL9gh8")
 
 
-async def test_the_claim_registers_the_attempts_keys_and_publishing_takes_them_back(
+async def test_claims_and_publications_write_nothing_for_the_sweeper(
         pool: Any, db_url: str) -> None:
-    """Before an attempt can write, its claim has accounted for both keys it may write
-    (layout.ATTEMPT_KEYS, filled in by the statement); its publication, with or without a
-    thumb, leaves nothing for the sweeper."""
+    """The path every job takes, a claim and then its publication (with or without a
+    thumb), writes no row for the sweeper: its objects are the card's."""
     q = make_queue(pool)
     await new_queued(q, 2)
     a, b = await q.claim(2)
-    assert sorted(orphans(db_url)) == sorted(
-        (key, lease.token) for lease in (a, b) for key in (derived_key(lease), thumb_key(lease)))
+    assert rows_written(db_url) == []
     await q.complete(a, derived_for(a))  # a photo small enough for no thumb
-    assert sorted(orphans(db_url)) == sorted([(derived_key(b), b.token),
-                                              (thumb_key(b), b.token)])
     await q.complete(b, derived_with_thumb(b))
-    assert orphans(db_url) == []
+    assert rows_written(db_url) == []
+
+
+def both_keys(lease: Lease) -> list[tuple[str, uuid.UUID]]:
+    return sorted([(derived_key(lease), lease.token), (thumb_key(lease), lease.token)])
+
+
+async def _ends_by_failing(q: Queue, db_url: str, lease: Lease) -> None:
+    await q.fail(lease, ErrorCode.INVALID_IMAGE)
+
+
+async def _ends_by_failing_for_now(q: Queue, db_url: str, lease: Lease) -> None:
+    assert await q.fail(lease, ErrorCode.PROCESSING_TIMEOUT) is Status.QUEUED
+
+
+async def _ends_by_deferral(q: Queue, db_url: str, lease: Lease) -> None:
+    await q.defer(lease, ErrorCode.STORAGE_UNAVAILABLE, 60)
+
+
+async def _ends_by_counted_deferral(q: Queue, db_url: str, lease: Lease) -> None:
+    await q.defer_counted(lease, ErrorCode.STORAGE_UNAVAILABLE)
+
+
+async def _ends_by_hand_back(q: Queue, db_url: str, lease: Lease) -> None:
+    assert await q.release([lease]) == {lease.file_id}
+
+
+async def _ends_by_rescue(q: Queue, db_url: str, lease: Lease) -> None:
+    expire(db_url, lease.file_id)
+    [rescue] = await q.claim(1)
+    assert rescue.file_id == lease.file_id
+
+
+async def _ends_by_running_out_of_attempts(q: Queue, db_url: str, lease: Lease) -> None:
+    expire(db_url, lease.file_id)
+    assert await q.claim(1) == []
+    assert card(db_url, lease.file_id)["status"] == "rejected"
+
+
+async def _ends_by_revoke(q: Queue, db_url: str, lease: Lease) -> None:
+    assert await q.revoke(lease.file_id, lease.owner)
+
+
+async def _ends_by_losing_the_card(q: Queue, db_url: str, lease: Lease) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(SQL["drop_cards"], {"ids": [lease.file_id]})
+
+
+@pytest.mark.parametrize("end", [
+    _ends_by_failing, _ends_by_failing_for_now, _ends_by_deferral, _ends_by_counted_deferral,
+    _ends_by_hand_back, _ends_by_rescue, _ends_by_running_out_of_attempts, _ends_by_revoke,
+    _ends_by_losing_the_card], ids=lambda end: end.__name__.removeprefix("_ends_by_"))
+async def test_a_lease_that_ends_unpublished_leaves_both_its_keys_to_the_sweeper(
+        pool: Any, db_url: str,
+        end: Callable[[Queue, str, Lease], Awaitable[None]]) -> None:
+    """However an attempt's lease ends without publishing, by any statement or by a crash
+    that a rescue ends, both keys it may have written (layout.ATTEMPT_KEYS) are the
+    sweeper's, exactly once, and no other attempt's are."""
+    q = make_queue(pool, max_attempts=1 if end is _ends_by_running_out_of_attempts else 3)
+    await new_queued(q, 2)
+    lease, other = await q.claim(2)
+    await end(q, db_url, lease)
+    assert sorted(orphans(db_url)) == both_keys(lease)
+    assert sorted(orphans(db_url)) == both_keys(lease)  # a second pass adds nothing
+    await q.complete(other, derived_for(other))
+    assert sorted(orphans(db_url)) == both_keys(lease)
 
 
 async def test_preview_and_thumb_are_published_by_one_fenced_commit(
@@ -490,7 +562,7 @@ async def _racing_the_original(db_url: str, lease: Any, repeat: Any) -> Any:
             "heights": [d.height], "sizes": [d.size], "thumb_keys": [None],
             "thumb_versions": [None], "thumb_sha256s": [None], "thumb_widths": [None],
             "thumb_heights": [None], "thumb_sizes": [None], "thumbhashes": [None],
-            "attempt_keys": list(ATTEMPT_KEYS), "worker": "test", "fingerprint": None})
+            "worker": "test", "fingerprint": None})
         task = asyncio.ensure_future(repeat())
         with psycopg.connect(db_url, autocommit=True) as waiting:
             # The repeat is blocked on the original's row lock: wait for that, not a clock.

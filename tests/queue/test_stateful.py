@@ -109,7 +109,7 @@ def make_machine(db_url: str) -> type[RuleBasedStateMachine]:
             shutil.rmtree(self.objects, ignore_errors=True)
 
         def derive(self, w: int, lease: Lease) -> Derived:
-            """What an attempt does before its commit: PUT (its claim registered the key)."""
+            """What an attempt does before its commit: PUT (the key carries its token)."""
             key = derived_key(lease)
             version = self.store.put(key, b"webp")
             return Derived(key, version, "0" * 64, 1, 1, 4)

@@ -207,6 +207,9 @@ SELECT object_key, failures FROM orphan_objects;
 -- name: orphan_reason
 SELECT reason FROM orphan_objects WHERE object_key = %(key)s;
 
+-- name: unpublished_attempts
+SELECT token FROM unpublished_attempts;
+
 -- name: orphan_count
 SELECT count(*) AS n FROM orphan_objects;
 
@@ -218,6 +221,8 @@ SELECT object_key FROM orphan_objects WHERE reason = 'superseded';
 -- orphan, no deleted or pending card, no card touched.
 SELECT NOT EXISTS (SELECT 1 FROM orphan_objects
                    WHERE created_at >= now() - make_interval(secs => %(g)s))
+   AND NOT EXISTS (SELECT 1 FROM unpublished_attempts
+                   WHERE ended_at >= now() - make_interval(secs => %(g)s))
    AND NOT EXISTS (SELECT 1 FROM archive_files WHERE status IN ('deleting', 'pending'))
    AND (SELECT coalesce(max(updated_at), '-infinity') FROM archive_files)
        < now() - make_interval(secs => %(g)s) AS past;
@@ -226,6 +231,8 @@ SELECT NOT EXISTS (SELECT 1 FROM orphan_objects
 -- True once every orphan and every deleted card is older than the guard interval `g`.
 SELECT NOT EXISTS (SELECT 1 FROM orphan_objects
                    WHERE created_at >= now() - make_interval(secs => %(g)s))
+   AND NOT EXISTS (SELECT 1 FROM unpublished_attempts
+                   WHERE ended_at >= now() - make_interval(secs => %(g)s))
    AND NOT EXISTS (SELECT 1 FROM archive_files WHERE status = 'deleting'
                    AND deleted_at >= now() - make_interval(secs => %(g)s)) AS past;
 
@@ -315,7 +322,8 @@ UPDATE archive_files SET original_key = %(key)s WHERE id = %(id)s;
 UPDATE archive_files SET deferrals = %(deferrals)s WHERE id = %(id)s;
 
 -- name: truncate_queue
-TRUNCATE archive_files, archive_events, orphan_objects, maintenance_schedule, owner_clocks
+TRUNCATE archive_files, archive_events, orphan_objects, unpublished_attempts,
+         maintenance_schedule, owner_clocks
 CASCADE;
 
 -- name: reset_fair_clock

@@ -25,7 +25,14 @@ from psycopg.rows import dict_row
 from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
 from darkroom.db.queries import QUERIES
-from darkroom.layout import ORIGINALS, derived_key, derived_prefix, parse_key, thumb_key
+from darkroom.layout import (
+    ATTEMPT_KEYS,
+    ORIGINALS,
+    derived_key,
+    derived_prefix,
+    parse_key,
+    thumb_key,
+)
 from darkroom.queue import ConfirmOutcome, Queue
 from darkroom.storage import ObjectStore
 from tests.support.sql import SQL, Attempt
@@ -116,6 +123,15 @@ def wait_past_guard(db_url: str, guard_seconds: float, *, timeout: float = 120.0
         return bool(row and row[0])
 
     wait_for(past, timeout=timeout, interval=0.25, what="the guard interval to pass")
+
+
+def sweepable_orphans(db_url: str) -> list[tuple[str, uuid.UUID]]:
+    """Every key the orphan sweep holds, with the token of the attempt it names: the
+    attempts that ended unpublished filled in first, as the sweep's pass does."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(QUERIES["sweep_unpublished_attempts"],
+                     {"limit": 1_000_000, "attempt_keys": list(ATTEMPT_KEYS)})
+        return [(key, token) for key, token in conn.execute(SQL["orphan_tokens"])]
 
 
 class DarkroomProcess:

@@ -96,7 +96,7 @@ async def test_orphans_are_deleted_but_never_a_referenced_object(
     # As an old bug did: the published key registered as an orphan after all.
     await q.track_attempt_objects(published, [kept])
     unit = Orphans(q.db, store, guard_seconds=0)
-    # The revoked attempt's two keys (its claim registered the thumb's too), and `kept`.
+    # The revoked attempt's two keys (its thumb's too, though it wrote none), and `kept`.
     assert await unit.run_once() == 3
     assert orphan_rows(db_url) == {}
     assert [o.key for o in store.list(kept)] == [kept]
@@ -158,7 +158,7 @@ async def test_a_write_that_lands_while_its_orphan_is_swept_is_swept_too(
             q.track_attempt_objects(lease, [key]), loop).result(timeout=30)
 
     unit = Orphans(q.db, LandingStore(store, key, land), guard_seconds=0)
-    assert await unit.run_once() == 2  # the preview and the thumb the claim registered
+    assert await unit.run_once() == 2  # the ended attempt's preview and thumb
     # The row the pass took is gone; the one the late write made stays, and its object.
     assert orphan_rows(db_url) == {key: 0}
     assert [o.key for o in store.list(key)] == [key]
@@ -218,14 +218,16 @@ async def test_a_published_key_tracked_anew_then_replaced_mid_pass_is_still_swep
 
 async def test_attempts_still_running_never_hold_up_the_sweep(
         pool: Any, db_url: str, store: ObjectStore) -> None:
-    """Every running attempt has rows (its claim registered its keys), skipped while its
-    lease holds; a batch's worth of them, older than the guard interval (long attempts,
-    or expired leases an operator's pause holds back from rescue), must not fill every
-    pass and leave the ended attempts' objects for ever."""
+    """A running attempt can have rows (its writes were tracked anew after a statement
+    that would have ended it failed), skipped while its lease holds; a batch's worth of
+    them, older than the guard interval, must not fill every pass and leave the ended
+    attempts' objects for ever."""
     q = make_queue(pool)
     for _ in range(BATCH // 2):
         await queued_card(q, store, owner="busy")
     running = await q.claim(BATCH // 2)
+    for lease in running:
+        await q.track_attempt_objects(lease, [derived_key(lease), thumb_key(lease)])
     await queued_card(q, store, owner="o")
     [ended] = await q.claim(1)
     key = await orphan(q, store, ended)

@@ -84,7 +84,7 @@ def check_everything(h: Harness, api: Api, ids: list[uuid.UUID]) -> None:
         h.assert_published_once(file_id)
         assert api.derivative_sha256(file_id) == cards[file_id]["sha256"]
     assert max(c["attempts"] for c in cards.values()) <= 3
-    # Attempts cut short by a fault leave registered orphans: one sweep takes them all
+    # Attempts cut short by a fault leave orphans: one sweep takes them all
     # (guard 0 here), and reconciliation finds nothing else.
     sweep = subprocess.run([sys.executable, "-m", "darkroom.cli", "sweep", "--once"],
                            env=h.env, capture_output=True, text=True, timeout=300)

@@ -194,7 +194,7 @@ async def test_a_stored_upload_found_by_the_sweep_is_confirmed_once(
 
 
 @pytest.mark.parametrize("where", WHERE)
-@pytest.mark.parametrize("statement", [b"INSERT INTO archive_files", b"pending -> queued",
+@pytest.mark.parametrize("statement", [b"INSERT INTO archive_files", b"stamped AS (",
                                        b"'restored'", b"COMMIT"],
                          ids=["create", "confirm", "event", "commit"])
 async def test_a_restore_run_again_makes_one_card_with_its_history(

@@ -22,6 +22,12 @@ request no database lookup and no parsing:
 - at most `MAX_PIPELINED` requests wait behind the one being answered on a connection;
   past that the queued ones are answered, the rest is dropped unread and the connection
   closed, so pipelined requests cannot pile up in memory;
+- an answer given before a request's body has arrived (413, 401, ...) reads a small body
+  to its end as usual; after one given before a larger body (or one of unknown length),
+  the connection ends: the answer says `connection: close`, is followed by a half-close,
+  and the rest of the body is drained unparsed for at most `LINGER_SECONDS` and
+  `LINGER_BYTES` (a "lingering close"), so the client reads the answer rather than a
+  reset, and cannot make the server read on for long;
 - the answers this layer writes itself carry the same security headers as the app's.
 """
 
@@ -39,7 +45,7 @@ from typing import Any
 
 import httptools
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from darkroom.api.limits import client_bucket
 from darkroom.api.problems import PROBLEM_MEDIA_TYPE, problem_body
@@ -52,6 +58,17 @@ MAX_HEADER_BYTES = 16 * 1024
 SMALL_BODY_BYTES = 64 * 1024
 # After an answer, an idle keep-alive connection is closed this soon.
 KEEP_ALIVE_SECONDS = 5
+# After an answer that came before a larger body (or one of unknown length) had arrived,
+# the rest of the body is drained for at most this long, and at most this much of it
+# (then the connection is closed, reset if the client still sends). Closing a socket with
+# unread bytes makes the kernel reset the connection, which can destroy the answer on its
+# way (a lost segment is never sent again); draining gives it time to be acknowledged,
+# a retransmission included (Linux's first retransmission timeout is 1 s), while a client
+# still sending its body gets to reading the answer. The time bounds how long a client
+# holds a connection that way (it does not count as idle: see _close_idlest), the bytes
+# how much reading it costs: 8 MiB is what a client at 1 Gbit/s sends in about 70 ms.
+LINGER_SECONDS = 2.0
+LINGER_BYTES = 8 * 1024 * 1024
 # Requests that may wait, parsed, behind the one being answered on one connection.
 # Browsers do not pipeline at all; a client that does gains nothing past a few.
 MAX_PIPELINED = 8
@@ -134,6 +151,8 @@ class GuardedProtocol(HttpToolsProtocol):
         self._read_timer: asyncio.TimerHandle | None = None
         self._in_body = False
         self._lingering = False
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._lingered = 0
         self._declared_length: int | None = None
         self._chunked = False
         self._counts = _counts(self.server_state)
@@ -217,6 +236,9 @@ class GuardedProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._disarm_body()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
         if self._client_name is not None:
             per_client = self._counts.per_client
             per_client[self._client_name] -= 1
@@ -227,7 +249,12 @@ class GuardedProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._refusal is not None or self._lingering or self._overflow:
+        if self._lingering:
+            self._lingered += len(data)
+            if self._lingered > LINGER_BYTES and not self.transport.is_closing():
+                self.transport.close()
+            return  # the rest of a body answered early: dropped unparsed
+        if self._refusal is not None or self._overflow:
             return  # answered (or too far ahead): the rest is dropped unparsed
         if self._in_body and self._read_timer is not None:
             self._arm()  # the body moved: its pause starts again
@@ -291,6 +318,9 @@ class GuardedProtocol(HttpToolsProtocol):
             streams.add(self)
         self._idle_since = None
         super().on_headers_complete()
+        if ((self._chunked or (self._declared_length or 0) > SMALL_BODY_BYTES)
+                and self.cycle is not None and self.cycle.scope is self.scope):
+            self._end_early_answers(self.cycle)
         self._in_body = True
         self._arm()
         if self._chunked or (self._declared_length or 0) > 0:
@@ -308,13 +338,39 @@ class GuardedProtocol(HttpToolsProtocol):
         self._disarm_body()
         super().on_message_complete()
 
+    def _end_early_answers(self, cycle: RequestResponseCycle) -> None:
+        """An answer `cycle` begins before its request's body (larger than
+        SMALL_BODY_BYTES) has arrived ends the connection, and says so.
+
+        Without `connection: close` an HTTP/1.1 client takes the connection as reusable
+        and may send its next request on it before the half-close reaches it: that
+        request is drained with the rest of the body, and the client sees the connection
+        end without an answer. uvicorn writes the header for a cycle that is not to be
+        kept alive, and then closes the connection outright after the answer; with the
+        body still arriving, the connection is instead closed lingering
+        (on_response_complete).
+        """
+        send = cycle.send
+
+        async def send_and_end(message: Any) -> None:
+            if cycle.more_body:  # the request's body has not all arrived
+                if message["type"] == "http.response.start":
+                    cycle.keep_alive = False
+                elif (message["type"] == "http.response.body"
+                      and not message.get("more_body", False)):
+                    cycle.keep_alive = True  # not closed outright: see above
+            await send(message)
+
+        # Read by uvicorn's run_asgi when the request's task starts, after this.
+        cycle.send = send_and_end  # type: ignore[method-assign]
+
     def on_response_complete(self) -> None:
         answered_early = self._in_body
         if self._streaming:
             self._streaming = False
             self._counts.streams.discard(self)
         super().on_response_complete()
-        self._disarm()  # idle now, or lingering: uvicorn's keep-alive timer takes over
+        self._disarm()  # idle now (uvicorn's keep-alive timer takes over), or lingering
         if not self.pipeline:
             self._idle_since = self.loop.time()
         small = (self._declared_length is not None
@@ -325,15 +381,24 @@ class GuardedProtocol(HttpToolsProtocol):
             # client's next request; the read timer still bounds the wait for it.
             return
         if answered_early and not self.transport.is_closing():
-            # Answered before the request's body was read (413, 401, ...). Closing now,
-            # with the client still sending, would make the kernel reset the connection,
-            # and the client could lose the answer; instead the answer is ended with a
-            # half-close and the rest of the body is drained unparsed until the client
-            # hangs up or the keep-alive timer closes the connection (nginx's "lingering
-            # close"). Nothing of it is kept.
+            # Answered before the request's body was read (413, 401, ...), with
+            # `connection: close` (_end_early_answers). Closing now, with the client still
+            # sending, would make the kernel reset the connection, and the client could
+            # lose the answer; instead the answer is ended with a half-close and the rest
+            # of the body is drained unparsed until the client hangs up, or for at most
+            # LINGER_SECONDS and LINGER_BYTES (nginx's "lingering close"). Nothing of it
+            # is kept.
             self._lingering = True
+            self._disarm_body()  # the body is not read any more: the linger's bounds hold
+            self._unset_keepalive_if_required()
+            self._linger_timer = self.loop.call_later(LINGER_SECONDS, self._linger_over)
             if self.transport.can_write_eof():
                 self.transport.write_eof()
+
+    def _linger_over(self) -> None:
+        self._linger_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
     def _close_idlest(self) -> bool:
         """Close the connection idle the longest, if any: whether one was."""

@@ -65,6 +65,10 @@ OUTAGE_CAP_SECONDS = 60.0
 RECONCILE_INTERVAL_SECONDS = 3_600.0
 RECONCILE_PAGE = 500
 PRUNE_BATCH = 5_000
+# Attempts that ended unpublished, made into their keys' rows per orphan pass: cheap rows
+# (no store call), so a pass moves far more than it deletes, and a burst of failures or
+# deferrals never waits an interval per hundred.
+MOVE_BATCH = 1_000
 
 # What an outage of the database or the store raises; anything else is logged as a bug,
 # and the unit still goes on after a pause.
@@ -101,10 +105,9 @@ class Orphans:
         self.guard_seconds = guard_seconds
 
     async def run_once(self) -> int:
-        # Attempts that ended unpublished since the last pass become their keys' rows; a
-        # backlog of them is moved a batch per pass, like the rows themselves.
+        # Attempts that ended unpublished since the last pass become their keys' rows.
         await self.db.rowcount("sweep_unpublished_attempts",
-                               {"limit": BATCH, "attempt_keys": list(ATTEMPT_KEYS)})
+                               {"limit": MOVE_BATCH, "attempt_keys": list(ATTEMPT_KEYS)})
         rows = await self.db.rows("sweep_take_orphans", {
             "guard_seconds": self.guard_seconds, "limit": BATCH,
             "retry_seconds": TAKE_SECONDS})

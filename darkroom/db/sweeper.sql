@@ -36,9 +36,11 @@ FROM taken t;
 -- name: sweep_unpublished_attempts
 -- Attempts whose lease ended unpublished (migration 0020) become rows for the keys they
 -- may have written: layout.py's ATTEMPT_KEYS filled in, guarded from when the lease
--- ended. A key that already has a row keeps it (tracked anew by its attempt after its
--- writes returned, or recorded by a commit that found its lease lost): that row is as
--- new or newer. Taken by several sweepers at once, each moves rows of its own.
+-- ended. A key that already has a row (tracked by its attempt once its writes returned,
+-- maybe while its lease still held, or recorded by a commit that found its lease lost)
+-- keeps its row, guarded from the later of the two: a late write may land until a guard
+-- interval after the lease ended. Taken by several sweepers at once, each moves rows of
+-- its own.
 WITH taken AS (
     DELETE FROM unpublished_attempts u
     WHERE u.token = ANY (ARRAY(SELECT token FROM unpublished_attempts
@@ -50,7 +52,9 @@ INSERT INTO orphan_objects (object_key, file_id, token, reason, created_at, next
 SELECT replace(replace(t, '{file}', a.file_id::text), '{token}', a.token::text),
        a.file_id, a.token, 'attempt', a.ended_at, a.ended_at
 FROM taken a CROSS JOIN unnest(%(attempt_keys)s::text[]) AS t
-ON CONFLICT (object_key) DO NOTHING;
+ON CONFLICT (object_key) DO UPDATE
+SET created_at = greatest(orphan_objects.created_at, EXCLUDED.created_at),
+    next_try_at = greatest(orphan_objects.next_try_at, EXCLUDED.next_try_at);
 
 -- name: sweep_drop_orphan
 -- After every version is gone, or kept because a card references it: only the row that

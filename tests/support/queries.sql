@@ -305,6 +305,11 @@ SELECT now() - interval '1 hour' AS t;
 -- name: age_idempotency_key
 UPDATE idempotency_keys SET created_at = now() - interval '25 hours' WHERE file_id = %(id)s;
 
+-- name: age_orphans
+-- Orphan rows made an hour ago.
+UPDATE orphan_objects SET created_at = now() - interval '1 hour',
+                          next_try_at = now() - interval '1 hour';
+
 -- name: retry_orphans_now
 UPDATE orphan_objects SET next_try_at = now();
 

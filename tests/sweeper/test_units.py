@@ -238,6 +238,26 @@ async def test_attempts_still_running_never_hold_up_the_sweep(
     assert len(orphan_rows(db_url)) == 2 * len(running)  # the running ones', untouched
 
 
+async def test_the_guard_counts_from_the_end_of_the_lease_whatever_was_tracked_before(
+        pool: Any, db_url: str, store: ObjectStore) -> None:
+    """An attempt whose writes were tracked while its lease still held (a statement that
+    would have ended it failed) and whose lease ends much later: a late write of a
+    half-down store may land until the guard interval after the end, so its objects are
+    not deleted before."""
+    q = make_queue(pool)
+    await queued_card(q, store)
+    [lease] = await q.claim(1)
+    key = await orphan(q, store, lease)
+    await q.track_attempt_objects(lease, [key])
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(SQL["age_orphans"])
+    await q.release([lease])
+    unit = Orphans(q.db, store, guard_seconds=600)
+    assert await unit.run_once() == 0
+    assert [o.key for o in store.list(key)] == [key]
+    assert await Orphans(q.db, store, guard_seconds=0).run_once() == 2
+
+
 async def test_two_sweepers_share_the_orphans(pool: Any, db_url: str,
                                               store: ObjectStore) -> None:
     q = make_queue(pool)

@@ -41,6 +41,32 @@ async def test_a_transaction_that_fails_commits_nothing(pool: Any) -> None:
     assert await Reads(Database(pool)).get_file(file_id, "o") is None
 
 
+async def test_statements_sent_together_commit_together_or_not_at_all(pool: Any) -> None:
+    """`together` sends its statements in one pipeline with no transaction block of its
+    own: the first commits with the second, and not at all when the second fails."""
+    db = Database(pool)
+
+    def card(file_id: uuid.UUID) -> dict[str, Any]:
+        return {"id": file_id, "owner": "o", "filename": "a.jpg", "content_type": "image/jpeg",
+                "size": 1, "original_key": original_key(file_id, "o"),
+                "priority": str(Priority.BULK), "sha256": None, "key_hash": None,
+                "request_hash": None}
+
+    first, second = uuid.uuid4(), uuid.uuid4()
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        await db.together(("create_file", card(first), None),
+                          ("create_file", card(first), None))
+    assert await Reads(db).get_file(first, "o") is None
+    made = await db.together(("create_file", card(first), Card),
+                             ("create_file", card(second), Card))
+    assert [[c.id for c in rows] for rows in made] == [[first], [second]]
+    for file_id in (first, second):
+        assert await Reads(db).get_file(file_id, "o") is not None
+    # The connection went back to the pool idle, in no transaction.
+    async with pool.connection() as conn:
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
 async def test_listen_yields_what_is_notified_after_it_began(db_url: str) -> None:
     async with opened(db_url, name="test") as db:
         async with db.listen(NOTIFY_CHANNEL) as notifications:

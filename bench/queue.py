@@ -61,6 +61,7 @@ from darkroom.db.migrations import migrate
 from darkroom.db.queries import QUERIES
 from darkroom.layout import DERIVED, ORIGINALS, original_key
 from darkroom.queue import NOTIFY_CHANNEL, Derived, Lease, Queue, claim_params, derived_key
+from darkroom.worker import claim_room
 
 OUT = Path(__file__).resolve().parent / "out" / "queue.json"
 WORKER_COUNTS = (1, 4, 16)
@@ -228,17 +229,22 @@ def darkroom_seed_jobs(url: str, n: int) -> None:
 
 
 class _Refill:
-    """The worker's refill (darkroom/worker.py `_Refill`) without its breaker and stop:
-    the slots a batch frees are claimed with the batch's commit."""
+    """The worker's refill (darkroom/worker.py `_Refill`) without its breaker and stop: a
+    batch's commit claims what `claim_room` leaves. A no-op job hands its result over as it
+    starts, which frees its slot: every slot is idle, and the worker's jobs are the ones
+    whose commit is on its way."""
 
-    def __init__(self, slots: int, running: set[asyncio.Task[None]]) -> None:
-        self.slots, self.running = slots, running
+    def __init__(self, slots: int, committing: set[asyncio.Future[bool]]) -> None:
+        self.slots, self.committing = slots, committing
         self.ahead: list[Lease] = []
         self.claiming = 0
 
+    def room(self) -> int:
+        return claim_room(slots=self.slots, idle=self.slots, jobs=len(self.committing),
+                          kept=len(self.ahead), claiming=self.claiming)
+
     def wanted(self, finishing: int) -> int:
-        free = self.slots - len(self.running) + finishing - len(self.ahead) - self.claiming
-        n = max(0, min(free, finishing))
+        n = self.room()
         self.claiming += n
         return n
 
@@ -251,37 +257,38 @@ class _Refill:
 
 
 async def drain_like_worker(queue: Queue, slots: int) -> int:
-    """The worker's own loop with no-op jobs: claim as many leases as there are free
-    slots, run each as its own task that commits through the worker's `Completer` (the
-    fenced commits of the jobs that finish together go in one statement, sent with the
-    claim of the slots they free, as `Worker._attempt` does), start what that claim
-    leased, claim again for slots still free; until the queue is empty.
-    Answers the jobs done."""
-    async def job(lease: Lease) -> None:
-        if not await completer.complete(lease, noop_result(lease)):
-            raise RuntimeError("a lease was lost in a no-op run")
-
+    """The worker's own loop with no-op jobs: claim for the free slots and one lease kept
+    ahead per slot (`worker.claim_room`); each job hands its result to the worker's
+    `Completer`, which frees its slot, and the completer commits the results handed over
+    together in one statement, sent with the claim of the room they leave (as
+    `Worker._attempt` does); start what a commit claimed, claim again for the room still
+    left; until the queue is empty. Answers the jobs done."""
     async def direct(call: Callable[[], Awaitable[set[uuid.UUID]]],
                      _leases: Sequence[Lease]) -> set[uuid.UUID]:
         return await call()
 
-    running: set[asyncio.Task[None]] = set()
-    refill = _Refill(slots, running)
+    committing: set[asyncio.Future[bool]] = set()
+    refill = _Refill(slots, committing)
     completer = Completer(queue, direct, refill=refill)
+
+    def start(lease: Lease) -> None:
+        committing.add(completer.submit(lease, noop_result(lease)))
+
     done = 0
     async with completer_running(completer):
         while True:
-            while refill.ahead and len(running) < slots:
-                running.add(asyncio.create_task(job(refill.ahead.pop(0))))
-            free = slots - len(running) - len(refill.ahead) - refill.claiming
+            while refill.ahead:
+                start(refill.ahead.pop(0))
+            free = refill.room()
             for lease in await queue.claim(free) if free > 0 else []:
-                running.add(asyncio.create_task(job(lease)))
-            if not running:
+                start(lease)
+            if not committing:
                 return done
-            finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            running -= finished  # the same set the refill counts
-            for task in finished:
-                task.result()
+            finished, _ = await asyncio.wait(committing, return_when=asyncio.FIRST_COMPLETED)
+            committing.difference_update(finished)  # the same set the refill counts
+            for answer in finished:
+                if not answer.result():
+                    raise RuntimeError("a lease was lost in a no-op run")
             done += len(finished)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -505,14 +505,17 @@ class Queue:
             raise LeaseLost(lease.file_id, lease.token)
         return Status(rows[0]["status"]), int(rows[0]["deferrals"])
 
-    async def release(self, leases: Sequence[Lease]) -> set[uuid.UUID]:
+    async def release(self, leases: Sequence[Lease],
+                      unstarted: Collection[uuid.UUID] = ()) -> set[uuid.UUID]:
         """Hand unfinished leases back (queued, due now); answers the ids released
-        (a repeat of a hand-back that went through counts as released)."""
+        (a repeat of a hand-back that went through counts as released). The leases whose
+        token is in `unstarted` were never started: their attempt is given back."""
         if not leases:
             return set()
         rows = await self._rows("release", {
             "ids": [lease.file_id for lease in leases],
             "tokens": [lease.token for lease in leases],
+            "unstarted": list(unstarted),
             "worker": self.worker,
         })
         return {r["id"] for r in rows}

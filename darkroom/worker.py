@@ -42,7 +42,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -89,6 +89,11 @@ HEARTBEAT_RETRY_SECONDS = 0.2
 REMEMBERED_DEFERRALS = 10_000
 
 
+# The leases a worker holds at most, per slot: one decoding, one whose commit is on its way,
+# one kept ahead.
+HELD_PER_SLOT = 3
+
+
 class Outcome(StrEnum):
     """How an attempt ended, as the worker's metrics and logs name it."""
 
@@ -112,7 +117,8 @@ class WorkerQueue(Completions, Protocol):
     async def fail(self, lease: Lease, code: ErrorCode) -> Status: ...
     async def defer(self, lease: Lease, code: ErrorCode, delay: float) -> None: ...
     async def defer_counted(self, lease: Lease, code: ErrorCode) -> tuple[Status, int]: ...
-    async def release(self, leases: Sequence[Lease]) -> set[uuid.UUID]: ...
+    async def release(self, leases: Sequence[Lease],
+                      unstarted: Collection[uuid.UUID] = ()) -> set[uuid.UUID]: ...
     async def pause_worker(self, reason: str) -> None: ...
     async def resume_worker(self) -> None: ...
     def listen(self) -> AbstractAsyncContextManager[AsyncIterator[str]]: ...
@@ -121,7 +127,9 @@ class WorkerQueue(Completions, Protocol):
 @dataclass(eq=False)
 class Job:
     lease: Lease
-    decoder: DecoderProcess
+    # Its slot: the decoder it holds until its result is handed to the completer (None
+    # from then on, while its commit is on its way).
+    decoder: DecoderProcess | None
     started: float = field(default_factory=time.monotonic)
     task: asyncio.Task[None] | None = None
     # Set when the attempt must not touch the card any more: its lease was lost, or the
@@ -147,7 +155,8 @@ class Job:
 
     def abandon(self) -> None:
         self.abandoned = True
-        self.decoder.kill()
+        if self.decoder is not None:
+            self.decoder.kill()
 
 
 class Worker:
@@ -175,8 +184,11 @@ class Worker:
         # Fenced commits, batched: one statement for the results that finish together,
         # sent with the claim of the slots they free.
         self.completer = Completer(queue, self._db_for_leases, refill=_Refill(self))
-        # Leases claimed with a batch's commit, by token, each with until when it surely
-        # holds: started as soon as their slots are free (heartbeated meanwhile).
+        # Leases claimed ahead of a free slot (with a batch's commit, or by a claim that
+        # found more than the slots free), by token, each with until when it surely holds:
+        # started as soon as a slot frees (heartbeated meanwhile). At most one per slot
+        # (claim_room): a slot that frees starts its next job at once, without a claim's
+        # round trip, and the claim that refills it goes with a commit.
         self.claimed_ahead: dict[uuid.UUID, tuple[Lease, float]] = {}
         # Cards being claimed right now (by the loop or with a batch's commit), so that
         # the two together never claim more than the free slots.
@@ -189,9 +201,8 @@ class Worker:
         self._rng = random.Random()
         # Claims whose answer was lost and whose lookup found nothing yet: the claim may
         # still commit (its statement was on its way, or still running on the server).
-        # By claim id: until when to look again, until when its leases surely hold, and
-        # whether it was claimed with a batch's commit (for slots that free with it).
-        self._unknown_claims: dict[uuid.UUID, tuple[float, float, bool]] = {}
+        # By claim id: until when to look again, and until when its leases surely hold.
+        self._unknown_claims: dict[uuid.UUID, tuple[float, float]] = {}
         # Unpublished attempts' objects being tracked anew once their PUTs return.
         self._tracking: set[asyncio.Task[None]] = set()
 
@@ -210,7 +221,7 @@ class Worker:
                     await self._wait_for_store()
                     continue
                 claimed = await self._claim_free_slots()
-                if claimed == 0 or len(self.jobs) >= self.concurrency:
+                if claimed == 0 or not self.idle_decoders:
                     await self._sleep_until_woken()
         finally:
             await self._drain()
@@ -235,7 +246,7 @@ class Worker:
     async def _claim_free_slots(self) -> int:
         adopted = await self._adopt_late_claims() if self._unknown_claims else 0
         adopted += self._start_claimed_ahead()
-        free = self.concurrency - len(self.jobs) - len(self.claimed_ahead) - self.claiming
+        free = self.room_to_claim()
         if free <= 0:
             return adopted
         sent = time.monotonic()
@@ -262,7 +273,7 @@ class Worker:
                 # Nothing yet; the claim may commit later. Looked up again at every turn
                 # of the loop, so what it leases is run, not left to run out its lease.
                 self._unknown_claims[claim_id] = (sent + 2 * self.settings.lease_seconds,
-                                                  held_until, False)
+                                                  held_until)
         except CONNECTION_ERRORS as exc:
             metrics.DB_ERRORS.inc()
             log.warning("claim failed; database unavailable", extra={"error": type(exc).__name__})
@@ -270,13 +281,33 @@ class Worker:
             return 0
         finally:
             self.claiming -= free
-        for lease in leases:
-            self._start(lease, held_until)
+        await self._take(leases, held_until)
         return len(leases)
 
+    def room_to_claim(self) -> int:
+        return claim_room(slots=self.concurrency, idle=len(self.idle_decoders),
+                          jobs=len(self.jobs), kept=len(self.claimed_ahead),
+                          claiming=self.claiming)
+
+    async def _take(self, leases: list[Lease], held_until: float) -> int:
+        """Start what fits the free slots, keep what fits ahead, and hand the rest back at
+        once (due now) rather than let it wait for its lease. Answers the jobs started."""
+        room = len(self.idle_decoders)
+        for lease in leases[:room]:
+            self._start(lease, held_until)
+        keep = max(min(self.concurrency - len(self.claimed_ahead), len(leases) - room), 0)
+        for lease in leases[room:room + keep]:
+            self.claimed_ahead[lease.token] = (lease, held_until)
+        if rest := leases[room + keep:]:
+            try:
+                await self.queue.release(rest, {lease.token for lease in rest})
+            except CONNECTION_ERRORS:
+                log.warning("could not hand leases back; they will expire instead")
+        return min(room, len(leases))
+
     def _start_claimed_ahead(self) -> int:
-        """Start the leases claimed with a batch's commit, as far as slots are free."""
-        room = self.concurrency - len(self.jobs)
+        """Start the leases claimed ahead, as far as slots are free."""
+        room = len(self.idle_decoders)
         started = 0
         for token in list(self.claimed_ahead)[:max(room, 0)]:
             lease, held_until = self.claimed_ahead.pop(token)
@@ -289,7 +320,7 @@ class Worker:
         commits all its rows at once: once some are found, it is settled."""
         started = 0
         now = time.monotonic()
-        for claim_id, (look_until, held_until, ahead) in list(self._unknown_claims.items()):
+        for claim_id, (look_until, held_until) in list(self._unknown_claims.items()):
             if now > look_until:
                 del self._unknown_claims[claim_id]
                 continue
@@ -306,24 +337,9 @@ class Worker:
             metrics.CLAIMS_ADOPTED.inc(len(leases))
             log.info("a lost claim committed late; running what it leased",
                      extra={"leases": len(leases)})
-            if ahead:
-                # Claimed with a batch's commit, for the slots its jobs free once their
-                # commits (repeated now) are answered: they wait for those slots.
-                room = max(self.concurrency - len(self.claimed_ahead), 0)
-                for lease in leases[:room]:
-                    self.claimed_ahead[lease.token] = (lease, held_until)
-            else:
-                # Its rows were claimed for the slots free then; any more than are free
-                # now go back at once (due now) rather than wait for their lease.
-                room = max(self.concurrency - len(self.jobs), 0)
-                for lease in leases[:room]:
-                    self._start(lease, held_until)
-                started += min(room, len(leases))
-            if leases[room:]:
-                try:
-                    await self.queue.release(leases[room:])
-                except CONNECTION_ERRORS:
-                    log.warning("could not hand leases back; they will expire instead")
+            # Its rows were claimed for slots free then (or with a batch's commit, for the
+            # slots its jobs freed): as any claim's.
+            started += await self._take(leases, held_until)
         return started
 
     def _start(self, lease: Lease, held_until: float) -> None:
@@ -388,15 +404,23 @@ class Worker:
             metrics.JOBS.labels(outcome).inc()
             metrics.JOB_SECONDS.labels(outcome).observe(time.monotonic() - job.started)
             del self.jobs[job.lease.token]
+            self._free_slot(job)
+
+    def _free_slot(self, job: Job) -> None:
+        """The job's decoder goes back to the idle ones: a slot is free, so the loop
+        starts a job claimed ahead or claims again at once, and a backlog drains."""
+        if job.decoder is not None:
             self.idle_decoders.append(job.decoder)
-            self.wake.set()  # a slot is free: claim again at once, so a backlog drains
+            job.decoder = None
+            self.wake.set()
 
     async def _timed_out(self, job: Job) -> Outcome:
         """The attempt outlived its time in the decoder or the database: give it up and
         queue the card again, within the reserve kept for that."""
         metrics.ATTEMPT_TIMEOUTS.inc()
         log.warning("attempt timed out; giving it up", extra=job.log_extra())
-        job.decoder.kill()
+        if job.decoder is not None:
+            job.decoder.kill()
         try:
             async with asyncio.timeout(self._timeout_reserve()):
                 if job.commit is not None:
@@ -419,12 +443,13 @@ class Worker:
                     self.store.get, lease.original_key, lease.original_version or "")
             if job.abandoned:
                 return Outcome.LEASE_LOST
+            decoder = job.decoder
+            assert decoder is not None  # held until the commit
             with _stage("derive"):
                 # Named, so that a child that saw another owner's image is replaced first.
-                result = await asyncio.to_thread(job.decoder.derive, original,
-                                                 owner=lease.owner)
+                result = await asyncio.to_thread(decoder.derive, original, owner=lease.owner)
             # The decoder's own steps, inside "derive": where its wall time goes.
-            for step, seconds in job.decoder.last_stages.items():
+            for step, seconds in decoder.last_stages.items():
                 metrics.STAGE_SECONDS.labels(f"derive_{step}").observe(seconds)
             if job.abandoned:
                 return Outcome.LEASE_LOST
@@ -443,6 +468,9 @@ class Worker:
                               width=result.width, height=result.height, size=result.size,
                               thumb=stored, thumbhash=result.thumbhash)
             with _stage("commit"):
+                # The slot is free while the commit is on its way: the next job starts now
+                # and its decode overlaps this commit.
+                self._free_slot(job)
                 job.commit = self.completer.submit(lease, derived)
                 # Shielded: a timeout stops the wait, never the commit (see _timed_out).
                 if not await asyncio.shield(job.commit):
@@ -741,7 +769,8 @@ class Worker:
             # Bounded, so a stop always ends within the grace and a few seconds.
             async with asyncio.timeout(HAND_BACK_SECONDS):
                 released = await self.queue.release(
-                    [job.lease for job in unfinished] + unstarted)
+                    [job.lease for job in unfinished] + unstarted,
+                    {lease.token for lease in unstarted})
         except (TimeoutError, *CONNECTION_ERRORS):
             released = set()
             log.warning("could not hand leases back; they will expire instead")
@@ -756,9 +785,10 @@ class Worker:
 
 
 class _Refill:
-    """The worker's side of claiming with a batch's commit (completer.Refill): the slots
-    the batch frees, less what is already claimed for them; none while the worker stops,
-    its store breaker is open, or a claim's answer is still being looked for."""
+    """The worker's side of claiming with a batch's commit (completer.Refill): the free
+    slots and the leases kept ahead, less what is already held or claimed for them; none
+    while the worker stops, its store breaker is open, or a claim's answer is still being
+    looked for."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
@@ -767,8 +797,8 @@ class _Refill:
         w = self.worker
         if w.stopping.is_set() or w.breaker.is_open or w._unknown_claims:
             return 0
-        free = w.concurrency - len(w.jobs) + finishing - len(w.claimed_ahead) - w.claiming
-        n = max(0, min(free, finishing))
+        # The batch's jobs freed their slots when they handed their results over.
+        n = max(0, w.room_to_claim())
         w.claiming += n
         return n
 
@@ -789,8 +819,18 @@ class _Refill:
                     " looking up what the claim leased")
         # Looked up at the loop's next turn, as any claim whose answer was lost.
         w._unknown_claims[claim_id] = (sent + 2 * w.settings.lease_seconds,
-                                       sent + w.settings.lease_seconds, True)
+                                       sent + w.settings.lease_seconds)
         w.wake.set()
+
+
+def claim_room(*, slots: int, idle: int, jobs: int, kept: int, claiming: int) -> int:
+    """How many cards a worker claims now: one per idle slot and one kept ahead per slot
+    (`Worker.claimed_ahead`), less the leases kept ahead and the ones being claimed. All it
+    holds (its jobs, decoding or with their commit on its way, and the leases kept ahead
+    or being claimed) stays within HELD_PER_SLOT per slot, so a database slow to commit
+    never makes it hoard cards."""
+    wanted = idle + slots - kept - claiming
+    return max(0, min(wanted, HELD_PER_SLOT * slots - jobs - kept - claiming))
 
 
 def pick_decoder(idle: list[DecoderProcess], owner: str) -> int:

@@ -499,13 +499,16 @@ SELECT status, deferrals FROM repeated;
 
 -- name: release
 -- Graceful hand-back: queued and due now, so no one waits for the lease to run out.
--- The attempt still counts: a file is never started more than max_attempts times.
+-- The attempt still counts (a file is never started more than max_attempts times), but for
+-- the leases the worker never started (`unstarted`: kept ahead of a slot): a card handed
+-- back unstarted at every stop of a rolling deploy must not run out of attempts.
 WITH held AS (
     SELECT * FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[]) AS h(id, token)
 ), released AS (
     UPDATE archive_files f
     SET status = 'queued', available_at = now(), lease_token = NULL, lease_until = NULL,
         fair_stamp = darkroom_fair_stamp(f.owner, f.priority),
+        attempts = f.attempts - (h.token = ANY (%(unstarted)b::uuid[]))::int,
         settled_token = h.token, updated_at = now()
     FROM held h
     -- The token is the fence (see complete).

@@ -223,6 +223,22 @@ async def test_release_hands_back_due_now_and_keeps_the_count(pool: Any, db_url:
     assert again.attempt == 2
 
 
+async def test_a_lease_handed_back_unstarted_gives_its_attempt_back(
+        pool: Any, db_url: str) -> None:
+    """A lease the worker kept ahead of a slot and never started is no start: handed back
+    at every stop of a rolling deploy, the card still has all its attempts. One started
+    and handed back with it keeps its count; a repeat of the hand-back takes nothing."""
+    q = make_queue(pool, max_attempts=1)
+    [kept, started] = await new_queued(q, 2)
+    leases = {lease.file_id: lease for lease in await q.claim(2)}
+    unstarted = [leases[kept].token]
+    for _ in range(2):
+        assert await q.release(list(leases.values()), unstarted) == {kept, started}
+    assert card(db_url, kept)["attempts"] == 0
+    assert card(db_url, started)["attempts"] == 1
+    assert [lease.file_id for lease in await q.claim(2)] == [kept]
+    assert card(db_url, started)["status"] == "rejected"
+
 async def test_heartbeat_extends_only_the_holder(pool: Any, db_url: str) -> None:
     q = make_queue(pool, lease_seconds=5.0)
     [fid] = await new_queued(q)

@@ -749,6 +749,9 @@ class Worker:
     # --- shutdown ----------------------------------------------------------------------
 
     async def _drain(self) -> None:
+        # The leases kept ahead go back first (due now, their attempt given back): no card
+        # waits out this worker's grace unstarted.
+        await self._hand_back([], self._take_kept_ahead())
         running = [job.task for job in self.jobs.values() if job.task is not None]
         if running:
             finished: asyncio.Future[Any] = asyncio.ensure_future(
@@ -758,30 +761,38 @@ class Worker:
                                return_when=asyncio.FIRST_COMPLETED)
             skipped.cancel()
         unfinished = list(self.jobs.values())
-        # Claimed with a commit and never started: handed back with the unfinished.
-        unstarted = [lease for lease, _ in self.claimed_ahead.values()]
-        self.claimed_ahead.clear()
-        if not unfinished and not unstarted:
-            return
         for job in unfinished:
             job.abandon()
-        try:
-            # Bounded, so a stop always ends within the grace and a few seconds.
-            async with asyncio.timeout(HAND_BACK_SECONDS):
-                released = await self.queue.release(
-                    [job.lease for job in unfinished] + unstarted,
-                    {lease.token for lease in unstarted})
-        except (TimeoutError, *CONNECTION_ERRORS):
-            released = set()
-            log.warning("could not hand leases back; they will expire instead")
+        # With the unfinished, any lease a commit's claim kept ahead since.
+        released = await self._hand_back(unfinished, self._take_kept_ahead())
         for job in unfinished:
             metrics.JOBS.labels(Outcome.RELEASED).inc()
             log.info("handed back" if job.lease.file_id in released else "not handed back",
                      extra=job.log_extra())
             if job.task is not None:
                 job.task.cancel()
-        await asyncio.wait([job.task for job in unfinished if job.task is not None],
-                           timeout=HAND_BACK_SECONDS)
+        if tasks := [job.task for job in unfinished if job.task is not None]:
+            await asyncio.wait(tasks, timeout=HAND_BACK_SECONDS)
+
+
+    def _take_kept_ahead(self) -> list[Lease]:
+        kept = [lease for lease, _ in self.claimed_ahead.values()]
+        self.claimed_ahead.clear()
+        return kept
+
+    async def _hand_back(self, unfinished: list[Job], unstarted: list[Lease]) -> set[uuid.UUID]:
+        """Hand these leases back (bounded, so a stop always ends within the grace and a
+        few seconds); answers the ids released."""
+        if not unfinished and not unstarted:
+            return set()
+        try:
+            async with asyncio.timeout(HAND_BACK_SECONDS):
+                return await self.queue.release(
+                    [job.lease for job in unfinished] + unstarted,
+                    {lease.token for lease in unstarted})
+        except (TimeoutError, *CONNECTION_ERRORS):
+            log.warning("could not hand leases back; they will expire instead")
+            return set()
 
 
 class _Refill:

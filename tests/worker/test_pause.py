@@ -36,15 +36,17 @@ def test_a_pause_lets_running_work_finish_starts_nothing_and_holds_until_resumed
         harness: Harness) -> None:
     h = harness
     ids = [h.upload(PHOTOS[i % len(PHOTOS)].read_bytes(), owner="tester",
-                    name=PHOTOS[i % len(PHOTOS)].name) for i in range(8)]
+                    name=PHOTOS[i % len(PHOTOS)].name) for i in range(12)]
     first = h.worker(concurrency=1)
     h.worker(concurrency=1)
-    wait_for(lambda: h.statuses(ids).get("processing", 0) == 2, timeout=60,
+    # Both workers busy: each holds a card it decodes and one kept ahead of its slot.
+    wait_for(lambda: h.statuses(ids).get("processing", 0) >= 4, timeout=60,
              what="both workers busy")
 
     out = cli(h, "pause", "--owner", "tester")
     assert out.startswith("paused: owner tester")
-    # Whatever was started by now was started before the pause; it must still finish.
+    # Whatever a worker holds by now (decoding, or kept ahead of its slot) was claimed
+    # before the pause; it must still finish.
     before = started(h, ids)
     running = {r["id"] for r in h.db.execute(SQL["processing_among"], {"ids": ids}).fetchall()}
     assert running and running <= before and len(before) < len(ids)

@@ -158,7 +158,9 @@ def test_sigterm_lets_running_jobs_finish_within_the_grace(harness: Harness) -> 
     statuses = harness.statuses(ids)
     assert "processing" not in statuses
     assert statuses.get("ready", 0) >= 1
-    assert not harness.events(kind="released")
+    # No job that ran was handed back; only the leases kept ahead of the slots, never
+    # started, with their attempt given back.
+    assert {e["attempt"] for e in harness.events(kind="released")} <= {0}
 
 
 def test_delete_during_processing_publishes_nothing_and_is_purged(

@@ -4,11 +4,13 @@
         [--slots-per-worker 4] [--lease 120] [--job-seconds 0.25 2.0] [--write-doc]
 
 A simulated worker behaves as `darkroom worker` does towards the database, and does
-nothing else: it claims as many cards as it has free slots (`Queue.claim(free)`, so one
-at a time once it is running; the claim registers the attempt's object keys), "derives" by sleeping
-a uniformly drawn image time, and publishes its one result with the claim of the slot it
-frees (`Queue.complete_and_claim`, as the worker's completer does; it batches only jobs
-that finish together, rare with a few slots and image times spread over seconds); one
+nothing else: it keeps a lease ahead of each of its slots and refills them once used up
+(`worker.claim_room`: a claim for the idle slots and a slot's worth ahead, so one claim
+per slots' worth of jobs), "derives" by sleeping a uniformly drawn image time, and
+publishes its one result alone or, when the leases kept ahead are used up, with the claim
+that refills them (`Queue.complete_and_claim`, as the worker's completer does; it batches
+only jobs that finish together, rare with a few slots and image times spread over
+seconds); one
 `Queue.heartbeat` per worker every lease/3 extends all its leases. Slots are asyncio tasks,
 spread over a few processes that share connection pools (a real fleet has a pool per
 worker; PostgreSQL's work per statement is the same). The backlog is seeded large enough
@@ -54,6 +56,7 @@ from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
 from darkroom.db.migrations import migrate
 from darkroom.queue import Lease, Queue
+from darkroom.worker import claim_room
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
@@ -78,25 +81,46 @@ def cpu_per_image() -> tuple[float, str]:
 
 
 class SimWorker:
-    """One `darkroom worker` process as the database sees it."""
+    """One `darkroom worker` process as the database sees it: its slots, the leases it
+    keeps ahead of them and the claims that refill those (`worker.claim_room`), each
+    commit sent with the claim of the room it leaves (the worker's completer batches only
+    jobs that finish together, rare with a few slots and image times spread over
+    seconds)."""
 
     def __init__(self, jobs: Queue, beats: Queue, slots: int, rng: random.Random,
                  job_seconds: tuple[float, float], meter: Meter) -> None:
         self.jobs, self.beats, self.slots = jobs, beats, slots
         self.rng, self.job_seconds, self.meter = rng, job_seconds, meter
-        self.held: dict[uuid.UUID, Lease] = {}
+        self.held: dict[uuid.UUID, Lease] = {}  # every lease: decoding, committing, kept
+        self.decoding = 0
+        self.kept: list[Lease] = []
+        self.claiming = 0
         self.wake = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
 
+    def room(self) -> int:
+        return claim_room(slots=self.slots, idle=self.slots - self.decoding,
+                          jobs=len(self.held) - len(self.kept), kept=len(self.kept),
+                          claiming=self.claiming)
+
+    def take(self, leases: list[Lease]) -> None:
+        for lease in leases:
+            self.held[lease.file_id] = lease
+        self.kept += leases
+        while self.kept and self.decoding < self.slots:
+            self.start(self.kept.pop(0))
+
     async def run(self) -> None:
         while True:
-            free = self.slots - len(self.held)
-            if free > 0:
+            if (free := self.room()) > 0:
                 t = time.perf_counter()
-                leases = await self.jobs.claim(free)
+                self.claiming += free
+                try:
+                    leases = await self.jobs.claim(free)
+                finally:
+                    self.claiming -= free
                 self.meter.claimed(time.perf_counter() - t, len(leases))
-                for lease in leases:
-                    self.start(lease)
+                self.take(leases)
                 if not leases:  # never in a sized run: the backlog outlasts the window
                     await asyncio.sleep(0.5)
                     continue
@@ -104,21 +128,31 @@ class SimWorker:
             self.wake.clear()
 
     def start(self, lease: Lease) -> None:
-        self.held[lease.file_id] = lease
+        self.decoding += 1
         task = asyncio.create_task(self.job(lease))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
     async def job(self, lease: Lease) -> None:
         await asyncio.sleep(self.rng.uniform(*self.job_seconds))
-        # The worker's completer: the commit carries the claim of the slot it frees.
+        # The result handed to the completer: the slot is free, a lease kept ahead starts.
+        self.decoding -= 1
+        self.take([])
+        n = self.room()
         t = time.perf_counter()
-        lost, leases = await self.jobs.complete_and_claim([(lease, noop_result(lease))], 1)
-        self.meter.claimed(time.perf_counter() - t, len(leases))
+        result = [(lease, noop_result(lease))]
+        if n:
+            self.claiming += n
+            try:
+                lost, leases = await self.jobs.complete_and_claim(result, n)
+            finally:
+                self.claiming -= n
+            self.meter.claimed(time.perf_counter() - t, len(leases))
+        else:
+            lost, leases = await self.jobs.complete_many(result), []
         del self.held[lease.file_id]
         self.meter.completed(len(lost))
-        for nxt in leases:
-            self.start(nxt)
+        self.take(leases)
         self.wake.set()
 
     async def heartbeat(self, interval: float) -> None:

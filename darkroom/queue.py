@@ -40,11 +40,15 @@ from darkroom.recipe import settings_fingerprint
 if TYPE_CHECKING:
     from darkroom.config import Settings
 
-__all__ = ["STATUSES", "Card", "ClaimUnknown", "ConfirmOutcome", "Confirmation",
-           "Derived", "Event", "HistoryEntry", "Lease", "LeaseLost", "PendingCard", "Priority",
-           "Queue", "Status", "backoff_delay", "derived_key", "original_key", "thumb_key"]
+__all__ = ["PAUSED_NOTICE", "STATUSES", "Card", "ClaimUnknown", "ConfirmOutcome",
+           "Confirmation", "Derived", "Event", "HistoryEntry", "Lease", "LeaseLost",
+           "PendingCard", "Priority", "Queue", "Status", "backoff_delay", "derived_key",
+           "original_key", "thumb_key"]
 
 NOTIFY_CHANNEL = "darkroom_jobs"
+# The payload of a pause's notification on NOTIFY_CHANNEL (pauses.sql `pause_claims`):
+# workers hand back the leases they keep ahead, so that no paused card starts from them.
+PAUSED_NOTICE = "paused"
 
 
 class ClaimUnknown(DarkroomError):

@@ -63,6 +63,7 @@ from darkroom.errors import (
 )
 from darkroom.layout import derived_key, thumb_key
 from darkroom.queue import (
+    PAUSED_NOTICE,
     ClaimUnknown,
     Derived,
     DerivedObject,
@@ -186,9 +187,10 @@ class Worker:
         self.completer = Completer(queue, self._db_for_leases, refill=_Refill(self))
         # Leases claimed ahead of a free slot (with a batch's commit, or by a claim that
         # found more than the slots free), by token, each with until when it surely holds:
-        # started as soon as a slot frees (heartbeated meanwhile). At most one per slot
-        # (claim_room): a slot that frees starts its next job at once, without a claim's
-        # round trip, and the claim that refills it goes with a commit.
+        # started as soon as a slot frees (heartbeated meanwhile). At most one per slot,
+        # refilled once used up (claim_room): a slot that frees starts its next job at
+        # once, without a claim's round trip, and the claims go with commits, one per
+        # slots' worth of jobs.
         self.claimed_ahead: dict[uuid.UUID, tuple[Lease, float]] = {}
         # Cards being claimed right now (by the loop or with a batch's commit), so that
         # the two together never claim more than the free slots.
@@ -205,6 +207,8 @@ class Worker:
         self._unknown_claims: dict[uuid.UUID, tuple[float, float]] = {}
         # Unpublished attempts' objects being tracked anew once their PUTs return.
         self._tracking: set[asyncio.Task[None]] = set()
+        # Leases kept ahead being handed back (a pause, the store breaker).
+        self._handing_back: set[asyncio.Task[set[uuid.UUID]]] = set()
 
     # --- the main loop -----------------------------------------------------------------
 
@@ -229,6 +233,10 @@ class Worker:
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
+            # A commit's claim answered after the drain took the leases kept ahead.
+            await self._hand_back([], self._take_kept_ahead())
+            if self._handing_back:
+                await asyncio.wait(self._handing_back, timeout=HAND_BACK_SECONDS)
             for decoder in self.idle_decoders:
                 decoder.close()
 
@@ -359,7 +367,9 @@ class Worker:
         log.info("claimed", extra=job.log_extra())
 
     async def _wait_for_store(self) -> None:
-        """Claim nothing while the store breaker is open, until it closes or we stop."""
+        """Claim nothing while the store breaker is open, until it closes or we stop; the
+        leases kept ahead go back, for workers that can reach the store."""
+        self._hand_back_kept_ahead("object store unavailable")
         closed = asyncio.create_task(self.breaker.wait_closed())
         stopping = asyncio.create_task(self.stopping.wait())
         try:
@@ -738,7 +748,9 @@ class Worker:
                 async with self.queue.listen() as notifications:
                     delay = 0.5
                     self.wake.set()  # anything enqueued while we were not listening
-                    async for _ in notifications:
+                    async for payload in notifications:
+                        if payload == PAUSED_NOTICE:
+                            self._hand_back_kept_ahead("claiming paused")
                         self.wake.set()
             except CONNECTION_ERRORS as exc:
                 log.warning("LISTEN connection lost; polling meanwhile",
@@ -774,6 +786,18 @@ class Worker:
         if tasks := [job.task for job in unfinished if job.task is not None]:
             await asyncio.wait(tasks, timeout=HAND_BACK_SECONDS)
 
+
+    def _hand_back_kept_ahead(self, why: str) -> None:
+        """Hand the leases kept ahead back now (due now, their attempt given back), in a
+        task of its own: cards this worker cannot or may not start go to the next claim."""
+        if not self.claimed_ahead:
+            return
+        log.info("handing back the leases kept ahead",
+                 extra={"leases": len(self.claimed_ahead), "reason": why})
+        task = asyncio.create_task(self._hand_back([], self._take_kept_ahead()),
+                                   name="hand-back-kept")
+        self._handing_back.add(task)
+        task.add_done_callback(self._handing_back.discard)
 
     def _take_kept_ahead(self) -> list[Lease]:
         kept = [lease for lease, _ in self.claimed_ahead.values()]
@@ -835,13 +859,16 @@ class _Refill:
 
 
 def claim_room(*, slots: int, idle: int, jobs: int, kept: int, claiming: int) -> int:
-    """How many cards a worker claims now: one per idle slot and one kept ahead per slot
-    (`Worker.claimed_ahead`), less the leases kept ahead and the ones being claimed. All it
-    holds (its jobs, decoding or with their commit on its way, and the leases kept ahead
-    or being claimed) stays within HELD_PER_SLOT per slot, so a database slow to commit
-    never makes it hoard cards."""
-    wanted = idle + slots - kept - claiming
-    return max(0, min(wanted, HELD_PER_SLOT * slots - jobs - kept - claiming))
+    """How many cards a worker claims now. A slot that frees starts one of the leases kept
+    ahead (`Worker.claimed_ahead`); only once none is kept, and none is being claimed, does
+    one claim take a card for each idle slot and a slot's worth to keep ahead. So a slot
+    never waits for a claim's round trip, and a worker of n slots claims once per n jobs,
+    with a commit, not once per job. All it holds (its jobs, decoding or with their commit
+    on its way, and the leases kept ahead or being claimed) stays within HELD_PER_SLOT per
+    slot, so a database slow to commit never makes it hoard cards."""
+    if kept or claiming:
+        return 0
+    return max(0, min(idle + slots, HELD_PER_SLOT * slots - jobs))
 
 
 def pick_decoder(idle: list[DecoderProcess], owner: str) -> int:

@@ -4,7 +4,9 @@
 -- nothing, so a pause or resume whose answer was lost is simply sent again.
 
 -- name: pause_claims
--- Wakes the workers (NOTIFY at COMMIT) only on resume; a pause needs no one awake.
+-- Tells the workers (NOTIFY at COMMIT, payload queue.PAUSED_NOTICE): each hands back the
+-- leases it keeps ahead of its slots, so that no attempt starts on a paused card from them;
+-- the claim passes over the paused cards from then on.
 WITH taken AS (
     INSERT INTO claim_pauses (owner, priority, paused_by)
     VALUES (%(owner)s::text, %(priority)s::text, %(actor)s)
@@ -14,10 +16,12 @@ WITH taken AS (
     INSERT INTO claim_pause_events (kind, owner, priority, actor)
     SELECT 'paused', owner, priority, paused_by FROM taken
 )
-SELECT true AS changed, owner, priority, paused_by, since FROM taken
+SELECT true AS changed, owner, priority, paused_by, since,
+       pg_notify('darkroom_jobs', 'paused') IS NULL AS notified
+FROM taken
 UNION ALL
 -- Already paused: who paused it, and since when.
-SELECT false, owner, priority, paused_by, since FROM claim_pauses
+SELECT false, owner, priority, paused_by, since, false FROM claim_pauses
 WHERE owner IS NOT DISTINCT FROM %(owner)s::text
   AND priority IS NOT DISTINCT FROM %(priority)s::text
   AND NOT EXISTS (SELECT 1 FROM taken);

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -10,7 +11,7 @@ import psycopg
 from darkroom.card import Priority
 from darkroom.errors import ErrorCode
 from darkroom.pauses import claim_pauses, pause_claims, resume_claims
-from darkroom.queue import Status
+from darkroom.queue import NOTIFY_CHANNEL, PAUSED_NOTICE, Status
 from darkroom.reads import Reads
 from darkroom.stats import read as read_stats
 from tests.queue.test_protocol import derived_for, expire, new_queued
@@ -95,6 +96,19 @@ async def test_a_pause_stops_claims_of_its_scope_only_and_is_logged(
         log = conn.execute(SQL["claim_pause_log"]).fetchall()
     assert log == [("paused", "alice", "cli:ops"), ("paused", None, "api:root"),
                    ("resumed", "alice", "api:root"), ("resumed", None, "cli:ops")]
+
+
+async def test_a_pause_tells_the_workers_and_a_repeat_does_not(pool: Any) -> None:
+    """Workers hand back the leases they keep ahead when told of a pause (worker.py): the
+    pause that is made notifies them at its commit; its repeat, which changes nothing,
+    does not."""
+    q = make_queue(pool)
+    async with q.db.listen(NOTIFY_CHANNEL) as notices:
+        await pause_claims(q.db, actor="t", owner="alice")
+        assert await asyncio.wait_for(anext(notices), timeout=30) == PAUSED_NOTICE
+        await pause_claims(q.db, actor="t", owner="alice")
+        await resume_claims(q.db, actor="t", owner="alice")
+        assert await asyncio.wait_for(anext(notices), timeout=30) == ""  # the resume's
 
 
 async def test_a_paused_priority_and_expired_leases_wait_for_the_resume(

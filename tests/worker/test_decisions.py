@@ -29,7 +29,7 @@ from darkroom.config import Settings
 from darkroom.derive import Derivative
 from darkroom.errors import DeriveError, ErrorCode, StorageUnavailable
 from darkroom.layout import CANARY, derived_key, original_key
-from darkroom.queue import Derived, Lease
+from darkroom.queue import PAUSED_NOTICE, Derived, Lease
 from darkroom.sandbox import Cancelled, DecoderProcess
 from darkroom.storage.base import Body
 from darkroom.storage.local import LocalStore
@@ -69,6 +69,10 @@ class ScriptedQueue:
         self.failed: list[tuple[uuid.UUID, ErrorCode]] = []
         self.deferred: list[tuple[uuid.UUID, ErrorCode]] = []
         self.released: list[uuid.UUID] = []
+        self.notices: asyncio.Queue[str] = asyncio.Queue()
+        # While cleared, a hand-back waits (as behind a commit's row locks).
+        self.release_gate = asyncio.Event()
+        self.release_gate.set()
         self.unstarted: list[uuid.UUID] = []
         self.tracked: list[tuple[uuid.UUID, list[str]]] = []
 
@@ -115,6 +119,7 @@ class ScriptedQueue:
     async def release(self, leases: Sequence[Lease],
                       unstarted: Collection[uuid.UUID] = ()) -> set[uuid.UUID]:
         self.log.append(f"release {len(leases)}")
+        await self.release_gate.wait()
         self.released += [lease.token for lease in leases]
         self.unstarted += list(unstarted)
         return {lease.file_id for lease in leases}
@@ -127,11 +132,15 @@ class ScriptedQueue:
 
     @contextlib.asynccontextmanager
     async def listen(self) -> AsyncIterator[AsyncIterator[str]]:
-        async def nothing() -> AsyncIterator[str]:
-            await asyncio.Event().wait()  # no NOTIFY: the worker polls
-            yield ""
+        async def notified() -> AsyncIterator[str]:
+            while True:  # what `notify` sends; nothing else: the worker polls
+                yield await self.notices.get()
 
-        yield nothing()
+        yield notified()
+
+    def notify(self, payload: str) -> None:
+        """A NOTIFY on the workers' channel."""
+        self.notices.put_nowait(payload)
 
 
 class ScriptedStore(LocalStore):
@@ -287,6 +296,58 @@ async def test_a_slot_starts_the_lease_kept_ahead_while_its_last_commit_is_on_it
         assert [a.token] in rig.queue.batches and [b.token] in rig.queue.batches
     assert rig.queue.unstarted == [d.token]
     assert sorted(rig.queue.released) == sorted([c.token, d.token])
+
+
+async def test_a_pause_hands_back_the_leases_kept_ahead_unstarted(tmp_path: Path) -> None:
+    """A pause comes while a slot decodes and a lease waits ahead of it: the lease kept
+    ahead goes back at once, never started, its attempt given back; the claim, which
+    passes over paused cards, decides what runs next."""
+    rig = Rig(tmp_path, Script(alice="hang", bob="ok"))
+    rig.lease("alice")
+    bob = rig.lease("bob")
+    async with rig.running():
+        await until(lambda: bob.token in rig.worker.claimed_ahead, "bob kept ahead")
+        rig.queue.notify(PAUSED_NOTICE)
+        await until(lambda: rig.queue.unstarted, "bob handed back")
+        assert rig.queue.unstarted == [bob.token] and not rig.worker.claimed_ahead
+        rig.script.finish.add("alice")
+        await until(lambda: rig.queue.batches, "alice committed")
+    assert "bob" not in rig.script.started
+
+
+async def test_an_open_store_breaker_hands_back_the_leases_kept_ahead(tmp_path: Path) -> None:
+    """The store fails a slot's job while a lease waits ahead of it: once the breaker is
+    open the lease kept ahead goes back unstarted, for workers that reach the store."""
+    rig = Rig(tmp_path, Script(alice="ok", bob="ok"))
+    rig.lease("alice")
+    bob = rig.lease("bob")
+    rig.store.failing = True
+    async with rig.running():
+        await until(lambda: rig.queue.unstarted, "bob handed back")
+        assert rig.worker.breaker.is_open
+        assert rig.queue.unstarted == [bob.token] and not rig.worker.claimed_ahead
+    assert "bob" not in rig.script.started
+
+
+async def test_a_lease_claimed_by_a_commit_that_answers_during_the_stop_goes_back(
+        tmp_path: Path) -> None:
+    """A commit's claim answered while the stop hands its unfinished job back (that
+    hand-back waits, as behind the commit's row locks): the lease it brings goes back too,
+    unstarted, before the worker ends."""
+    rig = Rig(tmp_path, Script(alice="ok", bob="ok"), shutdown_grace_seconds=0.1)
+    a = rig.lease("alice")
+    rig.queue.commit_gate.clear()
+    async with rig.running():
+        await until(lambda: rig.queue.batches == [[a.token]], "alice's commit on its way")
+        bob = rig.lease("bob")  # for the claim that goes with alice's commit
+        rig.queue.release_gate.clear()
+        rig.worker.request_stop()
+        await until(lambda: "release 1" in rig.log, "alice handed back at the stop")
+        rig.queue.commit_gate.set()
+        await until(lambda: bob.token in rig.worker.claimed_ahead, "bob claimed meanwhile")
+        rig.queue.release_gate.set()
+    assert rig.queue.unstarted == [bob.token]
+    assert "bob" not in rig.script.started
 
 
 async def test_a_store_error_opens_the_breaker_and_claims_stop_until_a_probe_answers(

@@ -446,11 +446,12 @@ def write_doc(result: dict[str, Any]) -> None:
         f"{a['slots_per_worker']} slots per simulated worker, images of "
         f"{a['job_seconds'][0]}–{a['job_seconds'][1]} s (uniform), lease {a['lease']:.0f} s "
         f"(a heartbeat per worker every {a['lease'] / 3:.0f} s), {a['warmup']:.0f} s warm-up "
-        f"then a {a['window']:.0f} s window per size; per job: one transaction, the "
-        "fenced complete with the claim of the freed slot (which registers the new "
-        "attempt's object keys), on connections that keep one plan per statement, as a "
-        "worker's. Ideal = slots ÷ mean image "
-        "time. PG cores = PostgreSQL's CPU seconds per second, all its processes.",
+        f"then a {a['window']:.0f} s window per size; per job: the fenced complete, alone "
+        "or, once the leases a worker keeps ahead of its slots are used up, with the claim "
+        "that refills them (one pipeline, one transaction; `worker.claim_room`), on "
+        "connections that keep one plan per statement, as a worker's. Ideal = slots ÷ "
+        "mean image time. PG cores = PostgreSQL's CPU seconds per second, all its "
+        "processes.",
         "",
         "| slots | jobs/s | of ideal | PG cores | PG µs/job | heartbeat share | "
         "claim p50 / p95 / p99 ms | simulator cores | machine cores |",

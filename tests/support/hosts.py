@@ -298,6 +298,8 @@ class HostFaults:
     link_cut_leases_held: int = 0
     # The (card, token) pairs w1 held when its link went down.
     link_cut_leases: list[tuple[uuid.UUID, uuid.UUID]] = field(default_factory=list)
+    # When (the database's clock, ISO 8601) the link went down.
+    link_cut_at: str | None = None
     link_cut_seconds: float = 0.0
     store_cut_seconds: float = 0.0
     db_cut_seconds: float = 0.0
@@ -395,6 +397,8 @@ def faults(system: System, tally: Tally, hf: HostFaults, tl: Timeline, client: T
         hf.link_cut_leases_held = held
         hf.link_cut_leases = leases
         start = tl.now()
+        now = db.execute(SQL["db_now"]).fetchone()
+        hf.link_cut_at = now[0].isoformat() if now else None
         net.link("w1", up=False)
         tally.note(f"w1 link down, holding {held} lease(s)")
         stop.wait(LEASE * 2.5)
@@ -574,9 +578,13 @@ def check_hosts(db: psycopg.Connection[dict[str, Any]], hf: HostFaults,
     # have been taken over by another attempt and published by none of w1's tokens. Whether
     # w1 then tried a late write (recorded as lease_lost) or saw by its own clock that the
     # lease was gone and wrote nothing is its choice; both leave the card to the others.
+    # One exception: a commit of w1's already on its way when the link went down (its
+    # transaction began before) may have landed, its answer lost; the card is then w1's.
     for file_id, token in hf.link_cut_leases:
         row = db.execute(SQL["takeover_of_lease"],
-                         {"id": file_id, "t": token}).fetchone()
+                         {"id": file_id, "t": token, "cut": hf.link_cut_at}).fetchone()
+        if row is not None and row["published_before_cut"] and not row["taken"]:
+            continue
         if row is None or row["taken"] < 1:
             p.append(f"card {file_id}, held by w1 when its link went down, was not taken over")
         elif row["published"]:

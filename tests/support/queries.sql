@@ -400,13 +400,19 @@ SELECT 1 FROM archive_files WHERE id = %(id)s FOR UPDATE;
 ALTER TABLE archive_files ADD COLUMN later text DEFAULT 'x';
 ALTER TABLE archive_events ADD COLUMN later text;
 
+-- name: db_now
+SELECT now();
+
 -- name: takeover_of_lease
 -- Whether a card held under `token` was taken over by another attempt, and whether that
 -- token settled it.
+-- published_before_cut: by a commit whose transaction began before `cut`.
 SELECT count(*) FILTER (WHERE kind IN ('claimed', 'expired', 'exhausted')
                         AND token IS DISTINCT FROM %(t)s) AS taken,
        count(*) FILTER (WHERE kind IN ('ready', 'rejected', 'exhausted')
-                        AND token = %(t)s) AS published
+                        AND token = %(t)s) AS published,
+       count(*) FILTER (WHERE kind = 'ready' AND token = %(t)s
+                        AND created_at <= %(cut)s::timestamptz) > 0 AS published_before_cut
 FROM archive_events WHERE file_id = %(id)s;
 
 -- name: lost_answer_card

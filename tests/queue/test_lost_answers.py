@@ -31,7 +31,7 @@ from darkroom.layout import original_key
 from darkroom.queue import ClaimUnknown, Queue, Status, derived_key, thumb_key
 from darkroom.reads import Reads
 from darkroom.storage import ObjectStore, open_store
-from darkroom.sweeper import PendingExpiry, Reconcile
+from darkroom.sweeper import Orphans, PendingExpiry, Reconcile
 from tests.queue.test_protocol import derived_for, new_queued, orphans
 from tests.support.faults import FaultProxy, through_proxy
 from tests.support.services import make_queue
@@ -126,6 +126,61 @@ async def test_a_publication_whose_answer_was_lost_leaves_nothing_for_the_sweepe
     assert await publish() == set()
     assert orphans(db_url) == []
     assert events(db_url, fid) == ["claimed", "ready"]
+
+
+@pytest.mark.parametrize("where", WHERE)
+async def test_a_commit_with_its_claim_whose_answer_was_lost_is_all_or_nothing(
+        pool: Any, db_url: str, lossy: Lossy, where: str) -> None:
+    """The worker's commit with the claim of the room it leaves, one pipeline with no
+    transaction block of its own, cut before or after: neither committed, or both did.
+    The commit sent again is recognized; the claim is found by its id, or was never
+    made."""
+    q = make_queue(pool)
+    [fid, _] = await new_queued(q, 2)
+    [lease] = await q.claim(1)
+    results = [(lease, derived_for(lease))]
+    lossy.proxy.cut_statement(b"ticked AS (", where=where)
+    with pytest.raises(ClaimUnknown) as unknown:
+        await lossy.queue.complete_and_claim(results, 1)
+    assert not lossy.proxy.statement_cut_pending
+    adopted = await q.adopt_claim(unknown.value.claim_id)
+    row = card(db_url, fid)
+    assert row is not None and (row[0] == "ready") is (where == "after")
+    assert len(adopted) == (1 if where == "after" else 0)
+    assert await q.complete_many(results) == set()
+    assert events(db_url, fid) == ["claimed", "ready"]
+
+
+@pytest.mark.parametrize("where", WHERE)
+async def test_a_hand_back_of_an_unstarted_lease_sent_again_gives_its_attempt_back_once(
+        pool: Any, db_url: str, lossy: Lossy, where: str) -> None:
+    q = make_queue(pool)
+    [fid] = await new_queued(q)
+    [lease] = await q.claim(1)
+    hand_back = functools.partial(lossy.queue.release, [lease], [lease.token])
+    await lossy.lost(b"released AS (", where, hand_back)
+    assert await hand_back() == {fid}
+    assert await hand_back() == {fid}
+    row = card(db_url, fid)
+    assert row is not None and row[:2] == ("queued", 0)
+    assert events(db_url, fid) == ["claimed", "released"]
+
+
+@pytest.mark.parametrize("where", WHERE)
+async def test_unpublished_attempts_moved_by_a_pass_whose_answer_was_lost_are_swept_once(
+        pool: Any, db_url: str, lossy: Lossy, store: ObjectStore, where: str) -> None:
+    """The orphan pass that fills in the keys of the attempts that ended unpublished, cut
+    before or after: the next pass deletes both of the attempt's objects either way."""
+    q = make_queue(pool)
+    await new_queued(q)
+    [lease] = await q.claim(1)
+    await asyncio.to_thread(store.put, derived_key(lease), b"webp")
+    await q.release([lease])
+    cut = Orphans(lossy.queue.db, store, guard_seconds=0)
+    await lossy.lost(b"DELETE FROM unpublished_attempts", where, cut.run_once)
+    assert await Orphans(q.db, store, guard_seconds=0).run_once() == 2
+    assert list(store.list(derived_key(lease))) == []
+    assert orphans(db_url) == []
 
 
 # --- a worker's counted deferral -------------------------------------------------------

@@ -10,7 +10,7 @@ A batch being tried again through a database fault does not hold up the results 
 finish meanwhile: they are committed as batches of their own, so one batch's cut
 connections never keep other jobs waiting past their leases.
 
-With a `Refill`, the slots a batch frees are claimed by the batch's own transaction
+With a `Refill`, the room a batch leaves is claimed by the batch's own transaction
 (`Queue.complete_and_claim`: one round trip, one commit), and the leases are handed over
 before the batch's jobs hear their answers, so a busy worker's next jobs start without a
 claim of their own. A batch whose answer was lost is repeated as commits alone, and its
@@ -47,7 +47,7 @@ GATHER_SECONDS = 0.5
 
 class Completions(Protocol):
     """The queue calls the completer makes: `Queue.complete_many`, and
-    `Queue.complete_and_claim` when the worker refills the slots a batch frees."""
+    `Queue.complete_and_claim` when the worker claims with a batch's commit."""
 
     async def complete_many(self, results: Sequence[tuple[Lease, Derived]]
                             ) -> set[uuid.UUID]: ...
@@ -154,7 +154,7 @@ class Completer:
 
     async def _commit_and_claim(self, results: list[tuple[Lease, Derived]]
                                 ) -> set[uuid.UUID] | None:
-        """The batch's commits with the claim of the slots it frees; None when the commits
+        """The batch's commits with the claim of the room it leaves; None when the commits
         are still to be made (or repeated) on their own."""
         asked = self._refill.wanted(len(results)) if self._refill else 0
         if self._refill is None or asked <= 0:

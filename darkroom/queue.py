@@ -380,7 +380,7 @@ class Queue:
                                  claim_id: uuid.UUID | None = None,
                                  ) -> tuple[set[uuid.UUID], list[Lease]]:
         """`complete_many`, then `claim(n)`, in one transaction sent in one round trip:
-        the worker refills the slots a batch frees with the batch's own commit.
+        the worker claims the room a batch leaves with the batch's own commit.
 
         Both statements are the protocol's own, each row still fenced by its token; they
         commit together or not at all. Raises `ClaimUnknown` when the answer was lost:

@@ -193,7 +193,7 @@ class Worker:
         # slots' worth of jobs.
         self.claimed_ahead: dict[uuid.UUID, tuple[Lease, float]] = {}
         # Cards being claimed right now (by the loop or with a batch's commit), so that
-        # the two together never claim more than the free slots.
+        # the two together never claim more than claim_room allows.
         self.claiming = 0
         # By file: when (monotonic) this worker last handed it back for the store.
         self._deferred_at: dict[uuid.UUID, float] = {}
@@ -306,11 +306,7 @@ class Worker:
         keep = max(min(self.concurrency - len(self.claimed_ahead), len(leases) - room), 0)
         for lease in leases[room:room + keep]:
             self.claimed_ahead[lease.token] = (lease, held_until)
-        if rest := leases[room + keep:]:
-            try:
-                await self.queue.release(rest, {lease.token for lease in rest})
-            except CONNECTION_ERRORS:
-                log.warning("could not hand leases back; they will expire instead")
+        await self._hand_back([], leases[room + keep:])
         return min(room, len(leases))
 
     def _start_claimed_ahead(self) -> int:
@@ -785,7 +781,6 @@ class Worker:
                 job.task.cancel()
         if tasks := [job.task for job in unfinished if job.task is not None]:
             await asyncio.wait(tasks, timeout=HAND_BACK_SECONDS)
-
 
     def _hand_back_kept_ahead(self, why: str) -> None:
         """Hand the leases kept ahead back now (due now, their attempt given back), in a

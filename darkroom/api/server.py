@@ -365,7 +365,10 @@ class GuardedProtocol(HttpToolsProtocol):
         cycle.send = send_and_end  # type: ignore[method-assign]
 
     def on_response_complete(self) -> None:
-        answered_early = self._in_body
+        # Early only if the request answered is the one whose body is arriving: with a
+        # request queued behind it, the parser is in that later request's body, and the
+        # one answered had all of its own read.
+        answered_early = self._in_body and not self.pipeline
         if self._streaming:
             self._streaming = False
             self._counts.streams.discard(self)

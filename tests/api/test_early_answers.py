@@ -223,3 +223,22 @@ def test_the_drain_is_bounded_in_time(local_api: Api) -> None:
         # machine's delays.
         assert ended, "the server still drained at the deadline"
         assert time.monotonic() - answered < LINGER_SECONDS + 10
+
+
+def test_an_answer_to_a_request_pipelined_before_a_large_body_is_no_early_answer(
+        local_api: Api) -> None:
+    """Requests pipelined in one write, the last one's body too large and still on its
+    way: each is answered in order, the earlier ones as usual; only the answer to the
+    one whose body is still arriving ends the connection."""
+    key = local_api.make_key()
+    get = (f"GET /v1/files HTTP/1.1\r\nHost: darkroom\r\nAuthorization: Bearer {key}"
+           "\r\n\r\n").encode()
+    big = _head(f"/v1/files/{uuid.uuid4()}/content", f"Content-Length: {MAX_UPLOAD + 1}\r\n")
+    with socket.create_connection(("127.0.0.1", _port(local_api)), timeout=DEADLINE) as sock:
+        sock.sendall(get + get + big + b"\xff" * 10)
+        answers = _rest(sock)
+    heads = [part.split(b"\r\n\r\n", 1)[0].decode("latin-1")
+             for part in answers.split(b"HTTP/1.1 ")[1:]]
+    assert [head.split(" ", 1)[0] for head in heads] == ["200", "200", "413"], answers[:300]
+    assert "connection: close" not in heads[0].lower()
+    assert "connection: close" in heads[2].lower()

@@ -47,6 +47,13 @@ log = logging.getLogger(__name__)
 
 STATIC_DIR = resources.files("darkroom.api").joinpath("static")
 
+# How long a request waits for one of the pool's connections. While the database is
+# unreachable the pool cannot replace the connections the outage broke, and a request
+# would otherwise queue for psycopg_pool's 30 s: it answers 503 database_unavailable
+# instead, so a call lasts at most this wait plus the connections' own bound on an
+# unanswered statement (connection.SESSION_OPTIONS' TCP user timeout).
+CONNECTION_WAIT_SECONDS = 5.0
+
 
 class _Server(uvicorn.Server):
     """uvicorn re-raises a caught SIGTERM after its graceful shutdown, which ends the
@@ -74,7 +81,8 @@ def create_app(
             url, app.state.store = await to_thread.run_sync(start, settings)
         else:  # started already (`serve`), or a store the tests inject
             url, app.state.store = database_url(settings), store
-        db = await Database.open(url, min_size=2, max_size=16, name="api", fail_fast=fail_fast)
+        db = await Database.open(url, min_size=2, max_size=16, name="api", fail_fast=fail_fast,
+                                 wait_seconds=CONNECTION_WAIT_SECONDS)
         app.state.db = db
         app.state.queue = Queue.from_settings(db, settings)
         app.state.reads = Reads(db)

@@ -48,12 +48,14 @@ def database_url(settings: Settings) -> str:
 
 async def open_pool(conninfo: str, *, min_size: int = 1, max_size: int = 8,
                     name: str = "darkroom", fail_fast: bool = True,
-                    generic_plans: bool = False) -> AsyncConnectionPool:
+                    generic_plans: bool = False,
+                    wait_seconds: float = 30.0) -> AsyncConnectionPool:
     """An opened pool; connections that died with a server restart are checked out again.
 
     With `fail_fast`, an unreachable server raises psycopg's own one-line error at once
     instead of the pool retrying in the background; long-running services pass False.
-    With `generic_plans`, prepared statements keep one plan (GENERIC_PLANS).
+    With `generic_plans`, prepared statements keep one plan (GENERIC_PLANS). A caller
+    waits at most `wait_seconds` for a connection, then gets psycopg_pool.PoolTimeout.
     """
     options = dict(SESSION_OPTIONS)
     if generic_plans:
@@ -66,6 +68,7 @@ async def open_pool(conninfo: str, *, min_size: int = 1, max_size: int = 8,
         min_size=min_size,
         max_size=max_size,
         name=name,
+        timeout=wait_seconds,
         open=False,
         kwargs={"autocommit": True, "row_factory": dict_row, **options},
         check=check_if_suspect,

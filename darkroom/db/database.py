@@ -63,12 +63,15 @@ class Database:
 
     @classmethod
     async def open(cls, conninfo: str, *, name: str, min_size: int = 1, max_size: int = 4,
-                   fail_fast: bool = True, generic_plans: bool = False) -> Database:
+                   fail_fast: bool = True, generic_plans: bool = False,
+                   wait_seconds: float = 30.0) -> Database:
         """An opened database; with `fail_fast`, an unreachable server is psycopg's one-line
         error at once (long-running services pass False and wait for it); with
-        `generic_plans`, the lease protocol's plan mode (connection.GENERIC_PLANS)."""
+        `generic_plans`, the lease protocol's plan mode (connection.GENERIC_PLANS); a
+        statement waits at most `wait_seconds` for a connection (psycopg_pool.PoolTimeout)."""
         return cls(await open_pool(conninfo, min_size=min_size, max_size=max_size,
-                                   name=name, fail_fast=fail_fast, generic_plans=generic_plans))
+                                   name=name, fail_fast=fail_fast, generic_plans=generic_plans,
+                                   wait_seconds=wait_seconds))
 
     async def close(self) -> None:
         await self.pool.close()

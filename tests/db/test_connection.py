@@ -6,8 +6,12 @@ from pathlib import Path
 from typing import Any, cast
 
 import psycopg
+import psycopg_pool
+import pytest
 
-from darkroom.db.connection import check_if_suspect, open_pool
+from darkroom.api.app import CONNECTION_WAIT_SECONDS
+from darkroom.db.connection import SESSION_OPTIONS, check_if_suspect, open_pool
+from darkroom.db.database import Database
 from tests.support.services import wait_for
 
 
@@ -42,3 +46,25 @@ async def test_a_quiet_connection_is_handed_out_without_a_round_trip(
             conn.pgconn.untrace()
         assert (tmp_path / "trace").read_text() == ""
         await conn.execute("SELECT 1")  # and it is still a working connection
+
+
+async def test_a_caller_waits_for_a_connection_no_longer_than_the_pools_bound(
+    db_url: str
+) -> None:
+    """While every connection is taken (or broken by an outage and not yet replaced), a
+    caller gets PoolTimeout after the pool's bound, which the API answers as 503."""
+    db = await Database.open(db_url, name="bounded", min_size=1, max_size=1,
+                             wait_seconds=0.2)
+    try:
+        async with db.pool.connection():
+            with pytest.raises(psycopg_pool.PoolTimeout):
+                await db.rows("ping")
+        assert await db.rows("ping")  # free again, it is handed out
+    finally:
+        await db.close()
+
+
+def test_the_api_waits_for_a_connection_less_than_an_unanswered_statement_lasts() -> None:
+    """A call of the API during an outage: its wait for a connection plus a statement the
+    lost link never answers stays within twice the TCP user timeout."""
+    assert SESSION_OPTIONS["tcp_user_timeout"] / 1000 >= CONNECTION_WAIT_SECONDS

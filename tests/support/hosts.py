@@ -336,34 +336,41 @@ def probe_upload(client: TimedClient, hf: HostFaults, probes: list[tuple[uuid.UU
                  during_cut: bool) -> int:
     """One small upload (create, PUT, confirm), each call tried once with a timeout
     longer than the database connections' own limits; answers the last status (0: no
-    answer at all)."""
+    answer at all). During the cut each call is timed on its own: the bound is on a call."""
     data = probe_image()
     status = 0
-    t = time.monotonic()
+
+    def call(method: str, url: str, *, api: bool = True, **kwargs: Any) -> httpx.Response:
+        send = client.http.request if api else httpx.request
+        t = time.monotonic()
+        try:
+            return send(method, url, timeout=PROBE_TIMEOUT, **kwargs)
+        finally:
+            if during_cut:
+                hf.api_calls_during_db_cut += 1
+                hf.api_slowest_call_during_db_cut = max(hf.api_slowest_call_during_db_cut,
+                                                        time.monotonic() - t)
+
     try:
-        made = client.http.post(f"{client.base}/v1/files", timeout=PROBE_TIMEOUT, json={
+        made = call("POST", f"{client.base}/v1/files", json={
             "filename": "probe.png", "content_type": "image/png", "size": len(data)})
         status = made.status_code
         if made.status_code == 201:
             card = made.json()
             upload = card["upload"]
-            url, headers = upload["url"], upload.get("headers") or {}
+            url, put_headers = upload["url"], upload.get("headers") or {}
             if not url.startswith("http"):  # uploads through the API itself
-                url, headers = client.base + url, {**headers, **client.http.headers}
-            put = httpx.request(upload["method"], url, content=data, headers=headers,
-                                timeout=PROBE_TIMEOUT)
+                url, put_headers = client.base + url, {**put_headers, **client.http.headers}
+            put = call(upload["method"], url, api=False, content=data, headers=put_headers)
             version = put.headers.get("x-amz-version-id") or put.json()["version"]
-            confirmed = client.http.post(f"{client.base}/v1/files/{card['id']}/confirm",
-                                         json={"version": version}, timeout=PROBE_TIMEOUT)
+            confirmed = call("POST", f"{client.base}/v1/files/{card['id']}/confirm",
+                             json={"version": version})
             status = confirmed.status_code
             # A card the cut left pending is confirmed at the end, as a client would.
             probes.append((uuid.UUID(card["id"]), version))
     except httpx.TransportError:
         status = 0
     if during_cut:
-        hf.api_calls_during_db_cut += 1
-        hf.api_slowest_call_during_db_cut = max(hf.api_slowest_call_during_db_cut,
-                                                time.monotonic() - t)
         hf.probe_statuses[str(status)] = hf.probe_statuses.get(str(status), 0) + 1
     return status
 

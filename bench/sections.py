@@ -694,7 +694,6 @@ ENGINES_STAGES = (
     ("worker derive_decode", "decoder: the child's work (decode, encode, thumbhash)"),
     ("worker derive_receive", "decoder: derivatives back from the child"),
     ("worker derive_check", "decoder: the parent checks the WebP (darkroom.webp)"),
-    ("worker register", "database: register the attempt's objects"),
     ("worker put", "store: write preview and thumb"),
     ("worker commit", "database: fenced publication"),
 )

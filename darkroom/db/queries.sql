@@ -135,38 +135,38 @@ WITH expired AS (
     SELECT * FROM bulk_owed UNION ALL SELECT * FROM bulk
 ), picked AS (
     SELECT id FROM expired UNION ALL SELECT id FROM bulk_all UNION ALL SELECT id FROM interactive
-), ticked AS (
+), headed AS (
     -- In the same statement as the claim, so a claim that commits with its answer lost
-    -- has moved the clock exactly once, and one that never arrived not at all. Each
-    -- class's virtual time moves to the last card claimed in it, never back (concurrent
-    -- claims wait for this row and re-read it). Bulk's credit grows by its share of the
-    -- slots claimed and shrinks by its claims, while both classes have work due; when bulk
-    -- runs on idle slots it is owed nothing more. An idle claim writes nothing.
-    UPDATE fair_clock c SET
-        interactive_vtime = CASE WHEN (i.fair_stamp, i.owner)
-                                      > (c.interactive_vtime, c.interactive_vowner)
-                                 THEN i.fair_stamp ELSE c.interactive_vtime END,
-        interactive_vowner = CASE WHEN (i.fair_stamp, i.owner)
-                                       > (c.interactive_vtime, c.interactive_vowner)
-                                  THEN i.owner ELSE c.interactive_vowner END,
-        bulk_vtime = CASE WHEN (b.fair_stamp, b.owner) > (c.bulk_vtime, c.bulk_vowner)
-                          THEN b.fair_stamp ELSE c.bulk_vtime END,
-        bulk_vowner = CASE WHEN (b.fair_stamp, b.owner) > (c.bulk_vtime, c.bulk_vowner)
-                           THEN b.owner ELSE c.bulk_vowner END,
-        bulk_credit = CASE
-            WHEN n.bulk > 0 OR EXISTS (SELECT 1 FROM archive_files
-                                        WHERE status = 'queued' AND priority = 'bulk'
-                                          AND available_at <= now())
-            THEN greatest(least(c.bulk_credit + (n.bulk + n.inter) * %(bulk_share)s::numeric
-                                - n.bulk, 1), 0)
-            ELSE c.bulk_credit END
+    -- has moved the heads exactly once, and one that never arrived not at all. Each
+    -- class's head moves to the last card claimed in it, never back, in this
+    -- connection's lane (migration 0021): claims in other lanes do not wait for it, and
+    -- the head is the greatest of the lanes.
+    INSERT INTO fair_heads AS h (priority, lane, vtime, vowner)
+    SELECT 'interactive', darkroom_fair_lane(), i.fair_stamp, i.owner
+    FROM (SELECT fair_stamp, owner FROM interactive
+          ORDER BY fair_stamp DESC, owner DESC LIMIT 1) i
+    UNION ALL
+    SELECT 'bulk', darkroom_fair_lane(), b.fair_stamp, b.owner
+    FROM (SELECT fair_stamp, owner FROM bulk_all
+          ORDER BY fair_stamp DESC, owner DESC LIMIT 1) b
+    ON CONFLICT (priority, lane) DO UPDATE SET vtime = EXCLUDED.vtime, vowner = EXCLUDED.vowner
+    WHERE (EXCLUDED.vtime, EXCLUDED.vowner) > (h.vtime, h.vowner)
+), credited AS (
+    -- Bulk's credit grows by its share of the slots claimed and shrinks by its claims,
+    -- while both classes have work due (concurrent claims wait for this row and re-read
+    -- it); when bulk runs on idle slots it is owed nothing more. Written only when it
+    -- changes: claims of one class alone never wait for each other here.
+    UPDATE fair_clock c
+    SET bulk_credit = greatest(least(c.bulk_credit + (n.bulk + n.inter) * %(bulk_share)s::numeric
+                                     - n.bulk, 1), 0)
     FROM (SELECT (SELECT count(*) FROM bulk_all) AS bulk,
                  (SELECT count(*) FROM interactive) AS inter) n
-    LEFT JOIN LATERAL (SELECT fair_stamp, owner FROM interactive
-                       ORDER BY fair_stamp DESC, owner DESC LIMIT 1) i ON true
-    LEFT JOIN LATERAL (SELECT fair_stamp, owner FROM bulk_all
-                       ORDER BY fair_stamp DESC, owner DESC LIMIT 1) b ON true
     WHERE n.bulk + n.inter > 0
+      AND (n.bulk > 0 OR EXISTS (SELECT 1 FROM archive_files
+                                 WHERE status = 'queued' AND priority = 'bulk'
+                                   AND available_at <= now()))
+      AND greatest(least(c.bulk_credit + (n.bulk + n.inter) * %(bulk_share)s::numeric
+                         - n.bulk, 1), 0) <> c.bulk_credit
 ), claimed AS (
     UPDATE archive_files f
     SET status       = CASE WHEN f.attempts < %(max_attempts)s THEN 'processing'

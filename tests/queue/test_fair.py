@@ -288,6 +288,48 @@ async def test_concurrent_claims_leave_the_virtual_time_at_the_last_card_claimed
     assert waiting is not None and waiting[0] >= head[0]
 
 
+def _lanes_apart(db_url: str) -> tuple[psycopg.Connection[Any], psycopg.Connection[Any]]:
+    """Two connections whose claims move different lanes of the heads (migration 0021)."""
+    first = psycopg.connect(db_url)
+    lane = "SELECT darkroom_fair_lane()"
+    taken = []
+    while True:
+        other = psycopg.connect(db_url, autocommit=True)
+        if other.execute(lane).fetchone() != first.execute(lane).fetchone():
+            first.rollback()
+            for conn in taken:
+                conn.close()
+            return first, other
+        taken.append(other)
+
+
+async def test_claims_of_one_class_from_two_workers_do_not_wait_for_each_other(
+        pool: Any, db_url: str) -> None:
+    """A claim moves the head in its own lane: another worker's claim, its transaction
+    still open, does not hold this one up (they used to share one row of fair_clock)."""
+    q = make_queue(pool)
+    for owner in ("a", "b"):
+        await add(q, owner, 2)
+    first, second = _lanes_apart(db_url)
+    try:
+        params = claim_params(n=1, claim=uuid.uuid4(), max_attempts=3, lease_seconds=60,
+                              worker="w1", bulk_share=0.1)
+        [mine] = first.execute(QUERIES["claim"], params).fetchall()  # not committed
+        second.execute("SET lock_timeout = '2s'")
+        theirs = second.execute(QUERIES["claim"], {**params, "claim": uuid.uuid4(),
+                                                   "worker": "w2"}).fetchall()
+        assert len(theirs) == 1 and theirs[0][0] != mine[0]
+        first.commit()
+        with psycopg.connect(db_url) as conn:
+            keys = conn.execute(SQL["fair_places_among"],
+                                {"ids": [mine[0], theirs[0][0]]}).fetchall()
+            head = conn.execute(SQL["interactive_head"]).fetchone()
+        assert head == keys[0]  # the greatest of the lanes: the last card claimed
+    finally:
+        first.close()
+        second.close()
+
+
 def test_the_claim_reads_the_line_in_order_when_one_owner_holds_the_backlog(
         db_url: str) -> None:
     """One owner's backlog (a personal server's): the claim still reads the due index in

@@ -95,7 +95,7 @@ async def test_a_claim_whose_answer_was_lost_is_adopted_and_accounted_for_when_i
     both its keys once it ends unpublished. What it never leased, nothing is."""
     q = make_queue(pool)
     await new_queued(q)
-    lossy.proxy.cut_statement(b"ticked AS (", where=where)
+    lossy.proxy.cut_statement(b"headed AS (", where=where)
     with pytest.raises(ClaimUnknown) as unknown:
         await lossy.queue.claim(1)
     assert not lossy.proxy.statement_cut_pending
@@ -139,7 +139,7 @@ async def test_a_commit_with_its_claim_whose_answer_was_lost_is_all_or_nothing(
     [fid, _] = await new_queued(q, 2)
     [lease] = await q.claim(1)
     results = [(lease, derived_for(lease))]
-    lossy.proxy.cut_statement(b"ticked AS (", where=where)
+    lossy.proxy.cut_statement(b"headed AS (", where=where)
     with pytest.raises(ClaimUnknown) as unknown:
         await lossy.queue.complete_and_claim(results, 1)
     assert not lossy.proxy.statement_cut_pending

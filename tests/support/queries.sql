@@ -129,7 +129,8 @@ SELECT fair_stamp, owner FROM archive_files WHERE id = ANY(%(ids)s)
 ORDER BY fair_stamp DESC, owner DESC;
 
 -- name: interactive_head
-SELECT interactive_vtime, interactive_vowner FROM fair_clock;
+SELECT vtime AS interactive_vtime, vowner AS interactive_vowner FROM fair_heads
+WHERE priority = 'interactive' ORDER BY vtime DESC, vowner DESC LIMIT 1;
 
 -- name: first_waiting_stamp
 SELECT min(fair_stamp) AS stamp FROM archive_files WHERE status = 'queued';
@@ -332,8 +333,8 @@ TRUNCATE archive_files, archive_events, orphan_objects, unpublished_attempts,
 CASCADE;
 
 -- name: reset_fair_clock
-UPDATE fair_clock SET interactive_vtime = 0, bulk_vtime = 0, interactive_vowner = '',
-                      bulk_vowner = '', bulk_credit = 0;
+WITH heads AS (DELETE FROM fair_heads)
+UPDATE fair_clock SET bulk_credit = 0;
 
 -- Seeding many cards at once (their keys from darkroom.layout, passed in) -----------------
 
@@ -562,7 +563,8 @@ SELECT md5(string_agg(d, E'\n' ORDER BY d)) AS fingerprint FROM (
 SELECT oid FROM pg_database WHERE datname = current_database();
 
 -- name: fair_clock
-SELECT * FROM fair_clock;
+SELECT c.bulk_credit, h.priority, h.lane, h.vtime, h.vowner
+FROM fair_clock c LEFT JOIN fair_heads h ON true ORDER BY h.priority, h.lane;
 
 -- name: event_count
 SELECT count(*) AS n FROM archive_events;

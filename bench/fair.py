@@ -19,7 +19,7 @@ waiting stamp, bulk only on idle slots) and sfq (start-time fair queueing with
 DARKROOM_BULK_SHARE). It measures each owner's share of the claims against its ideal,
 bulk's share against DARKROOM_BULK_SHARE, and the single uploaders' waits. Then claim
 throughput of concurrent claimers, the previous claim against the one that moves the
-shared clock row (`claim_throughput`).
+fair-share heads (`claim_throughput`).
 
 Measures B's confirm -> processing latency (the card's available_at at confirm to the
 `claimed` event, both the database's clock), A's throughput (A's cards / the time from A's

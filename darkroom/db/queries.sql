@@ -138,24 +138,27 @@ WITH expired AS (
 ), headed AS (
     -- In the same statement as the claim, so a claim that commits with its answer lost
     -- has moved the heads exactly once, and one that never arrived not at all. Each
-    -- class's head moves to the last card claimed in it, never back, in this
-    -- connection's lane (migration 0021): claims in other lanes do not wait for it, and
-    -- the head is the greatest of the lanes.
+    -- class's head moves to the last card claimed in it, never back, in this claim's
+    -- lane, drawn from its id (migration 0021): claims in other lanes do not wait for
+    -- it, and the head is the greatest of the lanes.
     INSERT INTO fair_heads AS h (priority, lane, vtime, vowner)
-    SELECT 'interactive', darkroom_fair_lane(), i.fair_stamp, i.owner
+    SELECT 'interactive', get_byte(uuid_send(%(claim)s::uuid), 15) %% 32, i.fair_stamp, i.owner
     FROM (SELECT fair_stamp, owner FROM interactive
           ORDER BY fair_stamp DESC, owner DESC LIMIT 1) i
     UNION ALL
-    SELECT 'bulk', darkroom_fair_lane(), b.fair_stamp, b.owner
+    SELECT 'bulk', get_byte(uuid_send(%(claim)s::uuid), 15) %% 32, b.fair_stamp, b.owner
     FROM (SELECT fair_stamp, owner FROM bulk_all
           ORDER BY fair_stamp DESC, owner DESC LIMIT 1) b
     ON CONFLICT (priority, lane) DO UPDATE SET vtime = EXCLUDED.vtime, vowner = EXCLUDED.vowner
     WHERE (EXCLUDED.vtime, EXCLUDED.vowner) > (h.vtime, h.vowner)
 ), credited AS (
     -- Bulk's credit grows by its share of the slots claimed and shrinks by its claims,
-    -- while both classes have work due (concurrent claims wait for this row and re-read
-    -- it); when bulk runs on idle slots it is owed nothing more. Written only when it
-    -- changes: claims of one class alone never wait for each other here.
+    -- while both classes have work due; when bulk runs on idle slots it is owed nothing
+    -- more. Written only when it changes, so claims of one class alone never wait for
+    -- each other here; while both classes are due it changes at nearly every claim, and
+    -- a claim that writes it waits for a concurrent one's commit and adds to what that
+    -- left. (Each claim decides what bulk is owed from the credit its snapshot saw, as
+    -- before; a claim that finds nothing to change neither waits nor re-reads.)
     UPDATE fair_clock c
     SET bulk_credit = greatest(least(c.bulk_credit + (n.bulk + n.inter) * %(bulk_share)s::numeric
                                      - n.bulk, 1), 0)

@@ -288,19 +288,12 @@ async def test_concurrent_claims_leave_the_virtual_time_at_the_last_card_claimed
     assert waiting is not None and waiting[0] >= head[0]
 
 
-def _lanes_apart(db_url: str) -> tuple[psycopg.Connection[Any], psycopg.Connection[Any]]:
-    """Two connections whose claims move different lanes of the heads (migration 0021)."""
-    first = psycopg.connect(db_url)
-    lane = "SELECT darkroom_fair_lane()"
-    taken = []
+def _claim_in_lane(lane: int) -> uuid.UUID:
+    """A claim id whose claim moves `lane` of the heads (migration 0021)."""
     while True:
-        other = psycopg.connect(db_url, autocommit=True)
-        if other.execute(lane).fetchone() != first.execute(lane).fetchone():
-            first.rollback()
-            for conn in taken:
-                conn.close()
-            return first, other
-        taken.append(other)
+        claim = uuid.uuid4()
+        if claim.bytes[15] % 32 == lane:
+            return claim
 
 
 async def test_claims_of_one_class_from_two_workers_do_not_wait_for_each_other(
@@ -310,13 +303,14 @@ async def test_claims_of_one_class_from_two_workers_do_not_wait_for_each_other(
     q = make_queue(pool)
     for owner in ("a", "b"):
         await add(q, owner, 2)
-    first, second = _lanes_apart(db_url)
+    first = psycopg.connect(db_url)
+    second = psycopg.connect(db_url, autocommit=True)
     try:
-        params = claim_params(n=1, claim=uuid.uuid4(), max_attempts=3, lease_seconds=60,
+        params = claim_params(n=1, claim=_claim_in_lane(1), max_attempts=3, lease_seconds=60,
                               worker="w1", bulk_share=0.1)
         [mine] = first.execute(QUERIES["claim"], params).fetchall()  # not committed
         second.execute("SET lock_timeout = '2s'")
-        theirs = second.execute(QUERIES["claim"], {**params, "claim": uuid.uuid4(),
+        theirs = second.execute(QUERIES["claim"], {**params, "claim": _claim_in_lane(2),
                                                    "worker": "w2"}).fetchall()
         assert len(theirs) == 1 and theirs[0][0] != mine[0]
         first.commit()
@@ -328,6 +322,19 @@ async def test_claims_of_one_class_from_two_workers_do_not_wait_for_each_other(
     finally:
         first.close()
         second.close()
+
+
+async def test_a_head_moved_by_a_claim_of_the_previous_release_counts(
+        pool: Any, db_url: str) -> None:
+    """In a rolling deploy a worker of the previous release still moves fair_clock's head
+    columns: a card stamped now never sorts at or before the card that claim took."""
+    q = make_queue(pool)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(SQL["previous_release_moves_the_head"], {"vtime": 5.0, "vowner": "z"})
+    [card] = await add(q, "a")
+    with psycopg.connect(db_url) as conn:
+        [(stamp, owner)] = conn.execute(SQL["fair_places_among"], {"ids": [card]}).fetchall()
+    assert (stamp, owner) > (5.0, "z")
 
 
 def test_the_claim_reads_the_line_in_order_when_one_owner_holds_the_backlog(

@@ -135,6 +135,10 @@ WHERE priority = 'interactive' ORDER BY vtime DESC, vowner DESC LIMIT 1;
 -- name: first_waiting_stamp
 SELECT min(fair_stamp) AS stamp FROM archive_files WHERE status = 'queued';
 
+-- name: previous_release_moves_the_head
+-- What a claim of the release before migration 0021 wrote.
+UPDATE fair_clock SET interactive_vtime = %(vtime)s, interactive_vowner = %(vowner)s;
+
 -- name: bulk_credit
 SELECT bulk_credit FROM fair_clock;
 
@@ -334,7 +338,8 @@ CASCADE;
 
 -- name: reset_fair_clock
 WITH heads AS (DELETE FROM fair_heads)
-UPDATE fair_clock SET bulk_credit = 0;
+UPDATE fair_clock SET interactive_vtime = 0, bulk_vtime = 0, interactive_vowner = '',
+                      bulk_vowner = '', bulk_credit = 0;
 
 -- Seeding many cards at once (their keys from darkroom.layout, passed in) -----------------
 
@@ -563,7 +568,7 @@ SELECT md5(string_agg(d, E'\n' ORDER BY d)) AS fingerprint FROM (
 SELECT oid FROM pg_database WHERE datname = current_database();
 
 -- name: fair_clock
-SELECT c.bulk_credit, h.priority, h.lane, h.vtime, h.vowner
+SELECT c.*, h.priority, h.lane, h.vtime, h.vowner
 FROM fair_clock c LEFT JOIN fair_heads h ON true ORDER BY h.priority, h.lane;
 
 -- name: event_count

@@ -6,10 +6,14 @@
 -- greatest is the (stamp, owner) of the card claimed last, as before: the head of start-
 -- time fair queueing never moves back, whichever lane a claim takes.
 --
--- A lane is its backend's pid modulo 32 (darkroom_fair_lane): bounded, so nothing has to
--- clean up after workers that are gone; two connections that share a lane only wait for
--- each other's claims, as every claim did before. fair_clock keeps bulk's credit, which
--- a claim writes only while bulk work is due or claimed.
+-- A claim's lane is drawn from its claim id (one of 32): two claims running at once
+-- share a lane, and wait for each other as every claim did before, one time in 32.
+-- Bounded, so nothing has to clean up after workers that are gone. fair_clock keeps
+-- bulk's credit, which a claim writes only when it changes: while both classes have work
+-- due it changes at nearly every claim, and those claims still wait on that row.
+--
+-- fair_clock's head columns stay: a worker of the previous release, still running in a
+-- rolling deploy, moves them with its claims, and stamps read them as one lane more.
 CREATE TABLE fair_heads (
     priority  text    NOT NULL CHECK (priority IN ('interactive', 'bulk')),
     lane      integer NOT NULL CHECK (lane >= 0 AND lane < 32),
@@ -23,13 +27,6 @@ INSERT INTO fair_heads (priority, lane, vtime, vowner)
 SELECT 'interactive', 0, interactive_vtime, interactive_vowner FROM fair_clock
 UNION ALL
 SELECT 'bulk', 0, bulk_vtime, bulk_vowner FROM fair_clock;
-
-ALTER TABLE fair_clock
-    DROP COLUMN interactive_vtime, DROP COLUMN interactive_vowner,
-    DROP COLUMN bulk_vtime, DROP COLUMN bulk_vowner;
-
-CREATE FUNCTION darkroom_fair_lane() RETURNS integer
-LANGUAGE sql STABLE AS $$ SELECT pg_backend_pid() % 32 $$;
 
 -- The one place cards are stamped (migration 0012), reading the head from its lanes.
 CREATE OR REPLACE FUNCTION darkroom_fair_stamps(card_owner text, card_priority text,
@@ -45,8 +42,12 @@ BEGIN
         RETURN ARRAY[]::float8[];
     END IF;
     w := coalesce((SELECT weight FROM owner_weights WHERE owner = card_owner), 1);
-    SELECT h.vtime, h.vowner INTO v, v_owner FROM fair_heads h
-    WHERE h.priority = card_priority
+    SELECT h.vtime, h.vowner INTO v, v_owner
+    FROM (SELECT vtime, vowner FROM fair_heads WHERE priority = card_priority
+          UNION ALL
+          SELECT CASE WHEN card_priority = 'bulk' THEN bulk_vtime ELSE interactive_vtime END,
+                 CASE WHEN card_priority = 'bulk' THEN bulk_vowner ELSE interactive_vowner END
+          FROM fair_clock) h
     ORDER BY h.vtime DESC, h.vowner DESC
     LIMIT 1;
     v := coalesce(v, 0);

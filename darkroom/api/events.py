@@ -1,9 +1,17 @@
 """Status changes pushed to the web page as server-sent events (`GET /v1/events`).
 
-Every status change is made by one of queue.py's statements; a statement-level trigger
-(migration 0009) turns each statement's changes into one `NOTIFY darkroom_cards`. Each
-API process holds ONE listening connection, whatever the number of open pages, and hands
-every change to the streams of the card's owner only.
+Every status change is made by one of queue.py's statements, which passes the cards it
+changed to darkroom_notify_cards (migration 0009): one `NOTIFY darkroom_cards` per
+statement. Each API process holds ONE listening connection, whatever the number of open
+pages, and hands every change to the streams of the card's owner only.
+
+Statements notify only while a hub has announced that it listens (migration 0022): a
+NOTIFY makes its transaction's commit wait for every other notifying commit, which nobody
+should pay while no page is open. The hub renews its announce while it has streams. An
+announce that comes after a lapse waits, before any page reads, for the transactions that
+were running to end: one of them may have changed a card without notifying, and what it
+changed is then in what the pages read (or, past SETTLE_SECONDS, the pages re-read once
+it has ended).
 
 A page that missed notifications (its stream was down, its buffer overflowed, or the
 listening connection was lost) gets a `resync` event and re-reads what it shows.
@@ -39,6 +47,15 @@ _REPLACED: dict[str, Any] = {"type": "end", "reason": "replaced"}
 
 Event = dict[str, Any] | None  # None ends the stream (shutdown)
 
+# How long an announce holds, and how often the hub renews it while it has streams: each
+# renewal comes long before the last one ends.
+ANNOUNCE_SECONDS = 60
+RENEW_SECONDS = 15.0
+# How long the hub waits, after an announce that followed a lapse, for the transactions
+# that were running; one still running then is waited on in the background.
+SETTLE_SECONDS = 3.0
+_SETTLE_POLL = 0.02
+
 
 def _end(reason: str) -> str:
     return f"event: end\ndata: {json.dumps({'type': 'end', 'reason': reason})}\n\n"
@@ -70,6 +87,9 @@ class Hub:
         self._listening = asyncio.Event()
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._announcing = asyncio.Lock()
+        self._announced_at: float | None = None  # the loop's time before the last announce
+        self._background: set[asyncio.Task[None]] = set()
 
     @property
     def streams(self) -> int:
@@ -91,8 +111,10 @@ class Hub:
             self._task = asyncio.create_task(self._listen(), name="events-listen")
         # A change made right after the page's first read must not slip past: wait (a
         # little) until the listener is in place before the stream says it is open.
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(TimeoutError, psycopg.Error):
             await asyncio.wait_for(self._listening.wait(), 5.0)
+            if self._lapsing():  # no stream kept the announce alive
+                await asyncio.wait_for(self._announce(), 5.0)
         return queue
 
     def unsubscribe(self, owner: str, queue: asyncio.Queue[Event]) -> None:
@@ -110,6 +132,8 @@ class Hub:
                 self._offer(queue, None, force=True)
         if self._task is not None:
             self._task.cancel()
+        for task in list(self._background):
+            task.cancel()
 
     def close_threadsafe(self) -> None:
         """`close()` from another thread than the server's loop."""
@@ -204,16 +228,81 @@ class Hub:
             try:
                 async with self.db.listen(CHANNEL) as notifications:
                     delay = 0.5
+                    # Listening first: a statement that reads the announce notifies us.
+                    await self._announce()
                     self._listening.set()
                     if not first:
                         # Changes made while nobody listened were never sent.
                         self._broadcast(_RESYNC)
                     first = False
-                    async for payload in notifications:
-                        self.dispatch(payload)
+                    renewing = asyncio.create_task(self._renew(), name="events-announce")
+                    try:
+                        async for payload in notifications:
+                            self.dispatch(payload)
+                    finally:
+                        renewing.cancel()
             except psycopg.Error as exc:
                 self._listening.clear()
                 log.warning("events LISTEN connection lost", extra={"error": type(exc).__name__})
                 first = False
                 await asyncio.sleep(delay * random.uniform(0.5, 1.5))
                 delay = min(delay * 2, 10.0)
+
+    # --- the announce (migration 0022) ------------------------------------------------
+
+    def _lapsing(self) -> bool:
+        """Whether the announce may end before the next renewal would come."""
+        if self._announced_at is None:
+            return True
+        age = asyncio.get_running_loop().time() - self._announced_at
+        return age > ANNOUNCE_SECONDS - RENEW_SECONDS
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(RENEW_SECONDS)
+            if not self._streams:
+                continue  # the announce lapses; the next stream announces again
+            try:
+                if await self._announce():
+                    self._broadcast(_RESYNC)
+            except psycopg.Error as exc:
+                log.warning("events announce failed", extra={"error": type(exc).__name__})
+
+    async def _announce(self) -> bool:
+        """Tell the statements that pages listen; answers whether the last announce had
+        lapsed. After a lapse, the transactions running at the announce have ended when
+        this returns, or the pages re-read once they have."""
+        async with self._announcing:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            row = await self.db.row("listen_until", {"seconds": ANNOUNCE_SECONDS})
+            self._announced_at = started
+            if row is None or not row["lapsed"]:
+                return False
+            running = await self.db.row("running_transactions")
+            assert running is not None  # one row, always
+            snapshot = str(running["snapshot"])
+            if not await self._settled(snapshot, SETTLE_SECONDS):
+                task = asyncio.create_task(self._resync_when_settled(snapshot))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            return True
+
+    async def _settled(self, snapshot: str, seconds: float) -> bool:
+        """Whether every transaction of `snapshot` ended within `seconds`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while True:
+            row = await self.db.row("still_running", {"snapshot": snapshot})
+            if row is not None and row["n"] == 0:
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(_SETTLE_POLL)
+
+    async def _resync_when_settled(self, snapshot: str) -> None:
+        # Bounded: a transaction open longer than an announce is not one of darkroom's
+        # (their sessions end idle transactions), and the pages re-read regardless.
+        with contextlib.suppress(psycopg.Error):
+            await self._settled(snapshot, ANNOUNCE_SECONDS)
+        self._broadcast(_RESYNC)

@@ -1,17 +1,11 @@
 -- The event hub's statements (darkroom/api/events.py; migration 0022).
 
--- name: listen_until
--- The hub's announce, held for `seconds` (never shortened: another API process may hold
--- a longer one); `lapsed` when statements may have stopped notifying before it.
-WITH before AS (SELECT last_value AS until FROM darkroom_cards_listened_until)
-SELECT b.until < extract(epoch FROM now()) AS lapsed,
-       setval('darkroom_cards_listened_until',
-              greatest(b.until, ceil(extract(epoch FROM now()) + %(seconds)s)::bigint))
-           AS until
-FROM before b;
+-- name: announce_listener
+-- The hub's announce (darkroom_cards_announce): until when it holds, and when it was set.
+SELECT until, at FROM darkroom_cards_announce(%(seconds)s);
 
 -- name: running_transactions
--- The transactions running now, to wait on (taken after listen_until answered).
+-- The transactions running now, to wait on (taken after an announce committed).
 SELECT pg_current_snapshot()::text AS snapshot;
 
 -- name: still_running

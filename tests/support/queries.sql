@@ -593,7 +593,7 @@ SELECT last_value >= extract(epoch FROM now()),
 FROM darkroom_cards_listened_until;
 
 -- name: migrations_table
-CREATE TABLE darkroom_migrations (
+CREATE TABLE IF NOT EXISTS darkroom_migrations (
     name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());
 
 -- name: migration_applied_a_while_ago

@@ -37,7 +37,6 @@ from bench.sql import SQL, composed
 from darkroom.api.events import CHANNEL
 from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
-from darkroom.db.queries import QUERIES
 from darkroom.queue import Derived, Queue, derived_key
 from tests.api.conftest import start_api
 from tests.support.archive import CARDS, FIRST_SCREEN_DONE, fill
@@ -91,9 +90,9 @@ def page_rounds(url: str, key: str, rounds: int) -> list[dict[str, Any]]:
     return out
 
 
-_MIGRATION = (ROOT / "darkroom" / "db" / "migrations" / "0022_cards_listened.sql").read_text()
-NOTIFY_FUNCTION = _MIGRATION[_MIGRATION.index("CREATE OR REPLACE FUNCTION darkroom_notify_cards"):]
-NOTIFY_FUNCTION = NOTIFY_FUNCTION[:NOTIFY_FUNCTION.index("$$;") + 3]
+_MIGRATION = (ROOT / "darkroom" / "db" / "migrations" / "0009_thumbnails.sql").read_text()
+NOTIFY_FUNCTION = _MIGRATION[_MIGRATION.index("CREATE FUNCTION darkroom_notify_cards"):].replace(
+    "CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
 
 
 async def drain_ratio(db_url: str, jobs: int, rounds: int) -> dict[str, Any]:
@@ -109,8 +108,6 @@ async def drain_ratio(db_url: str, jobs: int, rounds: int) -> dict[str, Any]:
                 async with pool.connection() as conn:
                     await conn.execute(NOTIFY_FUNCTION if mode == "on"
                                        else SQL["silence_card_notify"])
-                    # A page listens (an event hub's announce, migration 0022).
-                    await conn.execute(QUERIES["listen_until"], {"seconds": 3600})
                     await conn.execute(SQL["delete_every_card"])
                 for start in range(0, jobs, 100):
                     await asyncio.gather(*(_enqueue(queue, i) for i in

@@ -94,7 +94,7 @@ UPDATE fair_clock SET bulk_credit = 0;
 INSERT INTO claim_pauses (owner, priority, paused_by) VALUES (%(owner)s, NULL, 'bench');
 
 -- name: silence_card_notify
--- The cards' NOTIFY (migrations 0009, 0022) made a no-op, to measure what it costs (bench.page);
+-- The cards' NOTIFY (migration 0009) made a no-op, to measure what it costs (bench.page);
 -- the migration's own text puts it back.
 CREATE OR REPLACE FUNCTION darkroom_notify_cards(changed json) RETURNS void
 LANGUAGE plpgsql AS $$ BEGIN RETURN; END; $$;

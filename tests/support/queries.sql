@@ -577,24 +577,3 @@ SELECT count(*) AS n FROM archive_events;
 -- name: statistics_count
 SELECT count(*) AS n FROM pg_statistic
 WHERE starelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'public'::regnamespace);
-
--- name: announce_holds
--- Whether a hub's announce holds now (migration 0022).
-SELECT last_value >= extract(epoch FROM now()) FROM darkroom_cards_listened_until;
-
--- name: notify_cards_channel
--- A notification of the test's own on the cards' channel.
-SELECT pg_notify('darkroom_cards', %(payload)s);
-
--- name: announce_holds_for
--- Whether an announce holds now, and still in 55 minutes (migration 0022).
-SELECT last_value >= extract(epoch FROM now()),
-       last_value >= extract(epoch FROM now() + interval '55 minutes')
-FROM darkroom_cards_listened_until;
-
--- name: migrations_table
-CREATE TABLE IF NOT EXISTS darkroom_migrations (
-    name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());
-
--- name: migration_applied_a_while_ago
-INSERT INTO darkroom_migrations (name, applied_at) VALUES (%(name)s, now() - interval '1 day');

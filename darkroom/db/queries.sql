@@ -590,9 +590,14 @@ WITH picked AS (
         fair_stamp = (SELECT stamps FROM stamped)[r.k + 1]
     FROM ranked r
     WHERE f.id = r.id
-    RETURNING f.id
+    RETURNING f.id, f.owner
+), notified AS (
+    -- Open pages see the change (GET /v1/events), as for every status change.
+    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'queued'))) AS n
+    FROM moved
 ), logged AS (
-    INSERT INTO archive_events (file_id, kind) SELECT id, 'rederive' FROM moved
+    INSERT INTO archive_events (file_id, kind)
+    SELECT id, 'rederive' FROM moved LEFT JOIN notified ON true  -- see claim
 )
 SELECT count(*) AS n,
        CASE WHEN count(*) > 0 THEN pg_notify('darkroom_jobs', '') END AS notified
@@ -913,10 +918,14 @@ WITH due AS (
     SET status = 'deleting', deleted_at = now(), updated_at = now()
     FROM due d
     WHERE f.id = d.id AND f.status = 'pending'
-    RETURNING f.id, f.attempts
+    RETURNING f.id, f.attempts, f.owner
+), notified AS (
+    -- Open pages see the change (GET /v1/events), as for every status change.
+    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'deleting'))) AS n
+    FROM expired
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, worker)
-    SELECT id, 'expired', attempts, %(worker)s FROM expired
+    SELECT id, 'expired', attempts, %(worker)s FROM expired LEFT JOIN notified ON true
 )
 SELECT id FROM expired;
 

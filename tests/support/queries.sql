@@ -577,3 +577,7 @@ SELECT count(*) AS n FROM archive_events;
 -- name: statistics_count
 SELECT count(*) AS n FROM pg_statistic
 WHERE starelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'public'::regnamespace);
+
+-- name: notify_cards_channel
+-- A notification of the test's own on the cards' channel.
+SELECT pg_notify('darkroom_cards', %(payload)s);

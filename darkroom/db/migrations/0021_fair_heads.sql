@@ -1,8 +1,8 @@
 -- Each class's head (migration 0012) is kept in lanes, not in fair_clock's one row. Every
 -- claim moved that row, so claims of different workers waited for each other's COMMIT
 -- (bench/queue.py: at 4 workers, 0.71x PgQueuer's throughput with the one row, 0.96x
--- without it). A claim now moves the row of its connection's lane; the head is the
--- greatest (stamp, owner) of the class's lanes. Each lane only moves forward, so their
+-- without it). A claim now moves the row of its own lane; the head is the greatest
+-- (stamp, owner) of the class's lanes. Each lane only moves forward, so their
 -- greatest is the (stamp, owner) of the card claimed last, as before: the head of start-
 -- time fair queueing never moves back, whichever lane a claim takes.
 --
@@ -22,7 +22,7 @@ CREATE TABLE fair_heads (
     PRIMARY KEY (priority, lane)
 );
 
--- The head as it stands, in the lane no claim takes first (a claim's lane may be any).
+-- The head as it stands, in lane 0 (the greatest of the lanes is the same in any).
 INSERT INTO fair_heads (priority, lane, vtime, vowner)
 SELECT 'interactive', 0, interactive_vtime, interactive_vowner FROM fair_clock
 UNION ALL

@@ -379,23 +379,31 @@ class Queue:
     async def complete_and_claim(self, results: Sequence[tuple[Lease, Derived]], n: int,
                                  claim_id: uuid.UUID | None = None,
                                  ) -> tuple[set[uuid.UUID], list[Lease]]:
-        """`complete_many`, then `claim(n)`, in one transaction sent in one round trip:
-        the worker claims the room a batch leaves with the batch's own commit.
+        """`complete_many`, then `claim(n)`: the worker claims the room a batch leaves
+        with the batch's own commit.
 
-        Both statements are the protocol's own, each row still fenced by its token; they
-        commit together or not at all. Raises `ClaimUnknown` when the answer was lost:
-        the commits are then repeated on their own (`complete_many` recognizes a repeat
-        of one that went through), and what the claim leased is found by `adopt_claim`.
-        Any other error rolled both back.
+        The batch's `publish` and the claim are sent in one round trip and commit
+        together or not at all, each row still fenced by its token; the rows `publish`
+        left (rare: a lost lease, a re-derive) then go through `complete` on their own.
+        Raises `ClaimUnknown` when an answer was lost, or when the claim committed and
+        the rows left did not answer: the commits are then repeated on their own
+        (`complete_many` recognizes a repeat of one that went through), and what the
+        claim leased is found by `adopt_claim`. Any other error rolled both back.
         """
         claim_id = claim_id or uuid.uuid4()
         try:
-            lost, leases = await self.db.together(
-                ("complete", self._complete_params(results), None),
+            published, leases = await self.db.together(
+                ("publish", self._complete_params(results), None),
                 ("claim", self._claim_params(n, claim_id), Lease))
         except CONNECTION_ERRORS as exc:
             raise ClaimUnknown(claim_id) from exc
-        return {r["token"] for r in lost}, leases
+        try:
+            lost = await self._complete_rest(results, {r["token"] for r in published})
+        except Exception as exc:
+            # The claim committed, but the commits left to `complete` did not answer:
+            # the caller repeats the commits, and adopts the claim's leases by its id.
+            raise ClaimUnknown(claim_id) from exc
+        return lost, leases
 
     async def adopt_claim(self, claim_id: uuid.UUID) -> list[Lease]:
         """The leases a claim made whose answer was lost (none if it never committed)."""
@@ -422,16 +430,28 @@ class Queue:
                          {"keys": list(keys), "id": lease.file_id, "token": lease.token})
 
     async def complete_many(self, results: Sequence[tuple[Lease, Derived]]) -> set[uuid.UUID]:
-        """Fenced commit of several attempts in one statement; answers the tokens not published.
+        """Fenced commit of several attempts; answers the tokens not published.
 
-        Each row is still fenced by its own token: a lost one records `lease_lost` and
-        registers its object as an orphan, and never counts as success. A repeat of a
-        commit that went through is recognized by the card's key (unique to the attempt)
-        and answered as published.
+        Each row is still fenced by its own token. The common case goes in one statement
+        (`publish`); only the rows it left take a second (`complete`), where a lost one
+        records `lease_lost` and registers its object as an orphan, and never counts as
+        success, a repeat of a commit that went through is recognized by the card's key
+        (unique to the attempt) and answered as published, and a re-derive hands the
+        derivative it replaces to the sweeper.
         """
         if not results:
             return set()
-        rows = await self._rows("complete", self._complete_params(results))
+        published = await self._rows("publish", self._complete_params(results))
+        return await self._complete_rest(results, {r["token"] for r in published})
+
+    async def _complete_rest(self, results: Sequence[tuple[Lease, Derived]],
+                             published: set[uuid.UUID]) -> set[uuid.UUID]:
+        """`complete` for the results `publish` did not publish (a lost lease, a repeat
+        of a commit that went through, a re-derive): answers the tokens not published."""
+        rest = [(lease, derived) for lease, derived in results if lease.token not in published]
+        if not rest:
+            return set()
+        rows = await self._rows("complete", self._complete_params(rest))
         return {r["token"] for r in rows}
 
     def _complete_params(self, results: Sequence[tuple[Lease, Derived]]) -> dict[str, Any]:

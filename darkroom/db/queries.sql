@@ -265,9 +265,57 @@ SELECT k, %(id)s, %(token)s, 'attempt' FROM unnest(%(keys)b::text[]) AS k
 ON CONFLICT (object_key) DO UPDATE
 SET created_at = now(), next_try_at = now(), failures = 0;
 
+-- name: publish
+-- The fenced commit's common case, batched: a row publishes only if its own token still
+-- holds the lease and its card shows no derivative yet (a first derivation). Every other
+-- row (a lost lease, a repeat of a commit that went through, a re-derive replacing a
+-- derivative) is left as it is, and the caller sends `complete` for the rows this did
+-- not publish, which settles each of those cases. Kept apart because a statement's
+-- every part is set up at each execution whether it finds rows or not: on a fleet's
+-- cold connections `complete`'s parts for the rare cases cost about a tenth of the
+-- database's CPU per image (docs/BENCHMARKS.md, Fleet).
+WITH done AS (
+    SELECT * FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[], %(keys)b::text[],
+                         %(versions)b::text[], %(sha256s)b::text[], %(widths)b::int[],
+                         %(heights)b::int[], %(sizes)b::bigint[],
+                         %(thumb_keys)b::text[], %(thumb_versions)b::text[],
+                         %(thumb_sha256s)b::text[], %(thumb_widths)b::int[],
+                         %(thumb_heights)b::int[], %(thumb_sizes)b::bigint[],
+                         %(thumbhashes)b::text[])
+        AS d(id, token, derived_key, derived_version, sha256, width, height, derived_bytes,
+             thumb_key, thumb_version, thumb_sha256, thumb_width, thumb_height, thumb_bytes,
+             thumbhash)
+), published AS (
+    -- As `complete` publishes (its SET, its fence).
+    UPDATE archive_files f
+    SET status = 'ready', derived_key = d.derived_key, derived_version = d.derived_version,
+        sha256 = d.sha256, width = d.width, height = d.height,
+        derived_bytes = d.derived_bytes, error_code = NULL, settled_token = d.token,
+        thumb_key = d.thumb_key, thumb_version = d.thumb_version,
+        thumb_sha256 = d.thumb_sha256, thumb_width = d.thumb_width,
+        thumb_height = d.thumb_height, thumb_bytes = d.thumb_bytes, thumbhash = d.thumbhash,
+        derive_fingerprint = %(fingerprint)s::text, rederive_error = NULL,
+        lease_token = NULL, lease_until = NULL, finished_at = now(), updated_at = now()
+    FROM done d
+    -- Nothing to supersede: the previous derivative of a re-derive is `complete`'s to
+    -- hand to the sweeper.
+    WHERE f.id = ANY (%(ids)b::uuid[]) AND f.id = d.id AND f.lease_token = d.token
+      AND f.derived_key IS NULL AND f.thumb_key IS NULL
+    RETURNING f.id, f.attempts, d.token, f.owner
+), notified AS (
+    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'ready'))) AS n
+    FROM published
+), ready_events AS (
+    INSERT INTO archive_events (file_id, kind, attempt, token, worker)
+    SELECT id, 'ready', attempts, token, %(worker)s
+    FROM published LEFT JOIN notified ON true  -- see claim
+)
+SELECT token FROM published;
+
 -- name: complete
--- The fenced commit, batched: each row publishes only if its own token still holds the
--- lease. The others record lease_lost and leave their object to the sweeper.
+-- The fenced commit, batched, whole: each row publishes only if its own token still
+-- holds the lease. The others record lease_lost and leave their object to the sweeper.
+-- Sent for the rows `publish` did not publish.
 WITH done AS (
     SELECT * FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[], %(keys)b::text[],
                          %(versions)b::text[], %(sha256s)b::text[], %(widths)b::int[],

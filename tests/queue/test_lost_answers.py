@@ -32,12 +32,14 @@ from darkroom.queue import ClaimUnknown, Queue, Status, derived_key, thumb_key
 from darkroom.reads import Reads
 from darkroom.storage import ObjectStore, open_store
 from darkroom.sweeper import Orphans, PendingExpiry, Reconcile
-from tests.queue.test_protocol import derived_for, new_queued, orphans
+from tests.queue.test_protocol import derived_for, expire, new_queued, orphans
 from tests.support.faults import FaultProxy, through_proxy
 from tests.support.services import make_queue
 from tests.support.sql import SQL
 
 WHERE = ["before", "after"]
+# The fenced commit's common case (`publish`), by a fragment only its text holds.
+PUBLISH = b"f.thumb_key IS NULL RETURNING"
 
 
 @dataclass
@@ -121,11 +123,62 @@ async def test_a_publication_whose_answer_was_lost_leaves_nothing_for_the_sweepe
     [fid] = await new_queued(q)
     [lease] = await q.claim(1)
     publish = functools.partial(lossy.queue.complete_many, [(lease, derived_for(lease))])
-    await lossy.lost(b"superseded AS (", where, publish)
+    await lossy.lost(PUBLISH, where, publish)
     assert await publish() == set()
     assert await publish() == set()
     assert orphans(db_url) == []
     assert events(db_url, fid) == ["claimed", "ready"]
+
+
+@pytest.mark.parametrize("where", WHERE)
+async def test_a_rederive_whose_publication_answer_was_lost_supersedes_its_derivative_once(
+        pool: Any, db_url: str, lossy: Lossy, where: str) -> None:
+    """A re-derive is published by the whole commit (`complete`), not the common case's:
+    the derivative it replaces goes to the sweeper once, however often the commit is
+    sent, and the new one never."""
+    old = make_queue(pool, fingerprint="old")
+    [fid] = await new_queued(old)
+    [first] = await old.claim(1)
+    await old.complete(first, derived_for(first))
+    q = make_queue(pool, fingerprint="new")
+    assert await q.rederive("alice", "new") == 1
+    [lease] = await q.claim(1)
+    publish = functools.partial(lossy.queue.complete_many, [(lease, derived_for(lease))])
+    await lossy.lost(b"superseded AS (", where, publish)
+    assert await publish() == set()
+    assert await publish() == set()
+    assert sorted(orphans(db_url)) == [(derived_key(first), lease.token)]
+    assert events(db_url, fid) == ["claimed", "ready", "rederive", "claimed", "ready"]
+
+
+@pytest.mark.parametrize("where", WHERE)
+async def test_a_commit_with_its_claim_whose_rows_left_did_not_answer_adopts_the_claim(
+        pool: Any, db_url: str, lossy: Lossy, where: str) -> None:
+    """The common case and the claim committed together; the rows they left (here a lost
+    lease) go through `complete` alone, and that answer is lost: the caller is told the
+    claim's outcome is unknown, finds its lease by the claim's id, and sends the commits
+    again: the lost lease is answered lost, and the card stays its rescuer's."""
+    q = make_queue(pool)
+    [good, stolen, _] = await new_queued(q, 3)
+    leases = {lease.file_id: lease for lease in await q.claim(2)}
+    expire(db_url, stolen)
+    [rescued] = await make_queue(pool, worker="other").claim(1)
+    assert rescued.file_id == stolen
+    results = [(leases[good], derived_for(leases[good])),
+               (leases[stolen], derived_for(leases[stolen]))]
+    lossy.proxy.cut_statement(b"superseded AS (", where=where)
+    with pytest.raises(ClaimUnknown) as unknown:
+        await lossy.queue.complete_and_claim(results, 1)
+    assert not lossy.proxy.statement_cut_pending
+    assert len(await q.adopt_claim(unknown.value.claim_id)) == 1
+    row = card(db_url, good)
+    assert row is not None and row[0] == "ready"
+    assert await q.complete_many(results) == {leases[stolen].token}
+    assert events(db_url, good) == ["claimed", "ready"]
+    assert events(db_url, stolen)[:2] == ["claimed", "claimed"]
+    assert set(events(db_url, stolen)[2:]) == {"lease_lost"}
+    # The rescuer's lease is untouched, and publishes.
+    assert await q.complete_many([(rescued, derived_for(rescued))]) == set()
 
 
 @pytest.mark.parametrize("where", WHERE)

@@ -657,3 +657,28 @@ async def test_a_counted_deferral_waits_a_growing_backoff(pool: Any, db_url: str
     with psycopg.connect(db_url) as conn:
         row = conn.execute(SQL["backoff_seconds"], {"id": fid}).fetchone()
     assert row is not None and 0 < float(row[0]) <= 100.0
+
+
+async def test_one_batch_of_a_first_derivation_a_rederive_and_a_lost_lease(
+        pool: Any, db_url: str) -> None:
+    """The common case and the rows it leaves to the whole commit, in one batch: each
+    row ends as if it had been committed alone."""
+    old = make_queue(pool, fingerprint="old")
+    [redone, fresh, stolen] = await new_queued(old, 3)
+    [first] = await old.claim(1)
+    assert first.file_id == redone
+    await old.complete(first, derived_for(first))
+    q = make_queue(pool, fingerprint="new")
+    assert await q.rederive("alice", "new") == 1
+    leases = {lease.file_id: lease for lease in await q.claim(3)}
+    assert set(leases) == {redone, fresh, stolen}
+    expire(db_url, stolen)
+    [rescued] = await make_queue(pool, worker="other").claim(1)
+    results = [(lease, derived_for(lease)) for lease in leases.values()]
+    assert await q.complete_many(results) == {leases[stolen].token}
+    assert card(db_url, fresh)["derived_key"] == derived_key(leases[fresh])
+    assert card(db_url, redone)["derived_key"] == derived_key(leases[redone])
+    assert card(db_url, stolen)["lease_token"] == rescued.token
+    assert sorted(orphans(db_url)) == sorted([(derived_key(first), leases[redone].token),
+                                              *both_keys(leases[stolen])])
+    assert events(db_url, stolen)[-1] == "lease_lost"

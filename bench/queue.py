@@ -67,8 +67,9 @@ OUT = Path(__file__).resolve().parent / "out" / "queue.json"
 WORKER_COUNTS = (1, 4, 16)
 # Job slots per worker process (`darkroom worker --concurrency`). The worker's completer
 # commits the jobs that finish together in one statement, so more slots mean larger
-# batches; 4 and 32 bracket a small and a large worker.
-DARKROOM_SLOTS = (4, 32)
+# batches; 4 and 32 bracket a small and a large worker, and 128 is the worker's path at
+# PgQueuer's best batch size (100 jobs fetched and run at once).
+DARKROOM_SLOTS = (4, 32, 128)
 WORKER_POOL = 4
 # The reference: one claim(100) and one complete_many per 100 jobs, the most batching any
 # path can do; the same-run ratio to it says what the worker's path leaves on the table.

@@ -136,11 +136,14 @@ class Confirmation:
 
 
 def claim_params(*, n: int, claim: uuid.UUID, max_attempts: int, lease_seconds: float,
-                 worker: str, bulk_share: float) -> dict[str, Any]:
+                 worker: str, bulk_share: float,
+                 committing: Sequence[uuid.UUID] = ()) -> dict[str, Any]:
     """The `claim` statement's parameters: what `Queue.claim` sends, for a caller that sends
-    the statement itself (a benchmark timing it, a test whose claim's answer is lost)."""
+    the statement itself (a benchmark timing it, a test whose claim's answer is lost).
+    `committing`: the cards whose results are committed with the claim, never rescued by it."""
     return {"n": n, "max_attempts": max_attempts, "claim": claim,
-            "lease_seconds": lease_seconds, "worker": worker, "bulk_share": bulk_share}
+            "lease_seconds": lease_seconds, "worker": worker, "bulk_share": bulk_share,
+            "committing": list(committing)}
 
 
 def backoff_delay(
@@ -371,10 +374,11 @@ class Queue:
         except CONNECTION_ERRORS as exc:
             raise ClaimUnknown(claim_id) from exc
 
-    def _claim_params(self, n: int, claim_id: uuid.UUID) -> dict[str, Any]:
+    def _claim_params(self, n: int, claim_id: uuid.UUID,
+                      committing: Sequence[uuid.UUID] = ()) -> dict[str, Any]:
         return claim_params(n=n, claim=claim_id, max_attempts=self.max_attempts,
                             lease_seconds=self.lease_seconds, worker=self.worker,
-                            bulk_share=self.bulk_share)
+                            bulk_share=self.bulk_share, committing=committing)
 
     async def complete_and_claim(self, results: Sequence[tuple[Lease, Derived]], n: int,
                                  claim_id: uuid.UUID | None = None,
@@ -394,7 +398,8 @@ class Queue:
         try:
             published, leases = await self.db.together(
                 ("publish", self._complete_params(results), None),
-                ("claim", self._claim_params(n, claim_id), Lease))
+                ("claim", self._claim_params(n, claim_id,
+                                             [lease.file_id for lease, _ in results]), Lease))
         except CONNECTION_ERRORS as exc:
             raise ClaimUnknown(claim_id) from exc
         try:

@@ -81,6 +81,9 @@ WITH expired AS (
       -- An operator's pause (darkroom_paused_owners, migration 0018) holds rescues back
       -- too: a handful of rows at most, so checked row by row.
       AND owner <> ALL (darkroom_paused_owners(priority))
+      -- Nor the leases of the results this claim is sent with (`complete_and_claim`): a
+      -- row `publish` left, a re-derive whose lease ran out unclaimed, is `complete`'s.
+      AND id <> ALL (%(committing)s::uuid[])
     ORDER BY lease_until
     LIMIT %(n)s
     FOR UPDATE SKIP LOCKED

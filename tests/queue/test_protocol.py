@@ -682,3 +682,23 @@ async def test_one_batch_of_a_first_derivation_a_rederive_and_a_lost_lease(
     assert sorted(orphans(db_url)) == sorted([(derived_key(first), leases[redone].token),
                                               *both_keys(leases[stolen])])
     assert events(db_url, stolen)[-1] == "lease_lost"
+
+
+async def test_a_commit_with_its_claim_does_not_rescue_a_lease_it_commits(
+        pool: Any, db_url: str) -> None:
+    """A re-derive whose lease ran out but still holds (no one took it over) is left by
+    the common case to the whole commit; the claim sent in the same transaction rescues
+    expired leases first, and must not take this one from under its own commit."""
+    old = make_queue(pool, fingerprint="old")
+    [fid] = await new_queued(old)
+    [first] = await old.claim(1)
+    await old.complete(first, derived_for(first))
+    q = make_queue(pool, fingerprint="new")
+    assert await q.rederive("alice", "new") == 1
+    [lease] = await q.claim(1)
+    expire(db_url, fid)
+    lost, leases = await q.complete_and_claim([(lease, derived_for(lease))], 1)
+    assert (lost, leases) == (set(), [])
+    assert card(db_url, fid)["derived_key"] == derived_key(lease)
+    assert events(db_url, fid) == ["claimed", "ready", "rederive", "claimed", "ready"]
+    assert orphans(db_url) == [(derived_key(first), lease.token)]

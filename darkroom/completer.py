@@ -12,10 +12,12 @@ connections never keep other jobs waiting past their leases.
 
 With a `Refill`, the room a batch leaves is claimed by the batch's own transaction
 (`Queue.complete_and_claim`: one round trip, one commit), and the leases are handed over
-before the batch's jobs hear their answers, so a busy worker's next jobs start without a
-claim of their own. A batch whose answer was lost is repeated as commits alone, and its
-claim is left to be looked up (`Queue.adopt_claim`); any other error of the pair is
-followed by the commits alone, so a claim's trouble never fails a finished job.
+as soon as that commit is answered, before the batch's jobs hear theirs (and before the
+rows the common case left are committed), so a busy worker's next jobs start without a
+claim of their own, and a stop meanwhile does not lose them. A batch whose answer was
+lost is repeated as commits alone, and its claim is left to be looked up
+(`Queue.adopt_claim`); any other error is followed by the commits alone, so a claim's
+trouble never fails a finished job.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ class Completions(Protocol):
                             ) -> set[uuid.UUID]: ...
 
     async def complete_and_claim(self, results: Sequence[tuple[Lease, Derived]], n: int,
-                                 claim_id: uuid.UUID | None = None,
+                                 claim_id: uuid.UUID | None = None, *,
+                                 claimed: Callable[[list[Lease]], None] | None = None,
                                  ) -> tuple[set[uuid.UUID], list[Lease]]: ...
 
 
@@ -159,23 +162,37 @@ class Completer:
         asked = self._refill.wanted(len(results)) if self._refill else 0
         if self._refill is None or asked <= 0:
             return None
+        refill = self._refill
         sent = time.monotonic()
+        handed = False
+
+        def claimed(leases: list[Lease]) -> None:
+            # The claim committed: its leases are the worker's from now on, whatever
+            # happens to the commits still to be made (a stop included).
+            nonlocal handed
+            handed = True
+            refill.claimed(leases, asked, sent)
+
         try:
-            lost, leases = await self.queue.complete_and_claim(results, asked)
+            lost, leases = await self.queue.complete_and_claim(results, asked, claimed=claimed)
         except ClaimUnknown as unknown:
-            self._refill.unknown(unknown.claim_id, asked, sent)
+            refill.unknown(unknown.claim_id, asked, sent)
             return None
         except psycopg.Error as exc:
-            # Rolled back whole: nothing of it committed.
+            # The pair rolled back whole, or the claim committed (its leases handed over)
+            # and the commits it left failed: either way the commits go again alone.
             log.warning("commit with a claim failed; committing alone",
                         extra={"error": type(exc).__name__})
-            self._refill.claimed([], asked, sent)
+            if not handed:
+                refill.claimed([], asked, sent)
             return None
         except asyncio.CancelledError:
-            # Stopping: whatever it may have leased runs out its lease.
-            self._refill.claimed([], asked, sent)
+            # Stopping: a claim not yet answered runs out its lease.
+            if not handed:
+                refill.claimed([], asked, sent)
             raise
-        self._refill.claimed(leases, asked, sent)
+        if not handed:  # handed over with the answer
+            refill.claimed(leases, asked, sent)
         return lost
 
 

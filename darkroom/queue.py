@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -381,7 +381,8 @@ class Queue:
                             bulk_share=self.bulk_share, committing=committing)
 
     async def complete_and_claim(self, results: Sequence[tuple[Lease, Derived]], n: int,
-                                 claim_id: uuid.UUID | None = None,
+                                 claim_id: uuid.UUID | None = None, *,
+                                 claimed: Callable[[list[Lease]], None] | None = None,
                                  ) -> tuple[set[uuid.UUID], list[Lease]]:
         """`complete_many`, then `claim(n)`: the worker claims the room a batch leaves
         with the batch's own commit.
@@ -389,10 +390,13 @@ class Queue:
         The batch's `publish` and the claim are sent in one round trip and commit
         together or not at all, each row still fenced by its token; the rows `publish`
         left (rare: a lost lease, a re-derive) then go through `complete` on their own.
-        Raises `ClaimUnknown` when an answer was lost, or when the claim committed and
-        the rows left did not answer: the commits are then repeated on their own
-        (`complete_many` recognizes a repeat of one that went through), and what the
-        claim leased is found by `adopt_claim`. Any other error rolled both back.
+        `claimed` is given the claim's leases as soon as it committed, before the rows
+        left are sent: a caller stopped meanwhile already holds them. Raises
+        `ClaimUnknown` when the pair's answer was lost, or, without `claimed`, when the
+        rows left did not answer after the claim committed: the commits are then repeated
+        on their own (`complete_many` recognizes a repeat of one that went through), and
+        what the claim leased is found by `adopt_claim`. With `claimed`, an error of the
+        rows left is raised as it is. Any error of the pair rolled both back.
         """
         claim_id = claim_id or uuid.uuid4()
         try:
@@ -402,9 +406,13 @@ class Queue:
                                              [lease.file_id for lease, _ in results]), Lease))
         except CONNECTION_ERRORS as exc:
             raise ClaimUnknown(claim_id) from exc
+        if claimed is not None:
+            claimed(leases)
         try:
             lost = await self._complete_rest(results, {r["token"] for r in published})
         except Exception as exc:
+            if claimed is not None:
+                raise
             # The claim committed, but the commits left to `complete` did not answer:
             # the caller repeats the commits, and adopts the claim's leases by its id.
             raise ClaimUnknown(claim_id) from exc

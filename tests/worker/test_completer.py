@@ -167,10 +167,11 @@ async def test_a_commit_with_a_claim_whose_answer_was_lost_ends_right(
         commits = True
 
         async def complete_and_claim(self, results: Sequence[tuple[Lease, Derived]], n: int,
-                                     claim_id: uuid.UUID | None = None,
+                                     claim_id: uuid.UUID | None = None, *,
+                                     claimed: Callable[[list[Lease]], None] | None = None,
                                      ) -> tuple[set[uuid.UUID], list[Lease]]:
             claims.append(claim_id or uuid.uuid4())
-            if self.commits:
+            if self.commits:  # committed; its answer, the leases included, never comes
                 await super().complete_and_claim(results, n, claims[-1])
             raise ClaimUnknown(claims[-1]) from psycopg.OperationalError("cut")
 
@@ -195,3 +196,39 @@ async def test_a_commit_with_a_claim_whose_answer_was_lost_ends_right(
         else:
             assert adopted == []
     assert kinds(db_url) == [("claimed", 6), ("ready", 6)]
+
+
+async def test_a_claim_that_committed_is_handed_over_before_the_rows_left_are_committed(
+        pool: Any, db_url: str) -> None:
+    """A batch's rows that the common case left (here a re-derive) are committed after its
+    claim: a stop that cancels the completer meanwhile does not lose the claim's leases,
+    which the worker already holds and hands back."""
+    old = make_queue(pool, fingerprint="old")
+    await new_queued(old, 1)
+    [first] = await old.claim(1)
+    await old.complete_many([(first, result(first))])
+    q = make_queue(pool, fingerprint="new")
+    assert await q.rederive("o", "new") == 1
+    [lease] = await q.claim(1)
+    await new_queued(q, 1)  # for the batch's claim
+    heard = asyncio.Event()
+
+    class Heard(Refilled):
+        def claimed(self, leases: list[Lease], asked: int, sent: float) -> None:
+            super().claimed(leases, asked, sent)
+            heard.set()
+
+    refill = Heard(1)
+    completer = Completer(q, direct, refill=refill)
+    with psycopg.connect(db_url) as blocker:  # the re-derive's row, held: `complete` waits
+        blocker.execute(SQL["lock_card"], {"id": lease.file_id})
+        task = asyncio.create_task(completer.run())
+        answer = completer.submit(lease, result(lease))
+        async with asyncio.timeout(10):
+            await heard.wait()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        blocker.rollback()
+    answer.cancel()
+    [spare] = refill.leases
+    assert spare.file_id != lease.file_id

@@ -97,10 +97,14 @@ class ScriptedQueue:
         return {lease.token for lease, _ in results if lease.token in self.lost_at_commit}
 
     async def complete_and_claim(self, results: Sequence[tuple[Lease, Derived]], n: int,
-                                 claim_id: uuid.UUID | None = None,
+                                 claim_id: uuid.UUID | None = None, *,
+                                 claimed: Callable[[list[Lease]], None] | None = None,
                                  ) -> tuple[set[uuid.UUID], list[Lease]]:
         lost = await self.complete_many(results)
-        return lost, await self.claim(n)
+        leases = await self.claim(n)
+        if claimed is not None:
+            claimed(leases)
+        return lost, leases
 
     async def fail(self, lease: Lease, code: ErrorCode) -> Status:
         self.log.append(f"fail {code}")

@@ -32,7 +32,13 @@ from darkroom.queue import ClaimUnknown, Queue, Status, derived_key, thumb_key
 from darkroom.reads import Reads
 from darkroom.storage import ObjectStore, open_store
 from darkroom.sweeper import Orphans, PendingExpiry, Reconcile
-from tests.queue.test_protocol import derived_for, expire, new_queued, orphans
+from tests.queue.test_protocol import (
+    derived_for,
+    expire,
+    new_queued,
+    orphans,
+    rederive_claimed,
+)
 from tests.support.faults import FaultProxy, through_proxy
 from tests.support.services import make_queue
 from tests.support.sql import SQL
@@ -136,13 +142,8 @@ async def test_a_rederive_whose_publication_answer_was_lost_supersedes_its_deriv
     """A re-derive is published by the whole commit (`complete`), not the common case's:
     the derivative it replaces goes to the sweeper once, however often the commit is
     sent, and the new one never."""
-    old = make_queue(pool, fingerprint="old")
-    [fid] = await new_queued(old)
-    [first] = await old.claim(1)
-    await old.complete(first, derived_for(first))
-    q = make_queue(pool, fingerprint="new")
-    assert await q.rederive("alice", "new") == 1
-    [lease] = await q.claim(1)
+    _, first, lease = await rederive_claimed(pool)
+    fid = lease.file_id
     publish = functools.partial(lossy.queue.complete_many, [(lease, derived_for(lease))])
     await lossy.lost(b"superseded AS (", where, publish)
     assert await publish() == set()

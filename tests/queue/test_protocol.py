@@ -659,6 +659,20 @@ async def test_a_counted_deferral_waits_a_growing_backoff(pool: Any, db_url: str
     assert row is not None and 0 < float(row[0]) <= 100.0
 
 
+async def rederive_claimed(pool: Any) -> tuple[Queue, Lease, Lease]:
+    """A photo published under fingerprint "old", queued again under "new" and claimed:
+    the queue of "new", the first attempt's lease and the re-derive's."""
+    old = make_queue(pool, fingerprint="old")
+    [fid] = await new_queued(old)
+    [first] = await old.claim(1)
+    await old.complete(first, derived_for(first))
+    q = make_queue(pool, fingerprint="new")
+    assert await q.rederive("alice", "new") == 1
+    [lease] = await q.claim(1)
+    assert lease.file_id == fid
+    return q, first, lease
+
+
 async def test_one_batch_of_a_first_derivation_a_rederive_and_a_lost_lease(
         pool: Any, db_url: str) -> None:
     """The common case and the rows it leaves to the whole commit, in one batch: each
@@ -689,13 +703,8 @@ async def test_a_commit_with_its_claim_does_not_rescue_a_lease_it_commits(
     """A re-derive whose lease ran out but still holds (no one took it over) is left by
     the common case to the whole commit; the claim sent in the same transaction rescues
     expired leases first, and must not take this one from under its own commit."""
-    old = make_queue(pool, fingerprint="old")
-    [fid] = await new_queued(old)
-    [first] = await old.claim(1)
-    await old.complete(first, derived_for(first))
-    q = make_queue(pool, fingerprint="new")
-    assert await q.rederive("alice", "new") == 1
-    [lease] = await q.claim(1)
+    q, first, lease = await rederive_claimed(pool)
+    fid = lease.file_id
     expire(db_url, fid)
     lost, leases = await q.complete_and_claim([(lease, derived_for(lease))], 1)
     assert (lost, leases) == (set(), [])

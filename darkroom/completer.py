@@ -12,9 +12,9 @@ connections never keep other jobs waiting past their leases.
 
 With a `Refill`, the room a batch leaves is claimed by the batch's own transaction
 (`Queue.complete_and_claim`: one round trip, one commit), and the leases are handed over
-as soon as that commit is answered, before the batch's jobs hear theirs (and before the
-rows the common case left are committed), so a busy worker's next jobs start without a
-claim of their own, and a stop meanwhile does not lose them. A batch whose answer was
+before the batch's jobs hear their answers, so a busy worker's next jobs start without a
+claim of their own; a claim that committed is handed over even when a stop or an error
+cuts the commits it left short. A batch whose answer was
 lost is repeated as commits alone, and its claim is left to be looked up
 (`Queue.adopt_claim`); any other error is followed by the commits alone, so a claim's
 trouble never fails a finished job.
@@ -164,14 +164,14 @@ class Completer:
             return None
         refill = self._refill
         sent = time.monotonic()
-        handed = False
+        committed: list[Lease] = []
 
         def claimed(leases: list[Lease]) -> None:
-            # The claim committed: its leases are the worker's from now on, whatever
-            # happens to the commits still to be made (a stop included).
-            nonlocal handed
-            handed = True
-            refill.claimed(leases, asked, sent)
+            # The claim committed; the rows the batch left are still to be committed.
+            # Its leases reach the worker once those are: until then the claim still
+            # counts as in flight, so the worker's own claims (which rescue expired
+            # leases) do not take a row of this batch from under its commit.
+            committed.extend(leases)
 
         try:
             lost, leases = await self.queue.complete_and_claim(results, asked, claimed=claimed)
@@ -179,20 +179,19 @@ class Completer:
             refill.unknown(unknown.claim_id, asked, sent)
             return None
         except psycopg.Error as exc:
-            # The pair rolled back whole, or the claim committed (its leases handed over)
-            # and the commits it left failed: either way the commits go again alone.
+            # The pair rolled back whole, or the claim committed and the rows it left
+            # failed: either way the commits go again alone, and the claim's leases (if
+            # it committed) are the worker's.
             log.warning("commit with a claim failed; committing alone",
                         extra={"error": type(exc).__name__})
-            if not handed:
-                refill.claimed([], asked, sent)
+            refill.claimed(committed, asked, sent)
             return None
         except asyncio.CancelledError:
-            # Stopping: a claim not yet answered runs out its lease.
-            if not handed:
-                refill.claimed([], asked, sent)
+            # Stopping: a claim that committed is handed over (the worker hands its
+            # leases back); one not yet answered runs out its lease.
+            refill.claimed(committed, asked, sent)
             raise
-        if not handed:  # handed over with the answer
-            refill.claimed(leases, asked, sent)
+        refill.claimed(leases, asked, sent)
         return lost
 
 

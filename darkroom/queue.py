@@ -391,7 +391,7 @@ class Queue:
         together or not at all, each row still fenced by its token; the rows `publish`
         left (rare: a lost lease, a re-derive) then go through `complete` on their own.
         `claimed` is given the claim's leases as soon as it committed, before the rows
-        left are sent: a caller stopped meanwhile already holds them. Raises
+        left are sent: a caller stopped meanwhile knows them. Raises
         `ClaimUnknown` when the pair's answer was lost, or, without `claimed`, when the
         rows left did not answer after the claim committed: the commits are then repeated
         on their own (`complete_many` recognizes a repeat of one that went through), and

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 
 from darkroom.completer import Completer, running
-from darkroom.queue import Derived, Lease, derived_key
+from darkroom.queue import Derived, Lease, Queue, derived_key
 from darkroom.reads import Reads
 from darkroom.stats import read as read_stats
 from tests.support.services import confirm, make_queue
@@ -198,37 +198,82 @@ async def test_a_commit_with_a_claim_whose_answer_was_lost_ends_right(
     assert kinds(db_url) == [("claimed", 6), ("ready", 6)]
 
 
-async def test_a_claim_that_committed_is_handed_over_before_the_rows_left_are_committed(
-        pool: Any, db_url: str) -> None:
-    """A batch's rows that the common case left (here a re-derive) are committed after its
-    claim: a stop that cancels the completer meanwhile does not lose the claim's leases,
-    which the worker already holds and hands back."""
+class Watched(Queue):
+    """A queue that says when a batch's claim has committed (`claimed`), before the rows
+    the common case left are committed."""
+
+    def __init__(self, q: Queue) -> None:
+        super().__init__(q.db, lease_seconds=q.lease_seconds, max_attempts=q.max_attempts,
+                         retry_base_seconds=0.0, retry_cap_seconds=0.0, worker=q.worker,
+                         fingerprint=q.fingerprint)
+        self.committed = asyncio.Event()
+
+    async def complete_and_claim(self, results: Sequence[tuple[Lease, Derived]], n: int,
+                                 claim_id: uuid.UUID | None = None, *,
+                                 claimed: Callable[[list[Lease]], None] | None = None,
+                                 ) -> tuple[set[uuid.UUID], list[Lease]]:
+        def seen(leases: list[Lease]) -> None:
+            if claimed is not None:
+                claimed(leases)
+            self.committed.set()
+
+        return await super().complete_and_claim(results, n, claim_id, claimed=seen)
+
+
+async def rederive_and_one_queued(pool: Any) -> tuple[Watched, Lease]:
+    """A re-derive's lease (left by the common case to the whole commit) and one more
+    queued card, for the batch's claim."""
     old = make_queue(pool, fingerprint="old")
     await new_queued(old, 1)
     [first] = await old.claim(1)
     await old.complete_many([(first, result(first))])
-    q = make_queue(pool, fingerprint="new")
+    q = Watched(make_queue(pool, fingerprint="new"))
     assert await q.rederive("o", "new") == 1
     [lease] = await q.claim(1)
-    await new_queued(q, 1)  # for the batch's claim
-    heard = asyncio.Event()
+    await new_queued(q, 1)
+    return q, lease
 
-    class Heard(Refilled):
-        def claimed(self, leases: list[Lease], asked: int, sent: float) -> None:
-            super().claimed(leases, asked, sent)
-            heard.set()
 
-    refill = Heard(1)
+async def test_a_claim_reaches_the_worker_once_the_rows_its_batch_left_are_committed(
+        pool: Any, db_url: str) -> None:
+    """Until then it still counts as in flight, so the worker's own claims, which rescue
+    expired leases first, cannot take a row of the batch (a re-derive whose lease ran
+    out) from under its commit."""
+    q, lease = await rederive_and_one_queued(pool)
+    refill = Refilled(1)
     completer = Completer(q, direct, refill=refill)
-    with psycopg.connect(db_url) as blocker:  # the re-derive's row, held: `complete` waits
+    async with running(completer):
+        with psycopg.connect(db_url) as blocker:  # the re-derive's row: `complete` waits
+            blocker.execute(SQL["lock_card"], {"id": lease.file_id})
+            answer = completer.submit(lease, result(lease))
+            async with asyncio.timeout(10):
+                await q.committed.wait()
+            assert refill.leases == [] and not answer.done()
+            blocker.rollback()
+        assert await answer is True
+    [spare] = refill.leases
+    assert spare.file_id != lease.file_id
+    assert refill.heard_before_answers == [True]
+
+
+async def test_a_stop_between_a_claim_and_the_rows_its_batch_left_hands_the_claim_over(
+        pool: Any, db_url: str) -> None:
+    """A stop that cancels the completer while the rows left are being committed does not
+    lose the claim's leases: the worker holds them, and hands them back."""
+    q, lease = await rederive_and_one_queued(pool)
+    refill = Refilled(1)
+    completer = Completer(q, direct, refill=refill)
+    with psycopg.connect(db_url) as blocker:
         blocker.execute(SQL["lock_card"], {"id": lease.file_id})
         task = asyncio.create_task(completer.run())
         answer = completer.submit(lease, result(lease))
         async with asyncio.timeout(10):
-            await heard.wait()
+            await q.committed.wait()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        async with asyncio.timeout(10):  # the batch's own cancellation settles it
+            await asyncio.gather(answer, return_exceptions=True)
         blocker.rollback()
-    answer.cancel()
+    assert answer.cancelled()
     [spare] = refill.leases
     assert spare.file_id != lease.file_id

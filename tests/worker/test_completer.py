@@ -271,9 +271,9 @@ async def test_a_stop_between_a_claim_and_the_rows_its_batch_left_hands_the_clai
             await q.committed.wait()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        async with asyncio.timeout(10):  # the batch's own cancellation settles it
-            await asyncio.gather(answer, return_exceptions=True)
         blocker.rollback()
+    async with asyncio.timeout(10):  # the batch's own cancellation settles it
+        await asyncio.gather(answer, return_exceptions=True)
     assert answer.cancelled()
     [spare] = refill.leases
     assert spare.file_id != lease.file_id

@@ -56,6 +56,7 @@ from bench.targets import (
     FAIR_MIXED_WAIT_JOBS,
     QUEUE_CLAIM_GROWTH,
     QUEUE_IDLE_P50_MS,
+    QUEUE_IDLE_P50_VS_PGQUEUER,
     QUEUE_VS_PGQUEUER,
     SOAK_DRIFT,
     WORKER_IDLE_P50_MS,
@@ -193,6 +194,13 @@ def queue_section(src: Source) -> tuple[list[str], list[Target]]:
                                   f"p50 {dr.p50_ms:.1f} ms, p95 {num(dr.p95_ms, '.1f')} ms"
                                   + (f"; same run: {', '.join(peers)}" if peers else ""),
                                   dr.p50_ms < QUEUE_IDLE_P50_MS))
+            pq = res.latency.get("pgqueuer")
+            if pq is not None and pq.p50_ms:
+                ratio = dr.p50_ms / pq.p50_ms
+                targets.append(Target(
+                    "darkroom: idle latency p50 ≤ PgQueuer's in the same run",
+                    f"{dr.p50_ms:.1f} / {pq.p50_ms:.1f} ms = **{ratio:.2f}×**",
+                    ratio <= QUEUE_IDLE_P50_VS_PGQUEUER))
 
     claims = res.claim_time
     if claims:

@@ -10,6 +10,7 @@ from __future__ import annotations
 # bench/queue.py
 QUEUE_VS_PGQUEUER = 1.5  # no-op throughput, × PgQueuer's best configuration, same run
 QUEUE_IDLE_P50_MS = 20.0  # idle enqueue → claim, p50
+QUEUE_IDLE_P50_VS_PGQUEUER = 1.0  # idle p50, × PgQueuer's p50 in the same run (at most)
 QUEUE_CLAIM_GROWTH = 1.5  # claim time at 1 M finished rows, × a tiny table's
 
 # bench/derive.py

@@ -14,10 +14,9 @@ With a `Refill`, the room a batch leaves is claimed by the batch's own transacti
 (`Queue.complete_and_claim`: one round trip, one commit), and the leases are handed over
 before the batch's jobs hear their answers, so a busy worker's next jobs start without a
 claim of their own; a claim that committed is handed over even when a stop or an error
-cuts the commits it left short. A batch whose answer was
-lost is repeated as commits alone, and its claim is left to be looked up
-(`Queue.adopt_claim`); any other error is followed by the commits alone, so a claim's
-trouble never fails a finished job.
+cuts the commits it left short. A batch whose answer was lost is repeated as commits
+alone, and its claim is left to be looked up (`Queue.adopt_claim`); any other error is
+followed by the commits alone, so a claim's trouble never fails a finished job.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
+from darkroom.config import ConfigError
 from darkroom.errors import ObjectMissing, StorageConfigError, StorageUnavailable
 from darkroom.storage.base import (
     CHUNK_SIZE,
@@ -400,9 +401,16 @@ def private_dir(path: Path) -> Path:
     """The data directory: created 0700, or narrowed to 0700 if it was made before.
 
     A group allowed only to traverse (the embedded server's, when darkroom runs as root)
-    is left: it can reach a name it knows, never list or change one."""
+    is left: it can reach a name it knows, never list or change one. A directory other
+    users may write to (/tmp, a group's shared folder) is refused with one line and left
+    as it is: it is theirs too, and narrowing it would take it from them."""
     make_private_dirs(path)
-    if stat.S_IMODE(path.stat().st_mode) & 0o067:
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError(f"the data dir {path} is a directory other users may write to "
+                          f"(mode {mode:04o}); choose a directory of darkroom's own, such "
+                          f"as {path / 'darkroom'}")
+    if mode & 0o067:
         path.chmod(DIR_MODE)
     return path
 

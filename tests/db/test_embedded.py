@@ -306,6 +306,30 @@ def test_a_data_dir_under_a_directory_others_control_is_refused(base: Path, pare
     assert not (above / "data").exists()
 
 
+@pytest.mark.parametrize("mode", [0o1777, 0o777, 0o775])
+def test_a_data_dir_others_may_write_to_is_refused_and_left_as_it_was(
+        base: Path, mode: int) -> None:
+    """A directory other users may write to (/tmp, a group's shared folder) is theirs too:
+    refused in one line, never narrowed, which would take it from them (as root it was
+    made root's, 0710, locking every other user out of /tmp)."""
+    shared = base / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    (shared / "someone-elses").write_text("kept")
+    owner = shared.stat()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
+    done = subprocess.run([sys.executable, "-m", "darkroom.cli", "migrate"],
+                          env={**env, "DARKROOM_DATA_DIR": str(shared)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "other users may write" in lines[0], done.stderr
+    after = shared.stat()
+    assert (stat.S_IMODE(after.st_mode), after.st_uid, after.st_gid) == (
+        mode, owner.st_uid, owner.st_gid)
+    assert sorted(p.name for p in shared.iterdir()) == ["someone-elses"]
+
+
 @needs_root
 def test_as_root_programs_out_of_the_service_users_reach_are_copied_not_widened(
         base: Path, tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -31,8 +31,7 @@ RETURNING id, owner, filename, content_type, size_bytes, original_key, original_
 -- computed from the stored bytes and it is the claimed one: an unverified or lying
 -- digest never reaches the queue, and only verified ones enter known_originals.
 -- With a stored size, only an upload of exactly the declared size moves the card.
--- The card is stamped with its place in its owner's line (fair share, migration 0012):
--- the owner's clock row is locked, so an owner's concurrent confirms get distinct stamps.
+-- The card is stamped with its place in its owner's line (fair share, migration 0012).
 -- A repeated (or refused) confirm moves nothing and stamps nothing.
 WITH target AS (
     SELECT id, owner, priority, status, original_version, original_sha256, size_bytes,
@@ -42,9 +41,24 @@ WITH target AS (
     FROM archive_files
     WHERE id = %(id)s AND owner = %(owner)s AND status <> 'deleting'
     FOR UPDATE
+), bumped AS (
+    -- Its place in its owner's line, by the rule of darkroom_fair_stamps (migration 0022)
+    -- in this statement: the owner's clock moved on from the class's head. The clock
+    -- row's lock keeps an owner's concurrent confirms' stamps distinct.
+    UPDATE owner_clocks c
+    SET stamp = darkroom_fair_start(c.stamp, h.vtime, h.vowner, c.owner,
+                                    coalesce(w.weight, 1)),
+        last_file = NULL
+    FROM target t
+    JOIN fair_head h ON h.priority = t.priority
+    LEFT JOIN owner_weights w ON w.owner = t.owner
+    WHERE t.moves AND c.owner = t.owner AND c.priority = t.priority
+    RETURNING c.stamp
 ), stamped AS (
-    -- Its place in its owner's line (darkroom_fair_stamp, migration 0012).
-    SELECT darkroom_fair_stamp(t.owner, t.priority) AS stamp FROM target t WHERE t.moves
+    -- An owner's first card in the class makes its clock (darkroom_fair_stamp).
+    SELECT coalesce((SELECT stamp FROM bumped), darkroom_fair_stamp(t.owner, t.priority))
+               AS stamp
+    FROM target t WHERE t.moves
 ), moved AS (
     UPDATE archive_files f
     SET status = 'queued', original_version = %(version)s, available_at = now(),

@@ -125,6 +125,37 @@ async def test_concurrent_confirms_of_one_owner_get_distinct_stamps(pool: Any,
     assert len(set(stamps)) == 12
 
 
+async def test_a_confirm_stamps_as_the_stamping_function_does(pool: Any, db_url: str) -> None:
+    """A confirm stamps its card in its own statement (migration 0022), by the rule of
+    darkroom_fair_stamps: the same stamp, for an owner's first card and its next ones,
+    with a weight, in either class, behind the head and after it moved past the owner."""
+    q = make_queue(pool)
+    await set_owner_weight(q.db, "w", 2.5)
+
+    async def check(owner: str, priority: Priority = Priority.INTERACTIVE) -> None:
+        card = await q.create_file(owner=owner, filename="f.jpg", content_type="image/jpeg",
+                                   size=1, priority=priority)
+        with psycopg.connect(db_url) as conn:
+            [(expected,)] = conn.execute(SQL["stamp_by_the_function"],
+                                         {"owner": owner, "priority": priority}).fetchall()
+            conn.rollback()  # the owner's clock as it was
+        await confirm(q, card.id, owner, "v1")
+        with psycopg.connect(db_url) as conn:
+            [(stamp, _)] = conn.execute(SQL["fair_places_among"], {"ids": [card.id]}).fetchall()
+        assert stamp == expected, (owner, priority)
+
+    for owner in ("b", "b", "a", "w", "w", "a", "c"):
+        await check(owner)
+    await check("a", Priority.BULK)
+    await check("a", Priority.BULK)
+    for _ in range(5):  # the head moves past the owners' clocks
+        [lease] = await q.claim(1)
+        await q.complete(lease, derived_for(lease))
+    for owner in ("a", "c", "w", "z"):
+        await check(owner)
+    await check("w", Priority.BULK)
+
+
 async def test_repeated_confirm_stamps_once(pool: Any, db_url: str) -> None:
     q = make_queue(pool)
     [a] = await add(q, "a")

@@ -128,6 +128,11 @@ SELECT id, fair_stamp FROM archive_files;
 SELECT fair_stamp, owner FROM archive_files WHERE id = ANY(%(ids)s)
 ORDER BY fair_stamp DESC, owner DESC;
 
+-- name: stamp_by_the_function
+-- The stamp darkroom_fair_stamps would give the owner's next card (in a transaction the
+-- caller rolls back: it moves the owner's clock).
+SELECT darkroom_fair_stamp(%(owner)s, %(priority)s);
+
 -- name: interactive_head
 SELECT vtime AS interactive_vtime, vowner AS interactive_vowner FROM fair_heads
 WHERE priority = 'interactive' ORDER BY vtime DESC, vowner DESC LIMIT 1;

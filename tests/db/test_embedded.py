@@ -58,6 +58,22 @@ def stop(pgdata: Path) -> None:
                    timeout=60, check=False)
 
 
+def migrate_with(data_dir: Path) -> subprocess.CompletedProcess[str]:
+    """`darkroom migrate` with `data_dir` and no other DARKROOM_ setting."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
+    return subprocess.run([sys.executable, "-m", "darkroom.cli", "migrate"],
+                          env={**env, "DARKROOM_DATA_DIR": str(data_dir)},
+                          capture_output=True, text=True, timeout=120)
+
+
+def refusal(done: subprocess.CompletedProcess[str]) -> str:
+    """The one line a refused start prints (exit code 2)."""
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
 def postmaster(pgdata: Path) -> psutil.Process:
     return psutil.Process(int((pgdata / "postmaster.pid").read_text().splitlines()[0]))
 
@@ -200,16 +216,10 @@ def test_as_an_ordinary_user_the_server_is_theirs_alone(
 
 def test_a_data_dir_too_long_for_the_socket_is_refused_in_one_line(base: Path) -> None:
     data_dir = base / ("d" * (106 - len(str(base))))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
     runtime = Path(f"/tmp/runtime-{os.geteuid()}")
     had_runtime = set(runtime.iterdir()) if runtime.exists() else set()
-    done = subprocess.run([sys.executable, "-m", "darkroom.cli", "migrate"],
-                          env={**env, "DARKROOM_DATA_DIR": str(data_dir)},
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "too long" in lines[0], done.stderr
-    assert "DARKROOM_DATA_DIR" in lines[0]
+    line = refusal(migrate_with(data_dir))
+    assert "too long" in line and "DARKROOM_DATA_DIR" in line, line
     # Refused, not moved to a shared directory.
     assert not (data_dir / "pg" / "PG_VERSION").exists()
     now = set(runtime.iterdir()) if runtime.exists() else set()
@@ -221,13 +231,8 @@ def test_as_root_a_data_dir_its_user_cannot_reach_is_refused_not_opened(base: Pa
     closed = base / "closed"
     closed.mkdir(mode=0o700)
     before = modes(closed)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
-    done = subprocess.run([sys.executable, "-m", "darkroom.cli", "migrate"],
-                          env={**env, "DARKROOM_DATA_DIR": str(closed / "data")},
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"cannot enter {closed}" in lines[0], done.stderr
+    line = refusal(migrate_with(closed / "data"))
+    assert f"cannot enter {closed}" in line, line
     assert modes(closed) == before
     assert not (closed / "data" / "pg").exists()
 
@@ -273,13 +278,8 @@ def test_a_data_dir_another_user_made_is_refused(base: Path) -> None:
     theirs.mkdir(mode=0o700)
     nobody = pwd.getpwnam("nobody")
     os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
-    done = subprocess.run([sys.executable, "-m", "darkroom.cli", "migrate"],
-                          env={**env, "DARKROOM_DATA_DIR": str(theirs)},
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "belongs to another user" in lines[0], done.stderr
+    line = refusal(migrate_with(theirs))
+    assert "belongs to another user" in line, line
     assert not (theirs / "pg").exists()
 
 
@@ -296,13 +296,8 @@ def test_a_data_dir_under_a_directory_others_control_is_refused(base: Path, pare
         above.chmod(0o755)
     else:
         above.chmod(0o777)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
-    done = subprocess.run([sys.executable, "-m", "darkroom.cli", "migrate"],
-                          env={**env, "DARKROOM_DATA_DIR": str(above / "data")},
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"{above}, above the data dir" in lines[0], done.stderr
+    line = refusal(migrate_with(above / "data"))
+    assert f"{above}, above the data dir" in line, line
     assert not (above / "data").exists()
 
 
@@ -317,13 +312,8 @@ def test_a_data_dir_others_may_write_to_is_refused_and_left_as_it_was(
     shared.chmod(mode)
     (shared / "someone-elses").write_text("kept")
     owner = shared.stat()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
-    done = subprocess.run([sys.executable, "-m", "darkroom.cli", "migrate"],
-                          env={**env, "DARKROOM_DATA_DIR": str(shared)},
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "other users may write" in lines[0], done.stderr
+    line = refusal(migrate_with(shared))
+    assert "other users may write" in line, line
     after = shared.stat()
     assert (stat.S_IMODE(after.st_mode), after.st_uid, after.st_gid) == (
         mode, owner.st_uid, owner.st_gid)
@@ -387,16 +377,12 @@ def test_as_root_a_lock_link_the_service_user_plants_is_not_followed(base: Path)
     lock = data_dir / ".pg.lock"
     planted = as_service_user("sh", "-c", f"rm -f {lock} && ln -s {victim} {lock}")
     assert planted.returncode == 0, planted.stderr
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
-    done = subprocess.run([sys.executable, "-m", "darkroom.cli", "migrate"],
-                          env={**env, "DARKROOM_DATA_DIR": str(data_dir)},
-                          capture_output=True, text=True, timeout=120)
+    done = migrate_with(data_dir)
     stop(data_dir / "pg")
     assert not victim.exists() and not victim.is_symlink()
     # Refused in one line naming the file, nothing started.
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and str(lock) in lines[0], done.stderr
+    line = refusal(done)
+    assert str(lock) in line, line
 
 
 @needs_root

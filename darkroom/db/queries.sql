@@ -42,16 +42,12 @@ WITH target AS (
     WHERE id = %(id)s AND owner = %(owner)s AND status <> 'deleting'
     FOR UPDATE
 ), bumped AS (
-    -- Its place in its owner's line, by the rule of darkroom_fair_stamps (migration 0022)
-    -- in this statement: the owner's clock moved on from the class's head. The clock
-    -- row's lock keeps an owner's concurrent confirms' stamps distinct.
+    -- Its place in its owner's line: the owner's clock moved on (darkroom_fair_next,
+    -- migration 0022, from the head as it stands once the row is locked). The row's lock
+    -- keeps an owner's concurrent confirms' stamps distinct.
     UPDATE owner_clocks c
-    SET stamp = darkroom_fair_start(c.stamp, h.vtime, h.vowner, c.owner,
-                                    coalesce(w.weight, 1)),
-        last_file = NULL
+    SET stamp = darkroom_fair_next(c.stamp, c.owner, c.priority), last_file = NULL
     FROM target t
-    JOIN fair_head h ON h.priority = t.priority
-    LEFT JOIN owner_weights w ON w.owner = t.owner
     WHERE t.moves AND c.owner = t.owner AND c.priority = t.priority
     RETURNING c.stamp
 ), stamped AS (

@@ -17,7 +17,7 @@ from darkroom.owners import set_owner_weight
 from darkroom.queue import Derived, Lease, Priority, Queue, claim_params, derived_key
 from darkroom.reads import Reads
 from darkroom.stats import read as read_stats
-from tests.support.services import confirm, make_queue
+from tests.support.services import confirm, make_queue, wait_for
 from tests.support.sql import SQL
 
 
@@ -154,6 +154,57 @@ async def test_a_confirm_stamps_as_the_stamping_function_does(pool: Any, db_url:
     for owner in ("a", "c", "w", "z"):
         await check(owner)
     await check("w", Priority.BULK)
+
+
+@pytest.mark.parametrize("held", ["its card", "its owner's clock"])
+async def test_a_confirm_that_waits_for_a_lock_stamps_by_the_head_it_finds_then(
+        pool: Any, db_url: str, held: str) -> None:
+    """A confirm that waits for a lock (its card's, or its owner's clock, which another
+    confirm of the owner holds) stamps by the head and the weight as they are once it has
+    it: claims that moved the head meanwhile are not passed over (found by attack)."""
+    q = make_queue(pool)
+    await add(q, "bob", 3)
+    await add(q, "alice")
+    [lease] = await q.claim(1)  # alice's card: her clock exists, and the head is hers
+    await q.complete(lease, derived_for(lease))
+    mine = await q.create_file(owner="alice", filename="y.jpg", content_type="image/jpeg",
+                               size=1)
+    other = await q.create_file(owner="alice", filename="x.jpg", content_type="image/jpeg",
+                                size=1)
+    clock = {"owner": "alice", "priority": "interactive"}
+    with psycopg.connect(db_url) as blocker, psycopg.connect(db_url, autocommit=True) as look:
+        if held == "its card":
+            blocker.execute(SQL["lock_card"], {"id": mine.id})
+        else:
+            blocker.execute(QUERIES["confirm"], {"id": other.id, "owner": "alice",
+                                                 "version": "v1", "sha256": None,
+                                                 "size": None})
+        waiting = asyncio.ensure_future(confirm(q, mine.id, "alice", "v1"))
+
+        def blocked() -> bool:
+            row = look.execute(SQL["lock_waiters"]).fetchone()
+            return bool(row and row[0] > 0)
+
+        await asyncio.to_thread(wait_for, blocked, interval=0.005,
+                                what="the confirm to wait for the lock")
+        for _ in range(3):  # the head moves on past alice's clock
+            [lease] = await q.claim(1)
+            await q.complete(lease, derived_for(lease))
+        await set_owner_weight(q.db, "alice", 4)
+        if held == "its card":
+            [(prev,)] = look.execute(SQL["owner_clock"], clock).fetchall()
+            blocker.rollback()
+        else:
+            blocker.commit()
+            [(prev, _)] = look.execute(SQL["fair_places_among"],
+                                       {"ids": [other.id]}).fetchall()
+        await waiting
+        [(stamp, _)] = look.execute(SQL["fair_places_among"], {"ids": [mine.id]}).fetchall()
+        [(expected,)] = look.execute(SQL["stamp_after"], {**clock, "prev": prev,
+                                                          "weight": 4}).fetchall()
+        head = look.execute(SQL["interactive_head"]).fetchone()
+    assert stamp == expected
+    assert head is not None and (stamp, "alice") > tuple(head)
 
 
 async def test_repeated_confirm_stamps_once(pool: Any, db_url: str) -> None:

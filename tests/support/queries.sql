@@ -133,6 +133,16 @@ ORDER BY fair_stamp DESC, owner DESC;
 -- caller rolls back: it moves the owner's clock).
 SELECT darkroom_fair_stamp(%(owner)s, %(priority)s);
 
+-- name: stamp_after
+-- A card's stamp by the rule (darkroom_fair_start) from `prev`, the owner's clock before
+-- it, against the class's head as it stands now and the given weight.
+SELECT darkroom_fair_start(%(prev)s::float8, h.vtime, h.vowner, %(owner)s, %(weight)s::float8)
+FROM (SELECT vtime, vowner FROM fair_heads WHERE priority = %(priority)s
+      ORDER BY vtime DESC, vowner DESC LIMIT 1) h;
+
+-- name: owner_clock
+SELECT stamp FROM owner_clocks WHERE owner = %(owner)s AND priority = %(priority)s;
+
 -- name: interactive_head
 SELECT vtime AS interactive_vtime, vowner AS interactive_vowner FROM fair_heads
 WHERE priority = 'interactive' ORDER BY vtime DESC, vowner DESC LIMIT 1;

@@ -7,6 +7,8 @@ errors are turned into `ConfigError` whose message names the variable, never a t
 from __future__ import annotations
 
 import ipaddress
+import os
+import stat
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,6 +19,38 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 class ConfigError(Exception):
     """A configuration value is unusable; the message is one line for the operator."""
+
+
+# Links followed when resolving a path before it is refused as a loop.
+_MAX_LINKS = 40
+
+
+def resolve_trusted(path: Path) -> Path:
+    """`path` (absolute) with its links followed, refusing a link another user owns: the
+    owner of a link chooses where it leads, so one planted where darkroom's data dir is
+    to be (in /tmp, say) could hand root's darkroom /etc to make its own."""
+    me = os.geteuid()
+    current, rest, links = Path(path.anchor), list(path.parts[1:]), 0
+    while rest:
+        candidate = current / rest.pop(0)
+        try:
+            st = os.lstat(candidate)
+        except OSError:
+            return Path(candidate, *rest).resolve()  # nothing further exists to follow
+        if not stat.S_ISLNK(st.st_mode):
+            current = candidate
+            continue
+        if st.st_uid not in (0, me):
+            raise ConfigError(f"{candidate} is a link another user (uid {st.st_uid}) made; "
+                              f"DARKROOM_DATA_DIR must not lead through it")
+        links += 1
+        if links > _MAX_LINKS:
+            raise ConfigError(f"DARKROOM_DATA_DIR leads through too many links ({candidate})")
+        target = Path(os.readlink(candidate))
+        if target.is_absolute():
+            current = Path(target.anchor)
+        rest = list(target.parts[1:] if target.is_absolute() else target.parts) + rest
+    return current.resolve()
 
 
 class Settings(BaseSettings):
@@ -210,7 +244,7 @@ class Settings(BaseSettings):
 
     @property
     def data_path(self) -> Path:
-        return self.data_dir.expanduser().resolve()
+        return resolve_trusted(self.data_dir.expanduser().absolute())
 
     @property
     def resolved_storage_url(self) -> str:

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from darkroom.config import ConfigError
-from darkroom.storage.local import private_dir
+from darkroom.storage.local import check_data_dir, is_own_data_dir, private_dir
 
 # The system user the server runs as when darkroom runs as root.
 SERVICE_USER = "darkroom"
@@ -256,32 +256,44 @@ def _check_parents(data_dir: Path) -> None:
 
 
 def _prepare_data_dir(pgdata: Path, account: Account | None) -> None:
+    """The data dir made or narrowed for the cluster; every refusal comes before anything
+    is changed, so a refused start leaves every directory as it was."""
     data_dir = pgdata.parent
     _check_parents(data_dir)
+    check_data_dir(data_dir)
+    if data_dir.exists():
+        # A data dir someone else made (in /tmp, say) stays theirs to open up again.
+        owner = data_dir.stat().st_uid
+        if owner not in (os.geteuid(), account.uid if account else os.geteuid()):
+            raise ConfigError(f"the data dir {data_dir} belongs to another user (uid {owner}); "
+                              f"choose a data dir of your own")
+        # As root it is handed to the server's group (below): only a directory of
+        # darkroom's own, never one that holds other files (/root, say).
+        if account is not None and not is_own_data_dir(data_dir):
+            raise ConfigError(f"the data dir {data_dir} holds other files; running as root, "
+                              f"darkroom gives its data dir to the server's group: choose a "
+                              f"new, empty or darkroom's own directory")
+    if account is not None:
+        for parent in data_dir.parents:
+            if not _reachable(parent, account):
+                raise ConfigError(
+                    f"running as root, the embedded PostgreSQL runs as user "
+                    f"{account.name!r}, which cannot enter {parent} (darkroom widens no "
+                    f"directory's mode): set DARKROOM_DATA_DIR to a directory outside it "
+                    f"(e.g. /var/lib/darkroom), run darkroom as an unprivileged user, or set "
+                    f"DARKROOM_DATABASE_URL")
+        # The server's own programs too: a virtualenv under /root is out of its reach.
+        install = Path(binary("postgres")).parent.parent
+        for parent in (install, *install.parents):
+            if not _reachable(parent, account):
+                raise ConfigError(
+                    f"running as root, the embedded PostgreSQL runs as user "
+                    f"{account.name!r}, which cannot enter {parent} to run its programs "
+                    f"(darkroom widens no directory's mode): install darkroom outside it, "
+                    f"run darkroom as an unprivileged user, or set DARKROOM_DATABASE_URL")
     private_dir(data_dir)
-    # A data dir someone else made (in /tmp, say) stays theirs to open up again: refused.
-    owner = data_dir.stat().st_uid
-    if owner not in (os.geteuid(), account.uid if account else os.geteuid()):
-        raise ConfigError(f"the data dir {data_dir} belongs to another user (uid {owner}); "
-                          f"choose a data dir of your own")
     if account is None:
         return
-    for parent in data_dir.parents:
-        if not _reachable(parent, account):
-            raise ConfigError(
-                f"running as root, the embedded PostgreSQL runs as user {account.name!r}, "
-                f"which cannot enter {parent} (darkroom widens no directory's mode): set "
-                f"DARKROOM_DATA_DIR to a directory outside it (e.g. /var/lib/darkroom), "
-                f"run darkroom as an unprivileged user, or set DARKROOM_DATABASE_URL")
-    # The server's own programs too: a virtualenv under /root is out of its reach.
-    install = Path(binary("postgres")).parent.parent
-    for parent in (install, *install.parents):
-        if not _reachable(parent, account):
-            raise ConfigError(
-                f"running as root, the embedded PostgreSQL runs as user {account.name!r}, "
-                f"which cannot enter {parent} to run its programs (darkroom widens no "
-                f"directory's mode): install darkroom outside it, run darkroom as an "
-                f"unprivileged user, or set DARKROOM_DATABASE_URL")
     # The server only has to pass through the data dir to its cluster: root keeps it,
     # and the service user's group may traverse it (0710), never list or rename in it
     # (else it could swap `objects` or a file root writes here for a link of its own).

@@ -397,21 +397,64 @@ def make_private_dirs(path: Path) -> None:
             directory.mkdir(mode=DIR_MODE)
 
 
-def private_dir(path: Path) -> Path:
-    """The data directory: created 0700, or narrowed to 0700 if it was made before.
+# What darkroom keeps in its data directory: the embedded cluster (`pg`, and its `.pg.*`
+# lock and start files, db/embedded.py), the local store (`objects`, config.py) and the
+# key of `darkroom up` (up.py). A directory holding any of them is darkroom's own, made
+# by this release or an older one.
+DATA_DIR_OWN = ("pg", "objects", "local-api-key")
+DATA_DIR_OWN_PREFIX = ".pg."
 
-    A group allowed only to traverse (the embedded server's, when darkroom runs as root)
-    is left: it can reach a name it knows, never list or change one. A directory other
-    users may write to (/tmp, a group's shared folder) is refused with one line and left
-    as it is: it is theirs too, and narrowing it would take it from them."""
-    make_private_dirs(path)
-    mode = stat.S_IMODE(path.stat().st_mode)
+
+def check_data_dir(path: Path) -> None:
+    """Refuse, with one line and before anything is changed, a data directory darkroom
+    must not take: a path that is not a directory; one other users may write to (/tmp, a
+    group's shared folder: narrowing it would take it from them); one others may read or
+    enter that already holds files, none of them darkroom's (a home, /var/lib: narrowing
+    it would lock them out). A new or empty directory, or darkroom's own, is fine."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfigError(f"the data dir {path} cannot be reached "
+                          f"({os.strerror(exc.errno or 0).lower()})") from None
+    mode = stat.S_IMODE(st.st_mode)
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"the data dir {path} is not a directory")
     if mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise ConfigError(f"the data dir {path} is a directory other users may write to "
                           f"(mode {mode:04o}); choose a directory of darkroom's own, such "
                           f"as {path / 'darkroom'}")
-    if mode & 0o067:
-        path.chmod(DIR_MODE)
+    if mode & 0o067 and not is_own_data_dir(path):
+        raise ConfigError(f"the data dir {path} holds other files and other users may "
+                          f"enter it (mode {mode:04o}); darkroom narrows only a new, empty "
+                          f"or darkroom's own directory: choose one")
+
+
+def is_own_data_dir(path: Path) -> bool:
+    """Whether `path` (an existing directory) is empty or holds darkroom's data."""
+    try:
+        names = {entry.name for entry in os.scandir(path)}
+    except OSError:
+        return False
+    return not names or any(name in DATA_DIR_OWN or name.startswith(DATA_DIR_OWN_PREFIX)
+                            for name in names)
+
+
+def private_dir(path: Path) -> Path:
+    """The data directory: created 0700, or narrowed to 0700 if it was made before.
+
+    A group allowed only to traverse (the embedded server's, when darkroom runs as root)
+    is left: it can reach a name it knows, never list or change one. What
+    `check_data_dir` refuses is refused first, and left as it is."""
+    check_data_dir(path)
+    try:
+        make_private_dirs(path)
+        if stat.S_IMODE(path.stat().st_mode) & 0o067:
+            path.chmod(DIR_MODE)
+    except OSError as exc:
+        raise ConfigError(f"the data dir {path} cannot be made private "
+                          f"({os.strerror(exc.errno or 0).lower()})") from None
     return path
 
 

@@ -320,6 +320,77 @@ def test_a_data_dir_others_may_write_to_is_refused_and_left_as_it_was(
     assert sorted(p.name for p in shared.iterdir()) == ["someone-elses"]
 
 
+def state(path: Path) -> tuple[int, int, int, list[str]]:
+    """What a refused start must leave as it was: mode, owner, group and the names in it."""
+    st = path.lstat()
+    names = sorted(p.name for p in path.iterdir()) if stat.S_ISDIR(st.st_mode) else []
+    return stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, names
+
+
+def stand_in(base: Path, case: str) -> tuple[Path, Path]:
+    """A data dir darkroom must not take, and the path whose state it must leave alone."""
+    nobody = pwd.getpwnam("nobody")
+    if case == "a file":
+        target = base / "passwd"
+        target.write_text("root:x:0:0\n")
+        target.chmod(0o644)
+        return target, target
+    if case == "a path through a file":
+        target = base / "afile"
+        target.write_text("x")
+        return target / "data", target
+    if case == "a directory other services use":  # /var/lib, say
+        target = base / "varlib"
+        (target / "otherapp").mkdir(parents=True)
+        target.chmod(0o755)
+        os.chown(target / "otherapp", nobody.pw_uid, nobody.pw_gid)
+        return target, target
+    if case == "another user's home":
+        target = base / "home"
+        target.mkdir(mode=0o755)
+        (target / "notes").write_text("theirs")
+        os.chown(target, nobody.pw_uid, nobody.pw_gid)
+        return target, target
+    if case == "root's private directory holding other files":  # /root, say
+        target = base / "rootdir"
+        target.mkdir(mode=0o700)
+        (target / ".profile").write_text("x")
+        return target, target
+    if case == "a link another user planted":  # /tmp/darkroom -> /etc, say
+        shared, target = base / "shared", base / "etc"
+        shared.mkdir()
+        shared.chmod(0o1777)
+        target.mkdir(mode=0o755)
+        (target / "hosts").write_text("x")
+        (shared / "darkroom").symlink_to(target)
+        os.chown(shared / "darkroom", nobody.pw_uid, nobody.pw_gid, follow_symlinks=False)
+        return shared / "darkroom", target
+    assert case == "one its server cannot reach"
+    closed = base / "closed"
+    closed.mkdir(mode=0o700)
+    target = closed / "data"
+    target.mkdir(mode=0o755)
+    return target, target
+
+
+@needs_root
+@pytest.mark.parametrize("case", ["a file", "a path through a file",
+                                  "a directory other services use", "another user's home",
+                                  "root's private directory holding other files",
+                                  "a link another user planted",
+                                  "one its server cannot reach"])
+def test_as_root_a_data_dir_that_is_not_darkrooms_is_refused_before_anything_changes(
+        base: Path, case: str) -> None:
+    """Whatever the refusal, it comes first: no mode narrowed, no owner or group handed
+    to the server, nothing made in it (found by attack: a link planted in /tmp had root's
+    darkroom take a directory of the system's, and refusals came after a chmod)."""
+    data_dir, watched = stand_in(base, case)
+    before = state(watched)
+    line = refusal(migrate_with(data_dir))
+    assert str(base) in line, line
+    assert state(watched) == before
+
+
 @needs_root
 def test_as_root_programs_out_of_the_service_users_reach_are_copied_not_widened(
         base: Path, tmp_path_factory: pytest.TempPathFactory) -> None:

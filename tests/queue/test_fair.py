@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import itertools
 import random
 import uuid
 from typing import Any
@@ -205,6 +207,40 @@ async def test_a_confirm_that_waits_for_a_lock_stamps_by_the_head_it_finds_then(
         head = look.execute(SQL["interactive_head"]).fetchone()
     assert stamp == expected
     assert head is not None and (stamp, "alice") > tuple(head)
+
+
+def test_a_batch_is_spaced_by_the_weight_its_clock_moved_by(db_url: str) -> None:
+    """A batch's stamps (a retry or re-derive of several cards: darkroom_fair_stamps with
+    n > 1) come from one read of the owner's weight, made once the clock row is locked: a
+    weight changed meanwhile cannot start the batch at or before the owner's earlier cards
+    (found by attack: the weight was read twice)."""
+    owner = {"owner": "alice", "priority": "bulk"}
+    with psycopg.connect(db_url, autocommit=True) as setup:
+        setup.execute(SQL["set_owner_clock"], {**owner, "stamp": 10.0})
+        setup.execute(SQL["hold_clock_function"])
+        setup.execute(SQL["hold_clock_trigger"])
+        setup.execute(SQL["take_clock_hold"])
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            def batch() -> list[float]:
+                with psycopg.connect(db_url, autocommit=True) as conn:
+                    [(stamps,)] = conn.execute(SQL["stamps_by_the_function"],
+                                               {**owner, "n": 3}).fetchall()
+                    return list(stamps)
+
+            stamping = pool.submit(batch)
+
+            def held() -> bool:
+                row = setup.execute(SQL["advisory_lock_waiters"]).fetchone()
+                return bool(row and row[0] > 0)
+
+            wait_for(held, interval=0.005, what="the batch to reach the clock's update")
+            setup.execute(QUERIES["set_owner_weight"], {"owner": "alice", "weight": 0.25})
+            setup.execute(SQL["release_clock_hold"])
+            stamps = stamping.result(timeout=60)
+        [(clock,)] = setup.execute(SQL["owner_clock"], owner).fetchall()
+    assert stamps[-1] == clock
+    assert stamps == sorted(stamps) and stamps[0] > 10.0
+    assert len({b - a for a, b in itertools.pairwise(stamps)}) == 1
 
 
 async def test_repeated_confirm_stamps_once(pool: Any, db_url: str) -> None:

@@ -143,6 +143,31 @@ FROM (SELECT vtime, vowner FROM fair_heads WHERE priority = %(priority)s
 -- name: owner_clock
 SELECT stamp FROM owner_clocks WHERE owner = %(owner)s AND priority = %(priority)s;
 
+-- name: set_owner_clock
+INSERT INTO owner_clocks (owner, priority, stamp) VALUES (%(owner)s, %(priority)s, %(stamp)s);
+
+-- name: hold_clock_function
+-- A test's hold on every update of an owner's clock while it holds advisory lock 4242
+-- (with hold_clock_trigger).
+CREATE FUNCTION test_hold_clock() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(4242);
+    RETURN NEW;
+END $$;
+
+-- name: hold_clock_trigger
+CREATE TRIGGER test_hold_clock BEFORE UPDATE ON owner_clocks
+    FOR EACH ROW EXECUTE FUNCTION test_hold_clock();
+
+-- name: take_clock_hold
+SELECT pg_advisory_lock(4242);
+
+-- name: release_clock_hold
+SELECT pg_advisory_unlock(4242);
+
+-- name: stamps_by_the_function
+SELECT darkroom_fair_stamps(%(owner)s, %(priority)s, %(n)s);
+
 -- name: interactive_head
 SELECT vtime AS interactive_vtime, vowner AS interactive_vowner FROM fair_heads
 WHERE priority = 'interactive' ORDER BY vtime DESC, vowner DESC LIMIT 1;

@@ -31,37 +31,40 @@ BEGIN
     RETURN darkroom_fair_start(prev, v, v_owner, card_owner, w) + (n - 1) / w;
 END $$;
 
--- The same stamps as before (migration 0021), the clock moved by darkroom_fair_next: an
--- UPDATE of the owner's clock row, and an upsert only for an owner's first card in the
--- class. A confirm moves the clock row itself (queries.sql `confirm`), and calls this
--- only for an owner's first card.
+-- The same stamps as before (migration 0021), worked out once the owner's clock row is
+-- locked: the row is made if missing (at -infinity, the clock of an owner with no card
+-- yet, never committed as such), locked, and only then are the head and the weight read,
+-- once, for the clock and for the spacing of a batch alike. A confirm moves the clock row
+-- itself (queries.sql `confirm`), and calls this only for an owner's first card.
 CREATE OR REPLACE FUNCTION darkroom_fair_stamps(card_owner text, card_priority text,
                                                 n integer DEFAULT 1)
 RETURNS float8[] LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    w    float8;
-    last float8;
+    prev    float8;
+    w       float8;
+    v       float8;
+    v_owner text;
+    last    float8;
 BEGIN
     IF n < 1 THEN
         RETURN ARRAY[]::float8[];
     END IF;
-    UPDATE owner_clocks
-    SET stamp = darkroom_fair_next(stamp, card_owner, card_priority, n), last_file = NULL
+    INSERT INTO owner_clocks (owner, priority, stamp)
+    VALUES (card_owner, card_priority, '-infinity')
+    ON CONFLICT (owner, priority) DO NOTHING;
+    SELECT stamp INTO prev FROM owner_clocks
     WHERE owner = card_owner AND priority = card_priority
-    RETURNING stamp INTO last;
-    IF NOT FOUND THEN
-        INSERT INTO owner_clocks AS c (owner, priority, stamp)
-        VALUES (card_owner, card_priority,
-                darkroom_fair_next('-infinity', card_owner, card_priority, n))
-        ON CONFLICT (owner, priority) DO UPDATE
-            SET stamp = darkroom_fair_next(c.stamp, card_owner, card_priority, n),
-                last_file = NULL
-        RETURNING c.stamp INTO last;
-    END IF;
+    FOR UPDATE;
+    SELECT coalesce((SELECT weight FROM owner_weights WHERE owner = card_owner), 1),
+           coalesce(h.vtime, 0), coalesce(h.vowner, '')
+    INTO w, v, v_owner
+    FROM (SELECT) one LEFT JOIN fair_head h ON h.priority = card_priority;
+    last := darkroom_fair_start(prev, v, v_owner, card_owner, w) + (n - 1) / w;
+    UPDATE owner_clocks SET stamp = last, last_file = NULL
+    WHERE owner = card_owner AND priority = card_priority;
     IF n = 1 THEN
         RETURN ARRAY[last];
     END IF;
-    w := coalesce((SELECT weight FROM owner_weights WHERE owner = card_owner), 1);
     RETURN ARRAY(SELECT last - (n - 1 - k) / w FROM generate_series(0, n - 1) AS k
                  ORDER BY k);
 END $$;

@@ -28,15 +28,23 @@ _MAX_LINKS = 40
 def resolve_trusted(path: Path) -> Path:
     """`path` (absolute) with its links followed, refusing a link another user owns: the
     owner of a link chooses where it leads, so one planted where darkroom's data dir is
-    to be (in /tmp, say) could hand root's darkroom /etc to make its own."""
+    to be (in /tmp, say) could hand root's darkroom /etc to make its own. Walked one name
+    at a time, as the kernel does (`..` included), so no link is followed unchecked."""
     me = os.geteuid()
     current, rest, links = Path(path.anchor), list(path.parts[1:]), 0
     while rest:
-        candidate = current / rest.pop(0)
+        name = rest.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            current = current.parent  # `current` holds no link: its parent is the real one
+            continue
+        candidate = current / name
         try:
             st = os.lstat(candidate)
         except OSError:
-            return Path(candidate, *rest).resolve()  # nothing further exists to follow
+            current = candidate  # missing: nothing to follow, but `..` may climb back
+            continue
         if not stat.S_ISLNK(st.st_mode):
             current = candidate
             continue
@@ -50,7 +58,7 @@ def resolve_trusted(path: Path) -> Path:
         if target.is_absolute():
             current = Path(target.anchor)
         rest = list(target.parts[1:] if target.is_absolute() else target.parts) + rest
-    return current.resolve()
+    return current
 
 
 class Settings(BaseSettings):

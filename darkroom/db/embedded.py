@@ -56,7 +56,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from darkroom.config import ConfigError
-from darkroom.storage.local import check_data_dir, is_own_data_dir, private_dir
+from darkroom.storage.local import (
+    check_data_dir,
+    is_own_data_dir,
+    opened_data_dir,
+    private_dir,
+)
 
 # The system user the server runs as when darkroom runs as root.
 SERVICE_USER = "darkroom"
@@ -260,19 +265,15 @@ def _prepare_data_dir(pgdata: Path, account: Account | None) -> None:
     is changed, so a refused start leaves every directory as it was."""
     data_dir = pgdata.parent
     _check_parents(data_dir)
-    check_data_dir(data_dir)
-    if data_dir.exists():
-        # A data dir someone else made (in /tmp, say) stays theirs to open up again.
-        owner = data_dir.stat().st_uid
-        if owner not in (os.geteuid(), account.uid if account else os.geteuid()):
-            raise ConfigError(f"the data dir {data_dir} belongs to another user (uid {owner}); "
-                              f"choose a data dir of your own")
-        # As root it is handed to the server's group (below): only a directory of
-        # darkroom's own, never one that holds other files (/root, say).
-        if account is not None and not is_own_data_dir(data_dir):
-            raise ConfigError(f"the data dir {data_dir} holds other files; running as root, "
-                              f"darkroom gives its data dir to the server's group: choose a "
-                              f"new, empty or darkroom's own directory")
+    # A data dir someone else made (in /tmp, say) stays theirs to open up again.
+    owners = (os.geteuid(), account.uid) if account else (os.geteuid(),)
+    check_data_dir(data_dir, owners)
+    # As root it is handed to the server's group (below): only a directory of darkroom's
+    # own, never one that holds other files (/root, say).
+    if account is not None and data_dir.exists() and not is_own_data_dir(data_dir):
+        raise ConfigError(_HOLDS_OTHER_FILES.format(data_dir=data_dir))
+    if os.path.lexists(pgdata) and not stat.S_ISDIR(pgdata.lstat().st_mode):
+        raise ConfigError(f"{pgdata} is not a directory; move it away")
     if account is not None:
         for parent in data_dir.parents:
             if not _reachable(parent, account):
@@ -291,17 +292,25 @@ def _prepare_data_dir(pgdata: Path, account: Account | None) -> None:
                     f"{account.name!r}, which cannot enter {parent} to run its programs "
                     f"(darkroom widens no directory's mode): install darkroom outside it, "
                     f"run darkroom as an unprivileged user, or set DARKROOM_DATABASE_URL")
-    private_dir(data_dir)
+    private_dir(data_dir, owners)
     if account is None:
         return
     # The server only has to pass through the data dir to its cluster: root keeps it,
     # and the service user's group may traverse it (0710), never list or rename in it
     # (else it could swap `objects` or a file root writes here for a link of its own).
-    st = data_dir.stat()
-    if (st.st_uid, st.st_gid) != (0, account.gid):
-        os.chown(data_dir, 0, account.gid)
-    if stat.S_IMODE(st.st_mode) != SERVED_DATA_DIR_MODE:
-        data_dir.chmod(SERVED_DATA_DIR_MODE)
+    with opened_data_dir(data_dir, owners) as fd:
+        if not is_own_data_dir(fd):
+            raise ConfigError(_HOLDS_OTHER_FILES.format(data_dir=data_dir))
+        st = os.fstat(fd)
+        if (st.st_uid, st.st_gid) != (0, account.gid):
+            os.fchown(fd, 0, account.gid)
+        if stat.S_IMODE(st.st_mode) != SERVED_DATA_DIR_MODE:
+            os.fchmod(fd, SERVED_DATA_DIR_MODE)
+
+
+_HOLDS_OTHER_FILES = ("the data dir {data_dir} holds other files; running as root, darkroom "
+                      "gives its data dir to the server's group: choose a new, empty or "
+                      "darkroom's own directory")
 
 
 @contextlib.contextmanager

@@ -398,63 +398,108 @@ def make_private_dirs(path: Path) -> None:
 
 
 # What darkroom keeps in its data directory: the embedded cluster (`pg`, and its `.pg.*`
-# lock and start files, db/embedded.py), the local store (`objects`, config.py) and the
-# key of `darkroom up` (up.py). A directory holding any of them is darkroom's own, made
-# by this release or an older one.
-DATA_DIR_OWN = ("pg", "objects", "local-api-key")
+# lock and start files, db/embedded.py), the local store (`objects`, config.py, 0700 from
+# its creation: a git repository's `objects` is not one) and the key of `darkroom up`
+# (up.py). A directory holding any of them is darkroom's own, made by this release or an
+# older one.
 DATA_DIR_OWN_PREFIX = ".pg."
 
 
-def check_data_dir(path: Path) -> None:
-    """Refuse, with one line and before anything is changed, a data directory darkroom
-    must not take: a path that is not a directory; one other users may write to (/tmp, a
-    group's shared folder: narrowing it would take it from them); one others may read or
-    enter that already holds files, none of them darkroom's (a home, /var/lib: narrowing
-    it would lock them out). A new or empty directory, or darkroom's own, is fine."""
+def _is_own_entry(entry: os.DirEntry[str]) -> bool:
+    if entry.name.startswith(DATA_DIR_OWN_PREFIX) or entry.name == "local-api-key":
+        return entry.is_file(follow_symlinks=False)
+    if entry.name == "pg":
+        return entry.is_dir(follow_symlinks=False)
+    if entry.name == "objects":
+        return (entry.is_dir(follow_symlinks=False)
+                and not stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode) & 0o077)
+    return False
+
+
+def is_own_data_dir(path: Path | int) -> bool:
+    """Whether the directory (a path, or an open descriptor) is empty or holds darkroom's
+    data."""
     try:
-        st = path.stat()
+        with os.scandir(path) as entries:
+            seen = list(entries)
+    except OSError:
+        return False
+    return not seen or any(_is_own_entry(entry) for entry in seen)
+
+
+def _refusal(path: Path, st: os.stat_result, fd: int | None,
+             owners: tuple[int, ...]) -> str | None:
+    """Why `path` (as `st` shows it) is not a data dir darkroom may take, or None."""
+    mode = stat.S_IMODE(st.st_mode)
+    if not stat.S_ISDIR(st.st_mode):
+        return f"the data dir {path} is not a directory"
+    if st.st_uid not in owners:
+        return (f"the data dir {path} belongs to another user (uid {st.st_uid}); choose a "
+                f"data dir of your own")
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (f"the data dir {path} is a directory other users may write to (mode "
+                f"{mode:04o}); choose a directory of darkroom's own, such as "
+                f"{path / 'darkroom'}")
+    if mode & 0o067 and not is_own_data_dir(path if fd is None else fd):
+        return (f"the data dir {path} holds other files and other users may enter it (mode "
+                f"{mode:04o}); darkroom narrows only a new, empty or darkroom's own "
+                f"directory: choose one")
+    return None
+
+
+def check_data_dir(path: Path, owners: tuple[int, ...] | None = None) -> None:
+    """Refuse, with one line and before anything is changed, a data directory darkroom
+    must not take: a path that is not a directory; one of another user (`owners`: the
+    users it may belong to, this process's by default); one other users may write to
+    (/tmp, a group's shared folder: narrowing it would take it from them); one others
+    may enter that already holds files, none of them darkroom's (a home, /var/lib:
+    narrowing it would lock them out). A new or empty directory, or darkroom's own, is
+    fine."""
+    try:
+        st = path.lstat()
     except FileNotFoundError:
         return
     except OSError as exc:
         raise ConfigError(f"the data dir {path} cannot be reached "
                           f"({os.strerror(exc.errno or 0).lower()})") from None
-    mode = stat.S_IMODE(st.st_mode)
-    if not stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"the data dir {path} is not a directory")
-    if mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ConfigError(f"the data dir {path} is a directory other users may write to "
-                          f"(mode {mode:04o}); choose a directory of darkroom's own, such "
-                          f"as {path / 'darkroom'}")
-    if mode & 0o067 and not is_own_data_dir(path):
-        raise ConfigError(f"the data dir {path} holds other files and other users may "
-                          f"enter it (mode {mode:04o}); darkroom narrows only a new, empty "
-                          f"or darkroom's own directory: choose one")
+    why = _refusal(path, st, None, owners or (os.geteuid(),))
+    if why:
+        raise ConfigError(why)
 
 
-def is_own_data_dir(path: Path) -> bool:
-    """Whether `path` (an existing directory) is empty or holds darkroom's data."""
+@contextlib.contextmanager
+def opened_data_dir(path: Path, owners: tuple[int, ...] | None = None) -> Iterator[int]:
+    """The data directory, made if missing, open for changes to its mode and owner: a
+    descriptor of the directory itself (never of what a link put in its place since it
+    was checked), checked again as `check_data_dir` does."""
     try:
-        names = {entry.name for entry in os.scandir(path)}
-    except OSError:
-        return False
-    return not names or any(name in DATA_DIR_OWN or name.startswith(DATA_DIR_OWN_PREFIX)
-                            for name in names)
+        make_private_dirs(path)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"the data dir {path} cannot be made private "
+                          f"({os.strerror(exc.errno or 0).lower()})") from None
+    try:
+        if os.path.realpath(path) != str(path):
+            raise ConfigError(f"the data dir {path} changed while darkroom checked it (a "
+                              f"link in its path); choose a directory of darkroom's own")
+        why = _refusal(path, os.fstat(fd), fd, owners or (os.geteuid(),))
+        if why:
+            raise ConfigError(why)
+        yield fd
+    finally:
+        os.close(fd)
 
 
-def private_dir(path: Path) -> Path:
+def private_dir(path: Path, owners: tuple[int, ...] | None = None) -> Path:
     """The data directory: created 0700, or narrowed to 0700 if it was made before.
 
     A group allowed only to traverse (the embedded server's, when darkroom runs as root)
     is left: it can reach a name it knows, never list or change one. What
     `check_data_dir` refuses is refused first, and left as it is."""
-    check_data_dir(path)
-    try:
-        make_private_dirs(path)
-        if stat.S_IMODE(path.stat().st_mode) & 0o067:
-            path.chmod(DIR_MODE)
-    except OSError as exc:
-        raise ConfigError(f"the data dir {path} cannot be made private "
-                          f"({os.strerror(exc.errno or 0).lower()})") from None
+    check_data_dir(path, owners)
+    with opened_data_dir(path, owners) as fd:
+        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o067:
+            os.fchmod(fd, DIR_MODE)
     return path
 
 

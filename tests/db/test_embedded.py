@@ -25,7 +25,9 @@ import psutil
 import psycopg
 import pytest
 
+from darkroom.config import ConfigError
 from darkroom.db import embedded
+from darkroom.storage.local import check_data_dir, opened_data_dir, private_dir
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="switching to another local user needs root")
@@ -365,6 +367,30 @@ def stand_in(base: Path, case: str) -> tuple[Path, Path]:
         (shared / "darkroom").symlink_to(target)
         os.chown(shared / "darkroom", nobody.pw_uid, nobody.pw_gid, follow_symlinks=False)
         return shared / "darkroom", target
+    if case == "a link another user planted, reached through ..":
+        # To a private directory that looks like darkroom's own.
+        shared, target = base / "shared", base / "private"
+        shared.mkdir()
+        shared.chmod(0o1777)
+        (target / "pg").mkdir(parents=True, mode=0o700)
+        target.chmod(0o700)
+        (target / "secret").write_text("x")
+        (shared / "dr").symlink_to(target)
+        os.chown(shared / "dr", nobody.pw_uid, nobody.pw_gid, follow_symlinks=False)
+        return shared / "missing" / ".." / "dr", target
+    if case == "a git repository":  # its `objects` is not darkroom's store
+        target = base / "repo"
+        for name in ("objects", "refs"):
+            (target / name).mkdir(parents=True)
+        (target / "HEAD").write_text("ref: refs/heads/main\n")
+        for path in (target, target / "objects", target / "refs"):
+            path.chmod(0o755)
+        return target, target
+    if case == "a data dir whose cluster is a file":
+        target = base / "data"
+        target.mkdir(mode=0o700)
+        (target / "pg").write_text("x")
+        return target, target
     assert case == "one its server cannot reach"
     closed = base / "closed"
     closed.mkdir(mode=0o700)
@@ -378,6 +404,8 @@ def stand_in(base: Path, case: str) -> tuple[Path, Path]:
                                   "a directory other services use", "another user's home",
                                   "root's private directory holding other files",
                                   "a link another user planted",
+                                  "a link another user planted, reached through ..",
+                                  "a git repository", "a data dir whose cluster is a file",
                                   "one its server cannot reach"])
 def test_as_root_a_data_dir_that_is_not_darkrooms_is_refused_before_anything_changes(
         base: Path, case: str) -> None:
@@ -389,6 +417,43 @@ def test_as_root_a_data_dir_that_is_not_darkrooms_is_refused_before_anything_cha
     line = refusal(migrate_with(data_dir))
     assert str(base) in line, line
     assert state(watched) == before
+
+
+@pytest.mark.parametrize("owner", ["mine", "another user's"])
+def test_a_link_put_where_the_data_dir_was_checked_missing_is_not_followed(
+        base: Path, owner: str) -> None:
+    """The data dir was missing when its path was checked, and a link took its place
+    before darkroom made it (in /tmp anyone may put one there): the directory it leads to
+    is left as it was, whoever made the link (found by attack)."""
+    victim = base / "victim"
+    victim.mkdir(mode=0o755)
+    before = state(victim)
+    data_dir = base / "data"
+    check_data_dir(data_dir)  # nothing there yet
+    data_dir.symlink_to(victim)
+    if owner != "mine" and ROOT:
+        nobody = pwd.getpwnam("nobody")
+        os.chown(data_dir, nobody.pw_uid, nobody.pw_gid, follow_symlinks=False)
+    with pytest.raises(ConfigError):
+        private_dir(data_dir)
+    with pytest.raises(ConfigError), opened_data_dir(data_dir):
+        pass
+    assert state(victim) == before
+
+
+@needs_root
+def test_up_with_its_own_database_leaves_another_users_directory_alone(base: Path) -> None:
+    """`darkroom up` with DARKROOM_DATABASE_URL makes only its data dir private (no
+    embedded server, so none of the server's checks): another user's directory is refused
+    like any other (found by attack: it was narrowed)."""
+    theirs = base / "theirs"
+    theirs.mkdir(mode=0o755)
+    nobody = pwd.getpwnam("nobody")
+    os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+    before = state(theirs)
+    with pytest.raises(ConfigError, match="belongs to another user"):
+        private_dir(theirs)
+    assert state(theirs) == before
 
 
 @needs_root

@@ -92,6 +92,35 @@ def card(db_url: str, file_id: uuid.UUID) -> tuple[Any, ...] | None:
         return conn.execute(SQL["lost_answer_card"], {"id": file_id}).fetchone()
 
 
+# --- an upload's confirm ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("first", [True, False], ids=["first card", "next card"])
+async def test_a_confirm_whose_answer_was_lost_stamps_once(
+        pool: Any, db_url: str, lossy: Lossy, where: str, first: bool) -> None:
+    """The confirm moves its owner's clock in its own statement (or, for the owner's first
+    card, through darkroom_fair_stamps): cut, then sent again, the card is queued once and
+    the owner's clock moved once, the card's stamp being the clock's."""
+    q = make_queue(pool)
+    if not first:
+        await new_queued(q)  # alice's clock exists
+    made = await q.create_file(owner="alice", filename="a.jpg", content_type="image/jpeg",
+                               size=1)
+    clock = {"owner": "alice", "priority": "interactive"}
+    with psycopg.connect(db_url) as conn:
+        [(expected,)] = conn.execute(SQL["stamp_by_the_function"], clock).fetchall()
+        conn.rollback()  # the clock as it was
+    confirm = functools.partial(lossy.queue.confirm_card, made.id, "alice", "v1")
+    await lossy.lost(b"bumped AS (", where, confirm)
+    again = await confirm()
+    assert again.outcome.name == ("ALREADY" if where == "after" else "QUEUED")
+    with psycopg.connect(db_url) as conn:
+        [(stamp, _)] = conn.execute(SQL["fair_places_among"], {"ids": [made.id]}).fetchall()
+        [(now,)] = conn.execute(SQL["owner_clock"], clock).fetchall()
+    assert stamp == expected == now
+
+
 # --- a worker's claim and its publication ----------------------------------------------
 
 

@@ -446,6 +446,9 @@ def main() -> None:
             from darkroom.db import embedded
 
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dr-fair-")))
+            # Stopped before its directory goes (the block's exits run last to first): the
+            # stop at exit would find no cluster left to stop, and the server would run on.
+            stack.callback(embedded.remove, tmp / "pg")
             server = Server(embedded.url(tmp / "pg", stop_on_exit=True))
         url = server.fresh_db("bench_fair")
         migrate(url)

@@ -568,16 +568,29 @@ SELECT status, deferrals FROM repeated;
 -- back unstarted at every stop of a rolling deploy must not run out of attempts.
 WITH held AS (
     SELECT * FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[]) AS h(id, token)
+), target AS (
+    -- The cards it moves, locked first: the token is the fence (see complete), checked
+    -- again on the row as it is once locked.
+    SELECT f.id, f.owner, f.priority, h.token FROM archive_files f JOIN held h ON f.id = h.id
+    WHERE f.id = ANY (%(ids)b::uuid[]) AND f.lease_token = h.token
+    ORDER BY f.id
+    FOR UPDATE OF f
+), stamped AS (
+    -- Their places in their owners' lines (darkroom_fair_stamp), once they are locked,
+    -- one stamp per card, the owners' clocks taken in one order: a hand-back that waited
+    -- stamps by the head it finds then, and two workers' hand-backs of cards of the same
+    -- owners never wait for each other's clocks in a circle.
+    SELECT t.id, t.token, darkroom_fair_stamp(t.owner, t.priority) AS stamp
+    FROM (SELECT * FROM target ORDER BY owner, priority, id) t
 ), released AS (
     UPDATE archive_files f
     SET status = 'queued', available_at = now(), lease_token = NULL, lease_until = NULL,
-        fair_stamp = darkroom_fair_stamp(f.owner, f.priority),
-        attempts = f.attempts - (h.token = ANY (%(unstarted)b::uuid[]))::int,
-        settled_token = h.token, updated_at = now()
-    FROM held h
-    -- The token is the fence (see complete).
-    WHERE f.id = ANY (%(ids)b::uuid[]) AND f.id = h.id AND f.lease_token = h.token
-    RETURNING f.id, f.attempts, h.token, f.owner
+        fair_stamp = s.stamp,
+        attempts = f.attempts - (s.token = ANY (%(unstarted)b::uuid[]))::int,
+        settled_token = s.token, updated_at = now()
+    FROM stamped s
+    WHERE f.id = ANY (ARRAY(SELECT id FROM stamped)) AND f.id = s.id
+    RETURNING f.id, f.attempts, s.token, f.owner
 ), shown AS (
     SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'queued'))) AS n
     FROM released

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from darkroom.db.connection import open_pool
 from darkroom.db.queries import QUERIES
 from darkroom.errors import ErrorCode
 from darkroom.layout import original_key
@@ -241,6 +242,77 @@ def test_a_batch_is_spaced_by_the_weight_its_clock_moved_by(db_url: str) -> None
     assert stamps[-1] == clock
     assert stamps == sorted(stamps) and stamps[0] > 10.0
     assert len({b - a for a, b in itertools.pairwise(stamps)}) == 1
+
+
+async def test_two_workers_handing_back_cards_of_the_same_owners_do_not_deadlock(
+        pool: Any, db_url: str) -> None:
+    """Two workers hand back (release) cards of alice and bob, listed in opposite orders,
+    while a reader holds one of them: each hand-back locks its cards before it stamps
+    them, and takes the owners' clocks in one order, so neither waits for the other in a
+    circle (found by attack: each took an owner's clock before its card's lock, in row
+    order, and one of them died of a deadlock)."""
+    q = make_queue(pool)
+    names = {"1": "alice", "2": "bob", "3": "bob", "4": "alice"}
+    for digit, owner in names.items():
+        made = await q.create_file(owner=owner, filename="f.jpg", content_type="image/jpeg",
+                                   size=1, file_id=uuid.UUID(digit * 32))
+        await confirm(q, made.id, owner, "v1")
+    leases = {lease.file_id.hex[0]: lease for lease in await q.claim(4)}
+    first = [leases["1"], leases["2"]]  # alice's, bob's
+    second = [leases["3"], leases["4"]]  # bob's, alice's
+    with psycopg.connect(db_url) as reader, psycopg.connect(db_url, autocommit=True) as look:
+        reader.execute(SQL["lock_card"], {"id": leases["3"].file_id})
+
+        def waiters() -> int:
+            row = look.execute(SQL["lock_waiters"]).fetchone()
+            return int(row[0]) if row else 0
+
+        def hand_back(batch: list[Lease]) -> set[uuid.UUID]:
+            async def go() -> set[uuid.UUID]:
+                own = await open_pool(db_url, min_size=1, max_size=1)
+                try:
+                    return await make_queue(own).release(batch)
+                finally:
+                    await own.close()
+            return asyncio.run(go())
+
+        with concurrent.futures.ThreadPoolExecutor(2) as threads:
+            later = threads.submit(hand_back, second)
+            await asyncio.to_thread(wait_for, lambda: waiters() >= 1, interval=0.005,
+                                    what="the second hand-back to wait for the reader")
+            sooner = threads.submit(hand_back, first)
+            # It either goes through, or waits for a clock the second holds.
+            await asyncio.to_thread(wait_for, lambda: sooner.done() or waiters() >= 2,
+                                    interval=0.005, what="the first hand-back to settle")
+            reader.rollback()
+            done = sooner.result(timeout=60) | later.result(timeout=60)
+    assert done == {lease.file_id for lease in leases.values()}
+
+
+async def test_a_hand_back_whose_lease_was_lost_while_it_waited_moves_no_clock(
+        pool: Any, db_url: str) -> None:
+    """A hand-back (release) waits for its card's lock while another attempt takes the
+    lease over: it moves nothing, and its owner's clock neither (found by attack: the
+    stamp was taken before the card's lock, so the clock moved for a card that stayed)."""
+    q = make_queue(pool)
+    await add(q, "alice")
+    [lease] = await q.claim(1)
+    clock = {"owner": "alice", "priority": "interactive"}
+    with psycopg.connect(db_url) as other, psycopg.connect(db_url, autocommit=True) as look:
+        [(before,)] = look.execute(SQL["owner_clock"], clock).fetchall()
+        other.execute(SQL["take_over_lease"], {"id": lease.file_id})
+        handing_back = asyncio.ensure_future(q.release([lease]))
+
+        def blocked() -> bool:
+            row = look.execute(SQL["lock_waiters"]).fetchone()
+            return bool(row and row[0] > 0)
+
+        await asyncio.to_thread(wait_for, blocked, interval=0.005,
+                                what="the hand-back to wait for the card")
+        other.commit()
+        assert await handing_back == set()
+        [(after,)] = look.execute(SQL["owner_clock"], clock).fetchall()
+    assert after == before
 
 
 async def test_repeated_confirm_stamps_once(pool: Any, db_url: str) -> None:

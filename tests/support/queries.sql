@@ -449,6 +449,10 @@ ALTER TABLE archive_events ADD COLUMN later text;
 -- name: db_now
 SELECT now();
 
+-- name: take_over_lease
+-- Another attempt's token on a card (left uncommitted by a test, its row stays locked).
+UPDATE archive_files SET lease_token = gen_random_uuid() WHERE id = %(id)s;
+
 -- name: takeover_of_lease
 -- Whether a card held under `token` was taken over by another attempt, and whether that
 -- token settled it.

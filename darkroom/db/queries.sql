@@ -418,7 +418,19 @@ SELECT id, token FROM lost;
 -- it: the photo goes back to ready with its previous derivative and fingerprint (so the
 -- next `darkroom rederive` takes it again), the code kept in rederive_error.
 -- Zero rows: the lease was already lost.
-WITH failed AS (
+WITH target AS (
+    -- The card, locked first: the token is the fence (see complete), checked again on the
+    -- row as it is once locked.
+    SELECT f.id, f.owner, f.priority, f.attempts FROM archive_files f
+    WHERE f.id = %(id)s AND f.lease_token = %(token)s AND f.status = 'processing'
+    FOR UPDATE
+), stamped AS (
+    -- Queued again: a new place in its owner's line, by the rule of every stamp, taken
+    -- once the card is locked (so by the head as it is then, and only if it moves).
+    SELECT t.id, CASE WHEN %(transient)s AND t.attempts < %(max_attempts)s
+                      THEN darkroom_fair_stamp(t.owner, t.priority) END AS stamp
+    FROM target t
+), failed AS (
     UPDATE archive_files f
     SET status = CASE WHEN %(transient)s AND f.attempts < %(max_attempts)s THEN 'queued'
                       WHEN f.derived_key IS NOT NULL THEN 'ready' ELSE 'rejected' END,
@@ -431,11 +443,10 @@ WITH failed AS (
         available_at = now() + make_interval(secs => %(delay)s::float8),
         finished_at = CASE WHEN %(transient)s AND f.attempts < %(max_attempts)s
                            THEN NULL ELSE now() END,
-        -- Queued again: a new place in its owner's line, by the rule of every stamp.
-        fair_stamp = CASE WHEN %(transient)s AND f.attempts < %(max_attempts)s
-                          THEN darkroom_fair_stamp(f.owner, f.priority) ELSE f.fair_stamp END,
+        fair_stamp = coalesce(s.stamp, f.fair_stamp),
         lease_token = NULL, lease_until = NULL, settled_token = %(token)s, updated_at = now()
-    WHERE f.id = %(id)s AND f.lease_token = %(token)s AND f.status = 'processing'
+    FROM stamped s
+    WHERE f.id = %(id)s AND f.id = s.id
     RETURNING f.id, f.status, f.attempts, f.owner
 ), notified AS (
     SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, status))) AS n
@@ -473,13 +484,21 @@ SELECT status FROM repeated;
 -- The object store failed, not the file: back to queued after a delay, and the attempt is
 -- given back, so an outage of the store spends no file's attempts. Repeats are recognized
 -- by the settled token, like fail's.
-WITH deferred AS (
+WITH target AS (
+    -- The card, locked first, fenced and stamped as in fail.
+    SELECT f.id, f.owner, f.priority FROM archive_files f
+    WHERE f.id = %(id)s AND f.lease_token = %(token)s
+    FOR UPDATE
+), stamped AS (
+    SELECT t.id, darkroom_fair_stamp(t.owner, t.priority) AS stamp FROM target t
+), deferred AS (
     UPDATE archive_files f
     SET status = 'queued', attempts = f.attempts - 1,
         available_at = now() + make_interval(secs => %(delay)s::float8),
-        fair_stamp = darkroom_fair_stamp(f.owner, f.priority),
+        fair_stamp = s.stamp,
         lease_token = NULL, lease_until = NULL, settled_token = %(token)s, updated_at = now()
-    WHERE f.id = %(id)s AND f.lease_token = %(token)s
+    FROM stamped s
+    WHERE f.id = %(id)s AND f.id = s.id
     RETURNING f.id, f.attempts, f.owner
 ), notified AS (
     SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'queued'))) AS n
@@ -511,7 +530,17 @@ SELECT id FROM repeated;
 -- re-derive of a ready photo ready again, as fail does (event 'rederive_failed'). Its
 -- backoff doubles with the count (jittered by %(jitter)s in [0, 1]). Repeats are
 -- recognized by the settled token, like fail's.
-WITH deferred AS (
+WITH target AS (
+    -- The card, locked first, fenced and stamped as in fail.
+    SELECT f.id, f.owner, f.priority, f.deferrals FROM archive_files f
+    WHERE f.id = %(id)s AND f.lease_token = %(token)s AND f.status = 'processing'
+    FOR UPDATE
+), stamped AS (
+    -- Queued again: stamped like any card that becomes claimable (fair share).
+    SELECT t.id, CASE WHEN t.deferrals + 1 < %(max_deferrals)s
+                      THEN darkroom_fair_stamp(t.owner, t.priority) END AS stamp
+    FROM target t
+), deferred AS (
     UPDATE archive_files f
     SET deferrals = f.deferrals + 1,
         status = CASE WHEN f.deferrals + 1 < %(max_deferrals)s THEN 'queued'
@@ -526,11 +555,10 @@ WITH deferred AS (
         available_at = now() + make_interval(secs => %(jitter)s::float8 * least(
             %(cap)s::float8, %(base)s::float8 * power(2, least(f.deferrals, 60)))),
         finished_at = CASE WHEN f.deferrals + 1 < %(max_deferrals)s THEN NULL ELSE now() END,
-        -- Queued again: stamped like any card that becomes claimable (fair share).
-        fair_stamp = CASE WHEN f.deferrals + 1 < %(max_deferrals)s
-                          THEN darkroom_fair_stamp(f.owner, f.priority) ELSE f.fair_stamp END,
+        fair_stamp = coalesce(s.stamp, f.fair_stamp),
         lease_token = NULL, lease_until = NULL, settled_token = %(token)s, updated_at = now()
-    WHERE f.id = %(id)s AND f.lease_token = %(token)s AND f.status = 'processing'
+    FROM stamped s
+    WHERE f.id = %(id)s AND f.id = s.id
     RETURNING f.id, f.status, f.attempts, f.deferrals, f.owner
 ), notified AS (
     SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, status))) AS n

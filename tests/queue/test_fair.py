@@ -7,6 +7,7 @@ import concurrent.futures
 import itertools
 import random
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -17,7 +18,15 @@ from darkroom.db.queries import QUERIES
 from darkroom.errors import ErrorCode
 from darkroom.layout import original_key
 from darkroom.owners import set_owner_weight
-from darkroom.queue import Derived, Lease, Priority, Queue, claim_params, derived_key
+from darkroom.queue import (
+    Derived,
+    Lease,
+    LeaseLost,
+    Priority,
+    Queue,
+    claim_params,
+    derived_key,
+)
 from darkroom.reads import Reads
 from darkroom.stats import read as read_stats
 from tests.support.services import confirm, make_queue, wait_for
@@ -289,28 +298,39 @@ async def test_two_workers_handing_back_cards_of_the_same_owners_do_not_deadlock
     assert done == {lease.file_id for lease in leases.values()}
 
 
-async def test_a_hand_back_whose_lease_was_lost_while_it_waited_moves_no_clock(
-        pool: Any, db_url: str) -> None:
-    """A hand-back (release) waits for its card's lock while another attempt takes the
-    lease over: it moves nothing, and its owner's clock neither (found by attack: the
-    stamp was taken before the card's lock, so the clock moved for a card that stayed)."""
+@pytest.mark.parametrize("requeue", ["release", "fail", "defer", "defer_counted"])
+async def test_a_requeue_whose_lease_was_lost_while_it_waited_moves_no_clock(
+        pool: Any, db_url: str, requeue: str) -> None:
+    """A re-queue (a hand-back, a transient failure, a deferral) waits for its card's lock
+    while another attempt takes the lease over: it moves nothing, and its owner's clock
+    neither (found by attack: the stamp was taken before the card's lock, so the clock
+    moved for a card that stayed)."""
     q = make_queue(pool)
     await add(q, "alice")
     [lease] = await q.claim(1)
     clock = {"owner": "alice", "priority": "interactive"}
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "release": lambda: q.release([lease]),
+        "fail": lambda: q.fail(lease, ErrorCode.STORAGE_UNAVAILABLE),
+        "defer": lambda: q.defer(lease, ErrorCode.STORAGE_UNAVAILABLE, 0.0),
+        "defer_counted": lambda: q.defer_counted(lease, ErrorCode.STORAGE_UNAVAILABLE)}
     with psycopg.connect(db_url) as other, psycopg.connect(db_url, autocommit=True) as look:
         [(before,)] = look.execute(SQL["owner_clock"], clock).fetchall()
         other.execute(SQL["take_over_lease"], {"id": lease.file_id})
-        handing_back = asyncio.ensure_future(q.release([lease]))
+        requeuing = asyncio.ensure_future(calls[requeue]())
 
         def blocked() -> bool:
             row = look.execute(SQL["lock_waiters"]).fetchone()
             return bool(row and row[0] > 0)
 
         await asyncio.to_thread(wait_for, blocked, interval=0.005,
-                                what="the hand-back to wait for the card")
+                                what="the re-queue to wait for the card")
         other.commit()
-        assert await handing_back == set()
+        if requeue == "release":
+            assert await requeuing == set()
+        else:
+            with pytest.raises(LeaseLost):
+                await requeuing
         [(after,)] = look.execute(SQL["owner_clock"], clock).fetchall()
     assert after == before
 

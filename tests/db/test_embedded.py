@@ -222,7 +222,7 @@ def test_a_data_dir_too_long_for_the_socket_is_refused_in_one_line(base: Path) -
     had_runtime = set(runtime.iterdir()) if runtime.exists() else set()
     line = refusal(migrate_with(data_dir))
     assert "too long" in line and "DARKROOM_DATA_DIR" in line, line
-    # Refused, not moved to a shared directory.
+    # Refused, not moved to a common directory.
     assert not (data_dir / "pg" / "PG_VERSION").exists()
     now = set(runtime.iterdir()) if runtime.exists() else set()
     assert now == had_runtime
@@ -306,20 +306,20 @@ def test_a_data_dir_under_a_directory_others_control_is_refused(base: Path, pare
 @pytest.mark.parametrize("mode", [0o1777, 0o777, 0o775])
 def test_a_data_dir_others_may_write_to_is_refused_and_left_as_it_was(
         base: Path, mode: int) -> None:
-    """A directory other users may write to (/tmp, a group's shared folder) is theirs too:
+    """A directory other users may write to (/tmp, a group's common folder) is theirs too:
     refused in one line, never narrowed, which would take it from them (as root it was
     made root's, 0710, locking every other user out of /tmp)."""
-    shared = base / "shared"
-    shared.mkdir()
-    shared.chmod(mode)
-    (shared / "someone-elses").write_text("kept")
-    owner = shared.stat()
-    line = refusal(migrate_with(shared))
+    open_dir = base / "common"
+    open_dir.mkdir()
+    open_dir.chmod(mode)
+    (open_dir / "someone-elses").write_text("kept")
+    owner = open_dir.stat()
+    line = refusal(migrate_with(open_dir))
     assert "other users may write" in line, line
-    after = shared.stat()
+    after = open_dir.stat()
     assert (stat.S_IMODE(after.st_mode), after.st_uid, after.st_gid) == (
         mode, owner.st_uid, owner.st_gid)
-    assert sorted(p.name for p in shared.iterdir()) == ["someone-elses"]
+    assert sorted(p.name for p in open_dir.iterdir()) == ["someone-elses"]
 
 
 def state(path: Path) -> tuple[int, int, int, list[str]]:
@@ -359,25 +359,25 @@ def stand_in(base: Path, case: str) -> tuple[Path, Path]:
         (target / ".profile").write_text("x")
         return target, target
     if case == "a link another user planted":  # /tmp/darkroom -> /etc, say
-        shared, target = base / "shared", base / "etc"
-        shared.mkdir()
-        shared.chmod(0o1777)
+        open_dir, target = base / "common", base / "etc"
+        open_dir.mkdir()
+        open_dir.chmod(0o1777)
         target.mkdir(mode=0o755)
         (target / "hosts").write_text("x")
-        (shared / "darkroom").symlink_to(target)
-        os.chown(shared / "darkroom", nobody.pw_uid, nobody.pw_gid, follow_symlinks=False)
-        return shared / "darkroom", target
+        (open_dir / "darkroom").symlink_to(target)
+        os.chown(open_dir / "darkroom", nobody.pw_uid, nobody.pw_gid, follow_symlinks=False)
+        return open_dir / "darkroom", target
     if case == "a link another user planted, reached through ..":
         # To a private directory that looks like darkroom's own.
-        shared, target = base / "shared", base / "private"
-        shared.mkdir()
-        shared.chmod(0o1777)
+        open_dir, target = base / "common", base / "private"
+        open_dir.mkdir()
+        open_dir.chmod(0o1777)
         (target / "pg").mkdir(parents=True, mode=0o700)
         target.chmod(0o700)
         (target / "secret").write_text("x")
-        (shared / "dr").symlink_to(target)
-        os.chown(shared / "dr", nobody.pw_uid, nobody.pw_gid, follow_symlinks=False)
-        return shared / "missing" / ".." / "dr", target
+        (open_dir / "dr").symlink_to(target)
+        os.chown(open_dir / "dr", nobody.pw_uid, nobody.pw_gid, follow_symlinks=False)
+        return open_dir / "missing" / ".." / "dr", target
     if case == "a git repository":  # its `objects` is not darkroom's store
         target = base / "repo"
         for name in ("objects", "refs"):

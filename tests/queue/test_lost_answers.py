@@ -270,6 +270,36 @@ async def test_unpublished_attempts_moved_by_a_pass_whose_answer_was_lost_are_sw
 
 
 @pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("requeue", ["fail", "defer"])
+async def test_a_requeue_sent_again_queues_and_stamps_once(
+        pool: Any, db_url: str, lossy: Lossy, where: str, requeue: str) -> None:
+    """A transient failure or a deferral cut before or after, then sent again (as the
+    worker does until it is answered): the card queued once, its event written once, and
+    its owner's clock moved once, the card's stamp being the clock's."""
+    q = make_queue(pool)
+    [fid] = await new_queued(q)
+    [lease] = await q.claim(1)
+    send: Callable[[], Awaitable[object]]
+    if requeue == "fail":
+        send = functools.partial(lossy.queue.fail, lease, ErrorCode.STORAGE_UNAVAILABLE)
+        fragment, kind = b"'retry_scheduled'", "retry_scheduled"
+    else:
+        send = functools.partial(lossy.queue.defer, lease, ErrorCode.STORAGE_UNAVAILABLE, 0.0)
+        fragment, kind = b"'deferred', attempts", "deferred"
+    await lossy.lost(fragment, where, send)
+    await send()
+    await send()
+    clock = {"owner": "alice", "priority": "interactive"}
+    with psycopg.connect(db_url) as conn:
+        [(stamp, _)] = conn.execute(SQL["fair_places_among"], {"ids": [fid]}).fetchall()
+        [(now,)] = conn.execute(SQL["owner_clock"], clock).fetchall()
+    row = card(db_url, fid)
+    assert row is not None and row[0] == "queued"
+    assert events(db_url, fid) == ["claimed", kind]
+    assert stamp == now == 1.0  # the first card's 0, then one move
+
+
+@pytest.mark.parametrize("where", WHERE)
 @pytest.mark.parametrize("last", [False, True], ids=["counted", "at-the-bound"])
 async def test_a_counted_deferral_sent_again_counts_once(
         pool: Any, db_url: str, lossy: Lossy, where: str, last: bool) -> None:

@@ -13,7 +13,8 @@ Each job: read the exact confirmed original, derive, PUT under a key unique to t
 attempt, fenced commit. A separate heartbeat task extends every held lease each lease/3;
 a lease found lost kills that job's child at once. On SIGTERM/SIGINT the worker stops
 claiming, lets jobs finish within the grace period, then kills the rest and hands their
-cards back; a second signal skips the grace.
+cards back; a second signal skips the grace. However the database answers, the stop ends
+within the grace and STOP_MARGIN_SECONDS: what does not answer in time is given up.
 
 Every database write may commit while its answer is lost. Each is safe to repeat and
 recognized as its own success when repeated (see queue.py); a claim whose answer was lost
@@ -36,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import random
 import signal
@@ -80,9 +82,14 @@ from darkroom.storage import ObjectStore
 log = logging.getLogger("darkroom.worker")
 T = TypeVar("T")
 
-# How long a stopping worker spends handing its leases back, and then waiting for its
-# cancelled jobs, at most.
+# How long a worker spends handing leases back, or a stopping one waits for a claim on its
+# way, at most.
 HAND_BACK_SECONDS = 5.0
+# A stop ends within the shutdown grace and this long: handing the leases back, then
+# waiting for what it cancelled. (OPERATIONS.md: an orchestrator's kill timeout of grace
+# + 10 s is never reached.) A database that froze with statements on their way holds none
+# of it: what does not answer in time is given up, and its leases expire.
+STOP_MARGIN_SECONDS = 7.0
 # A failed heartbeat is tried again this soon (doubling up to the heartbeat interval).
 HEARTBEAT_RETRY_SECONDS = 0.2
 # Files whose last deferral by this worker is remembered (to tell whether the store served
@@ -200,6 +207,11 @@ class Worker:
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.skip_grace = asyncio.Event()
+        # Monotonic: when the running jobs' grace ends, and when the whole stop must end.
+        self._grace_until = math.inf
+        self._stop_by = math.inf
+        # Tasks a stop gave up waiting for: cancelled, and cancelled again at its end.
+        self._given_up: set[asyncio.Task[Any]] = set()
         self._rng = random.Random()
         # Claims whose answer was lost and whose lookup found nothing yet: the claim may
         # still commit (its statement was on its way, or still running on the server).
@@ -219,37 +231,111 @@ class Worker:
                    asyncio.create_task(self._heartbeat(), name="heartbeat"),
                    asyncio.create_task(self.breaker.run(), name="store-breaker"),
                    asyncio.create_task(self.completer.run(), name="completer")]
+        claiming = asyncio.create_task(self._claim_loop(), name="claim-loop")
         try:
-            while not self.stopping.is_set():
-                if self.breaker.is_open:
-                    await self._wait_for_store()
-                    continue
-                claimed = await self._claim_free_slots()
-                if claimed == 0 or not self.idle_decoders:
-                    await self._sleep_until_woken()
+            await self._until_stopping(claiming)
         finally:
+            if not claiming.done():
+                self._give_up(claiming)
+            self._stop_within(self.settings.shutdown_grace_seconds)  # ended by an error
             await self._drain()
             await self._finish_tracking()
             for task in helpers:
                 task.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            await self._settle(helpers)
             # A commit's claim answered after the drain took the leases kept ahead.
             await self._hand_back([], self._take_kept_ahead())
-            if self._handing_back:
-                await asyncio.wait(self._handing_back, timeout=HAND_BACK_SECONDS)
+            await self._settle(self._handing_back)
+            await self._end_given_up()
             for decoder in self.idle_decoders:
                 decoder.close()
+
+    async def _claim_loop(self) -> None:
+        while not self.stopping.is_set():
+            if self.breaker.is_open:
+                await self._wait_for_store()
+                continue
+            claimed = await self._claim_free_slots()
+            if claimed == 0 or not self.idle_decoders:
+                await self._sleep_until_woken()
+
+    async def _until_stopping(self, claiming: asyncio.Task[None]) -> None:
+        """Claim until the stop. A claim on its way then is waited for as long as a
+        hand-back, then given up: what it may have leased waits out its lease."""
+        stopping = asyncio.create_task(self.stopping.wait())
+        try:
+            await asyncio.wait([claiming, stopping], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not claiming.done():
+            await asyncio.wait([claiming], timeout=self._left(HAND_BACK_SECONDS))
+        if not claiming.done():
+            log.warning("a claim on its way did not answer; what it leased will expire")
+            return
+        claiming.result()  # the loop's own error, if it ended with one
 
     def request_stop(self) -> None:
         """First signal: drain within the grace period. Second: skip the grace."""
         if self.stopping.is_set():
             log.warning("second signal: skipping the shutdown grace")
             self.skip_grace.set()
+            self._stop_within(0.0)
         else:
             log.info("stopping: no new claims; finishing running jobs",
                      extra={"running": len(self.jobs)})
             self.stopping.set()
+            self._stop_within(self.settings.shutdown_grace_seconds)
         self.wake.set()
+
+    def _stop_within(self, grace: float) -> None:
+        """The running jobs' grace ends `grace` from now, unless it ends sooner already;
+        the stop ends STOP_MARGIN_SECONDS after it."""
+        self._grace_until = min(self._grace_until, time.monotonic() + grace)
+        self._stop_by = self._grace_until + STOP_MARGIN_SECONDS
+
+    def _left(self, cap: float = math.inf) -> float:
+        """Of `cap` seconds, what the stop's deadline leaves (all of it when not stopping)."""
+        return max(0.0, min(cap, self._stop_by - time.monotonic()))
+
+    def _give_up(self, task: asyncio.Task[Any]) -> None:
+        """Cancel a task and stop waiting for it. Cancelled in a statement, psycopg asks
+        the server to cancel it and waits for that (up to 10 s with a server that does
+        not answer): the stop goes on meanwhile, and `_end_given_up` cuts that wait."""
+        task.cancel()
+        self._given_up.add(task)
+        task.add_done_callback(self._given_up.discard)
+
+    async def _within(self, seconds: float, call: Awaitable[T]) -> T:
+        """`call`'s answer within `seconds`, else TimeoutError; a call that did not answer
+        is given up, not waited for."""
+        task = asyncio.ensure_future(call)
+        try:
+            await asyncio.wait([task], timeout=seconds)
+        finally:
+            if not task.done():
+                self._give_up(task)
+        if not task.done():
+            raise TimeoutError
+        return task.result()
+
+    async def _settle(self, tasks: Collection[asyncio.Task[Any]]) -> None:
+        """Wait for these tasks while the stop's deadline allows; give up the rest."""
+        pending = [task for task in tasks if not task.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=self._left())
+        for task in pending:
+            if not task.done():
+                self._give_up(task)
+            elif not task.cancelled():
+                task.exception()  # retrieved: a helper's error ends with the stop
+
+    async def _end_given_up(self) -> None:
+        """End what the stop gave up: cancelled again, a task no longer waits for the
+        server to confirm its first cancellation, so nothing outlives the stop."""
+        for task in list(self._given_up):
+            task.cancel()
+        if self._given_up:
+            await asyncio.wait(set(self._given_up), timeout=1.0)
 
     async def _claim_free_slots(self) -> int:
         adopted = await self._adopt_late_claims() if self._unknown_claims else 0
@@ -514,7 +600,8 @@ class Worker:
         tracked = asyncio.ensure_future(asyncio.wait(set(self._tracking)))
         skipped = asyncio.ensure_future(self.skip_grace.wait())
         try:
-            await asyncio.wait([tracked, skipped], timeout=self.settings.shutdown_grace_seconds,
+            await asyncio.wait([tracked, skipped],
+                               timeout=self._left(self.settings.shutdown_grace_seconds),
                                return_when=asyncio.FIRST_COMPLETED)
         finally:
             tracked.cancel()  # the wait, not the tasks it waits for
@@ -765,7 +852,8 @@ class Worker:
             finished: asyncio.Future[Any] = asyncio.ensure_future(
                 asyncio.gather(*running, return_exceptions=True))
             skipped: asyncio.Future[Any] = asyncio.create_task(self.skip_grace.wait())
-            await asyncio.wait([finished, skipped], timeout=self.settings.shutdown_grace_seconds,
+            await asyncio.wait([finished, skipped],
+                               timeout=max(0.0, self._grace_until - time.monotonic()),
                                return_when=asyncio.FIRST_COMPLETED)
             skipped.cancel()
         unfinished = list(self.jobs.values())
@@ -779,8 +867,7 @@ class Worker:
                      extra=job.log_extra())
             if job.task is not None:
                 job.task.cancel()
-        if tasks := [job.task for job in unfinished if job.task is not None]:
-            await asyncio.wait(tasks, timeout=HAND_BACK_SECONDS)
+        await self._settle([job.task for job in unfinished if job.task is not None])
 
     def _hand_back_kept_ahead(self, why: str) -> None:
         """Hand the leases kept ahead back now (due now, their attempt given back), in a
@@ -800,15 +887,14 @@ class Worker:
         return kept
 
     async def _hand_back(self, unfinished: list[Job], unstarted: list[Lease]) -> set[uuid.UUID]:
-        """Hand these leases back (bounded, so a stop always ends within the grace and a
-        few seconds); answers the ids released."""
+        """Hand these leases back, within HAND_BACK_SECONDS and the stop's deadline;
+        answers the ids released."""
         if not unfinished and not unstarted:
             return set()
         try:
-            async with asyncio.timeout(HAND_BACK_SECONDS):
-                return await self.queue.release(
-                    [job.lease for job in unfinished] + unstarted,
-                    {lease.token for lease in unstarted})
+            return await self._within(self._left(HAND_BACK_SECONDS), self.queue.release(
+                [job.lease for job in unfinished] + unstarted,
+                {lease.token for lease in unstarted}))
         except (TimeoutError, *CONNECTION_ERRORS):
             log.warning("could not hand leases back; they will expire instead")
             return set()
@@ -916,7 +1002,8 @@ async def run_worker(settings: Settings, *, concurrency: int, name: str,
         for task in (watcher, ticking):
             if task:
                 task.cancel()
-        await db.close()
+        # Within the stop's margin: the pool's connections being opened are not waited for.
+        await db.close(timeout=1.0)
         log.info("worker stopped", extra={"worker": name})
 
 

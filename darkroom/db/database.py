@@ -73,8 +73,10 @@ class Database:
                                    name=name, fail_fast=fail_fast, generic_plans=generic_plans,
                                    wait_seconds=wait_seconds))
 
-    async def close(self) -> None:
-        await self.pool.close()
+    async def close(self, timeout: float = 5.0) -> None:
+        """Close the pool, waiting at most `timeout` seconds for its background tasks (a
+        connection being opened to a server that does not answer, say)."""
+        await self.pool.close(timeout=timeout)
 
     @property
     def conninfo(self) -> str:

@@ -17,7 +17,9 @@ real component does on demand:
   reach the server, which acts on them and answers, and the client never hears: the
   answer is dropped and the connection reset (a load balancer reset, a dropped link just
   after the server committed). Counted as `cut_after`.
-- `stall()`: connections stay open but nothing moves, new ones included;
+- `stall()`: connections stay open but nothing moves, new ones included; `stall_at(fragment)`
+  (PostgreSQL only): the same, from the next execution of a statement whose text holds
+  `fragment`, which is held: a server that froze with that statement on its way;
 - `reset()`: every connection is reset (RST), new ones at once;
 - `refuse()`: nothing listens (connection refused);
 - `throttle()` (HTTP): every request is answered `503 SlowDown` with S3's XML error body,
@@ -67,11 +69,12 @@ class Counters:
     reset: int = 0
     throttled: int = 0
     knocked_over: int = 0
+    stalled: int = 0
 
     def __str__(self) -> str:
         return (f"connections={self.connections} cut_before={self.cut_before} "
                 f"cut_after={self.cut_after} reset={self.reset} throttled={self.throttled} "
-                f"knocked_over={self.knocked_over}")
+                f"knocked_over={self.knocked_over} stalled={self.stalled}")
 
 
 @dataclass(eq=False)
@@ -145,6 +148,16 @@ class FaultProxy:
 
         def apply() -> None:
             self.cut_before_rate, self.cut_after_rate = before, after
+
+        self._call(apply)
+
+    def stall_at(self, fragment: bytes) -> None:
+        """Stall (as `stall`) at the next execution of a statement whose text holds
+        `fragment`, holding that statement: a server that froze with it on its way."""
+        assert self.postgres, "statement stalls need the PostgreSQL wire protocol"
+
+        def apply() -> None:
+            self._statement_cut = (fragment, "stall")
 
         self._call(apply)
 
@@ -331,6 +344,14 @@ class FaultProxy:
                     self._note_statement(link, kind, message)
                 if from_client and kind in _STATEMENT_END:
                     where = self._take_statement_cut(link)
+                    if where == "stall":
+                        # This statement is held, and from now on nothing moves.
+                        self.counters.stalled += 1
+                        self._set_mode("stall")
+                        await self._healed.wait()
+                        if self._mode not in ("forward", "throttle"):
+                            return
+                        where = None
                     if where == "before" or self.rng.random() < self.cut_before_rate:
                         self.counters.cut_before += 1
                         link.abort()

@@ -195,3 +195,25 @@ def test_sigterm_with_the_database_unreachable_still_ends(harness: Harness,
         assert harness.statuses(ids) == {"processing": 2}
     finally:
         proxy.close()
+
+
+def test_sigterm_with_a_claim_the_database_never_answers_still_ends(harness: Harness,
+                                                                   tmp_path: Path) -> None:
+    """A claim on its way when the database froze (its connection open, nothing coming
+    back) does not hold the stop: it is given up, and what it may have leased expires."""
+    proxy, url = through_proxy(harness.db_url, seed=4)
+    try:
+        ids = harness.upload_many(small_photos(2))
+        marker = tmp_path / "hang"
+        w = harness.worker(concurrency=2, database_url=url, child=("hang", str(marker)),
+                           shutdown_grace_seconds="1")
+        wait_for(lambda: harness.statuses(ids).get("processing", 0) == 2, what="2 leases")
+        # Both slots are busy, so the next card is claimed ahead: that claim freezes.
+        proxy.stall_at(b"expired AS (")
+        [late] = harness.upload_many(small_photos(1))
+        wait_for(lambda: not proxy.statement_cut_pending, what="the claim held")
+        w.signal(signal.SIGTERM)
+        assert w.wait(timeout=60) == 0  # a deadline, not a measurement
+        assert harness.statuses([*ids, late]) == {"processing": 2, "queued": 1}
+    finally:
+        proxy.close()

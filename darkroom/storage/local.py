@@ -467,21 +467,51 @@ def check_data_dir(path: Path, owners: tuple[int, ...] | None = None) -> None:
         raise ConfigError(why)
 
 
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _walk_made(path: Path) -> int:
+    """`path` (absolute, its links resolved and checked: config.resolve_trusted), open,
+    its missing names made 0700 on the way. Walked from the root one name at a time, each
+    opened without following a link: a link put in the path since it was resolved (where
+    a parent was missing, in /tmp say) is refused, never followed, so nothing is made
+    where it leads."""
+    path = path if path.is_absolute() else Path.cwd() / path
+    fd = os.open(path.anchor, _OPEN_DIR)
+    try:
+        for name in path.parts[1:]:
+            try:
+                step = os.open(name, _OPEN_DIR, dir_fd=fd)
+            except FileNotFoundError:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, DIR_MODE, dir_fd=fd)
+                step = os.open(name, _OPEN_DIR, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR) and stat.S_ISLNK(
+                        os.lstat(name, dir_fd=fd).st_mode):
+                    raise ConfigError(f"the data dir {path} changed while darkroom checked "
+                                      f"it (a link in its path); choose a directory of "
+                                      f"darkroom's own") from None
+                raise
+            os.close(fd)
+            fd = step
+    except OSError as exc:
+        os.close(fd)
+        raise ConfigError(f"the data dir {path} cannot be made private "
+                          f"({os.strerror(exc.errno or 0).lower()})") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 @contextlib.contextmanager
 def opened_data_dir(path: Path, owners: tuple[int, ...] | None = None) -> Iterator[int]:
     """The data directory, made if missing, open for changes to its mode and owner: a
     descriptor of the directory itself (never of what a link put in its place since it
     was checked), checked again as `check_data_dir` does."""
+    fd = _walk_made(path)
     try:
-        make_private_dirs(path)
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ConfigError(f"the data dir {path} cannot be made private "
-                          f"({os.strerror(exc.errno or 0).lower()})") from None
-    try:
-        if os.path.realpath(path) != str(path):
-            raise ConfigError(f"the data dir {path} changed while darkroom checked it (a "
-                              f"link in its path); choose a directory of darkroom's own")
         why = _refusal(path, os.fstat(fd), fd, owners or (os.geteuid(),))
         if why:
             raise ConfigError(why)

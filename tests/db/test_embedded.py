@@ -441,6 +441,22 @@ def test_a_link_put_where_the_data_dir_was_checked_missing_is_not_followed(
     assert state(victim) == before
 
 
+def test_a_link_put_in_the_data_dirs_missing_path_is_not_followed(base: Path) -> None:
+    """A parent of the data dir was missing when its path was checked, and a link took its
+    place before darkroom made it: nothing is made where the link leads (the walk that
+    makes the path opens each name without following a link)."""
+    victim = base / "victim"
+    victim.mkdir(mode=0o755)
+    before = state(victim)
+    data_dir = base / "parent" / "data"
+    check_data_dir(data_dir)  # nothing there yet
+    (base / "parent").symlink_to(victim)
+    with pytest.raises(ConfigError, match="link"), opened_data_dir(data_dir):
+        pass
+    assert state(victim) == before
+    assert not (victim / "data").exists()
+
+
 @needs_root
 def test_up_with_its_own_database_leaves_another_users_directory_alone(base: Path) -> None:
     """`darkroom up` with DARKROOM_DATABASE_URL makes only its data dir private (no

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import fcntl
 import functools
 import hashlib
@@ -343,7 +344,7 @@ def _running_postmaster(pgdata: Path) -> tuple[int, list[str]] | None:
     data dir, and must still be seen, and stopped, before its files are touched.
     """
     try:
-        lines = (pgdata / "postmaster.pid").read_text().splitlines()
+        lines = _read_inside(pgdata / "postmaster.pid").splitlines()
         pid = int(lines[0])
     except (FileNotFoundError, ValueError, IndexError):
         return None
@@ -378,17 +379,37 @@ def _stop(pid: int, pgdata: Path) -> None:
     raise ConfigError(f"the PostgreSQL running in {pgdata} did not stop within 60 s")
 
 
+def _read_inside(path: Path) -> str:
+    """A file of the cluster directory, read as root reads what the server's user owns:
+    never through a link (that user could point one at any file of root's), and only a
+    regular file. Raises FileNotFoundError for anything else, as for a missing file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FileNotFoundError(errno.ENOENT, "a link, not read", str(path)) from None
+        raise
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FileNotFoundError(errno.ENOENT, "not a regular file", str(path))
+        return file.read(1 << 16).decode(errors="replace")
+
+
 def _write_owned(path: Path, data: str, account: Account | None) -> None:
-    """Replace `path` with `data`: 0600, the server's user's, never half-written."""
+    """Replace `path` with `data`: 0600, the server's user's, never half-written. The
+    file is handed to that user through its descriptor, never by name: in the cluster
+    directory, which that user owns, a name may be a link to a file of root's by the
+    time root uses it."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
     try:
         with os.fdopen(fd, "w") as out:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
-        if account is not None:
-            os.chown(tmp, account.uid, account.gid)
+            if account is not None:
+                os.fchown(out.fileno(), account.uid, account.gid)
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -397,7 +418,7 @@ def _write_owned(path: Path, data: str, account: Account | None) -> None:
 
 def _password(pgdata: Path) -> str | None:
     try:
-        line = (pgdata / PASSFILE).read_text().strip()
+        line = _read_inside(pgdata / PASSFILE).strip()
     except FileNotFoundError:
         return None
     return line.rsplit(":", 1)[1] if line.count(":") == 4 else None
@@ -426,7 +447,7 @@ def _initdb(pgdata: Path, account: Account | None) -> None:
 
 def _is_private(pgdata: Path, account: Account | None) -> bool:
     try:
-        hba = (pgdata / "pg_hba.conf").read_text()
+        hba = _read_inside(pgdata / "pg_hba.conf")
     except FileNotFoundError:
         return False
     if hba != HBA or _password(pgdata) is None:
@@ -438,11 +459,13 @@ def _is_private(pgdata: Path, account: Account | None) -> bool:
 
 
 def _chown_tree(root: Path, account: Account) -> None:
+    """Hand a cluster made before to the server's user. Walked by descriptor, never
+    following a link (os.fwalk): a directory of the tree swapped for a link while it is
+    walked does not lead root's chown out of it."""
     os.chown(root, account.uid, account.gid, follow_symlinks=False)
-    for top, dirs, files in os.walk(root):
+    for _top, dirs, files, top_fd in os.fwalk(root, follow_symlinks=False):
         for name in dirs + files:
-            os.chown(os.path.join(top, name), account.uid, account.gid,
-                     follow_symlinks=False)
+            os.chown(name, account.uid, account.gid, dir_fd=top_fd, follow_symlinks=False)
 
 
 def _make_private(pgdata: Path, account: Account | None) -> None:

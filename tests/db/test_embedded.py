@@ -581,3 +581,25 @@ def test_starts_at_once_agree_on_the_service_account_they_create() -> None:
         assert told == {f"{entry.pw_uid} {entry.pw_gid}"}
     finally:
         subprocess.run(["userdel", name], capture_output=True, check=False)
+
+
+def test_root_reads_no_file_of_the_cluster_through_a_link(base: Path) -> None:
+    """The cluster directory is the server's user's: a link it puts in place of the
+    password file, the pg_hba.conf or the pid file is not read through (root would read
+    any file it points at, and take a password, a pid, from it: found by attack)."""
+    pgdata = base / "pg"
+    pgdata.mkdir(mode=0o700)
+    victim = base / "roots-secret"
+    victim.write_text("a:b:c:d:root-only\n")
+    victim.chmod(0o600)
+    for name in (embedded.PASSFILE, "pg_hba.conf", "postmaster.pid"):
+        (pgdata / name).symlink_to(victim)
+    (pgdata / "pg_hba.conf").unlink()
+    (pgdata / "pg_hba.conf").symlink_to(base / "hba")
+    (base / "hba").write_text(embedded.HBA)
+    assert embedded._password(pgdata) is None
+    assert not embedded._is_private(pgdata, None)
+    (base / "pid").write_text(f"{os.getpid()}\n")
+    (pgdata / "postmaster.pid").unlink()
+    (pgdata / "postmaster.pid").symlink_to(base / "pid")
+    assert embedded._running_postmaster(pgdata) is None

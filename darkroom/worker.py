@@ -54,7 +54,7 @@ from darkroom import canary, health, metrics
 from darkroom.breaker import StoreBreaker
 from darkroom.completer import Completer, Completions
 from darkroom.config import ConfigError, Settings
-from darkroom.db.database import CONNECTION_ERRORS, Database
+from darkroom.db.database import CONNECTION_ERRORS, ROLLED_BACK, Database
 from darkroom.derive import Limits
 from darkroom.errors import (
     DeriveError,
@@ -792,7 +792,7 @@ class Worker:
             sent = time.monotonic()
             try:
                 lost = await self.queue.heartbeat(held)
-            except CONNECTION_ERRORS as exc:
+            except (*CONNECTION_ERRORS, *ROLLED_BACK) as exc:
                 metrics.DB_ERRORS.inc()
                 log.warning("heartbeat failed", extra={"error": type(exc).__name__})
                 # One cut connection must not cost the leases: try again soon, backing off

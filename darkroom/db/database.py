@@ -9,7 +9,9 @@ reader finds every statement in SQL and every connection in this file.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+import asyncio
+import random
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -23,6 +25,13 @@ from darkroom.db.queries import QUERIES
 # What a lost connection or an unreachable server raises. The statement may or may not
 # have committed: every write of the protocol is built to be repeated after one.
 CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
+# What PostgreSQL raises when it rolls a statement back to let others go on: to break a
+# deadlock (statements that lock cards and owners' clocks in different orders, rare but
+# possible when workers hand back leases the others took over), or a serialization
+# failure. Such a statement did nothing; a statement sent alone is sent again, a few
+# times, after a short jittered pause.
+ROLLED_BACK = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+ROLLED_BACK_TRIES = 5
 
 Row = dict[str, Any]
 Params = Mapping[str, Any]
@@ -90,20 +99,28 @@ class Database:
             yield Statements(conn)
 
     async def rows(self, name: str, params: Params | None = None) -> list[Row]:
-        async with self._statements() as s:
-            return await s.rows(name, params)
+        async def once() -> list[Row]:
+            async with self._statements() as s:
+                return await s.rows(name, params)
+        return await _again_if_rolled_back(once)
 
     async def row(self, name: str, params: Params | None = None) -> Row | None:
-        async with self._statements() as s:
-            return await s.row(name, params)
+        async def once() -> Row | None:
+            async with self._statements() as s:
+                return await s.row(name, params)
+        return await _again_if_rolled_back(once)
 
     async def typed(self, name: str, params: Params | None, cls: type[T]) -> list[T]:
-        async with self._statements() as s:
-            return await s.typed(name, params, cls)
+        async def once() -> list[T]:
+            async with self._statements() as s:
+                return await s.typed(name, params, cls)
+        return await _again_if_rolled_back(once)
 
     async def rowcount(self, name: str, params: Params | None = None) -> int:
-        async with self._statements() as s:
-            return await s.rowcount(name, params)
+        async def once() -> int:
+            async with self._statements() as s:
+                return await s.rowcount(name, params)
+        return await _again_if_rolled_back(once)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Statements]:
@@ -122,6 +139,10 @@ class Database:
         the rest up to the Sync, so nothing of them commits (PostgreSQL's protocol,
         "Pipelining"). No BEGIN and no COMMIT of their own: two statements fewer for the
         server to run at every job."""
+        return await _again_if_rolled_back(lambda: self._together(statements))
+
+    async def _together(self, statements: tuple[tuple[str, Params, type[Any] | None], ...]
+                        ) -> list[list[Any]]:
         async with self.pool.connection() as conn, conn.pipeline() as pipeline:
             if not conn.autocommit:
                 # The driver would open a transaction of its own, left open past the Sync.
@@ -167,6 +188,19 @@ class Database:
                 yield gen
             finally:
                 await gen.aclose()
+
+
+async def _again_if_rolled_back(call: Callable[[], Awaitable[T]]) -> T:
+    """`call` (one statement, or one pipeline's transaction), sent again while PostgreSQL
+    rolled it back to break a deadlock (ROLLED_BACK): each try did nothing."""
+    for attempt in range(1, ROLLED_BACK_TRIES + 1):
+        try:
+            return await call()
+        except ROLLED_BACK:
+            if attempt == ROLLED_BACK_TRIES:
+                raise
+        await asyncio.sleep(random.uniform(0.0, 0.01 * 2 ** attempt))
+    raise AssertionError("unreachable")
 
 
 @asynccontextmanager

@@ -298,6 +298,55 @@ async def test_two_workers_handing_back_cards_of_the_same_owners_do_not_deadlock
     assert done == {lease.file_id for lease in leases.values()}
 
 
+async def test_a_hand_back_of_a_lease_taken_over_and_the_new_holders_failure_both_go(
+        pool: Any, db_url: str) -> None:
+    """A stopping worker hands back a card whose lease another worker took over (with
+    cards of two owners), while that worker fails the card: each waits for a lock the
+    other holds, and PostgreSQL ends one of them to break the circle. The one it ended
+    did nothing, and is sent again: both go through (found by attack: the victim's error
+    reached the worker, a heartbeat's would have ended its heartbeats)."""
+    await add(pool_queue := make_queue(pool, worker="w2"), "alice", 2)
+    await add(pool_queue, "bob")
+    w2 = {lease.file_id: lease for lease in await pool_queue.claim(3)}
+    alice = [lease for lease in w2.values() if lease.owner == "alice"]
+    taken = alice[0].file_id
+    with psycopg.connect(db_url, autocommit=True) as c:
+        c.execute(SQL["expire_lease"], {"id": taken})
+    w1 = make_queue(pool, worker="w1")
+    [lease1] = await w1.claim(1)
+    assert lease1.file_id == taken
+    with psycopg.connect(db_url) as holder, psycopg.connect(db_url, autocommit=True) as look:
+        holder.execute(SQL["lock_owner_clock"], {"owner": "bob", "priority": "interactive"})
+
+        def waiters() -> int:
+            row = look.execute(SQL["lock_waiters"]).fetchone()
+            return int(row[0]) if row else 0
+
+        def run(call: Callable[[Queue], Awaitable[object]], worker: str) -> object:
+            async def go() -> object:
+                own = await open_pool(db_url, min_size=1, max_size=1)
+                try:
+                    return await call(make_queue(own, worker=worker))
+                finally:
+                    await own.close()
+            return asyncio.run(go())
+
+        with concurrent.futures.ThreadPoolExecutor(2) as threads:
+            # w2's hand-back takes alice's clock, then waits for bob's.
+            handed = threads.submit(run, lambda q: q.release(list(w2.values())), "w2")
+            await asyncio.to_thread(wait_for, lambda: waiters() >= 1, interval=0.005,
+                                    what="the hand-back to wait for bob's clock")
+            # w1's failure locks the card, then waits for alice's clock.
+            failed = threads.submit(
+                run, lambda q: q.fail(lease1, ErrorCode.PROCESSING_TIMEOUT), "w1")
+            await asyncio.to_thread(wait_for, lambda: failed.done() or waiters() >= 2,
+                                    interval=0.005, what="the failure to wait")
+            holder.rollback()
+            released = handed.result(timeout=60)
+            failed.result(timeout=60)
+    assert released == set(w2) - {taken}
+
+
 @pytest.mark.parametrize("requeue", ["release", "fail", "defer", "defer_counted"])
 async def test_a_requeue_whose_lease_was_lost_while_it_waited_moves_no_clock(
         pool: Any, db_url: str, requeue: str) -> None:

@@ -625,3 +625,7 @@ WHERE starelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'public'::regna
 -- name: notify_cards_channel
 -- A notification of the test's own on the cards' channel.
 SELECT pg_notify('darkroom_cards', %(payload)s);
+
+-- name: lock_owner_clock
+-- Hold an owner's clock row (in the caller's open transaction), as a slow stamping would.
+SELECT 1 FROM owner_clocks WHERE owner = %(owner)s AND priority = %(priority)s FOR UPDATE;

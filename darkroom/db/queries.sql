@@ -41,14 +41,23 @@ WITH target AS (
     FROM archive_files
     WHERE id = %(id)s AND owner = %(owner)s AND status <> 'deleting'
     FOR UPDATE
+), clock AS (
+    -- The owner's clock, locked before its next value is worked out: PostgreSQL works an
+    -- UPDATE's new values out again after a wait for the row only when the other writer
+    -- committed a change to it, so one that rolled back (or only locked it) would leave
+    -- a stamp from the head seen before the wait. The lock keeps an owner's concurrent
+    -- confirms' stamps distinct.
+    SELECT c.owner, c.priority FROM owner_clocks c JOIN target t
+        ON c.owner = t.owner AND c.priority = t.priority
+    WHERE t.moves
+    FOR UPDATE OF c
 ), bumped AS (
     -- Its place in its owner's line: the owner's clock moved on (darkroom_fair_next,
-    -- migration 0022, from the head as it stands once the row is locked). The row's lock
-    -- keeps an owner's concurrent confirms' stamps distinct.
+    -- migration 0022, from the head as it stands now that the row is locked).
     UPDATE owner_clocks c
     SET stamp = darkroom_fair_next(c.stamp, c.owner, c.priority), last_file = NULL
-    FROM target t
-    WHERE t.moves AND c.owner = t.owner AND c.priority = t.priority
+    FROM clock k
+    WHERE c.owner = k.owner AND c.priority = k.priority
     RETURNING c.stamp
 ), stamped AS (
     -- An owner's first card in the class makes its clock (darkroom_fair_stamp).

@@ -168,12 +168,15 @@ async def test_a_confirm_stamps_as_the_stamping_function_does(pool: Any, db_url:
     await check("w", Priority.BULK)
 
 
-@pytest.mark.parametrize("held", ["its card", "its owner's clock"])
+@pytest.mark.parametrize("held", ["its card", "its owner's clock",
+                                  "its owner's clock, by a writer that rolls back"])
 async def test_a_confirm_that_waits_for_a_lock_stamps_by_the_head_it_finds_then(
         pool: Any, db_url: str, held: str) -> None:
     """A confirm that waits for a lock (its card's, or its owner's clock, which another
-    confirm of the owner holds) stamps by the head and the weight as they are once it has
-    it: claims that moved the head meanwhile are not passed over (found by attack)."""
+    confirm of the owner holds, or a writer that then rolls back) stamps by the head and
+    the weight as they are once it has it: claims that moved the head meanwhile are not
+    passed over (found by attack; the last case by the third: PostgreSQL works a row's
+    new values out again after a wait only when the other writer committed a change)."""
     q = make_queue(pool)
     await add(q, "bob", 3)
     await add(q, "alice")
@@ -187,6 +190,8 @@ async def test_a_confirm_that_waits_for_a_lock_stamps_by_the_head_it_finds_then(
     with psycopg.connect(db_url) as blocker, psycopg.connect(db_url, autocommit=True) as look:
         if held == "its card":
             blocker.execute(SQL["lock_card"], {"id": mine.id})
+        elif "rolls back" in held:
+            blocker.execute(SQL["lock_owner_clock"], clock)
         else:
             blocker.execute(QUERIES["confirm"], {"id": other.id, "owner": "alice",
                                                  "version": "v1", "sha256": None,
@@ -203,7 +208,7 @@ async def test_a_confirm_that_waits_for_a_lock_stamps_by_the_head_it_finds_then(
             [lease] = await q.claim(1)
             await q.complete(lease, derived_for(lease))
         await set_owner_weight(q.db, "alice", 4)
-        if held == "its card":
+        if held == "its card" or "rolls back" in held:
             [(prev,)] = look.execute(SQL["owner_clock"], clock).fetchall()
             blocker.rollback()
         else:

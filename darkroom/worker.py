@@ -42,6 +42,8 @@ import os
 import random
 import signal
 import socket
+import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
@@ -85,11 +87,14 @@ T = TypeVar("T")
 # How long a worker spends handing leases back, or a stopping one waits for a claim on its
 # way, at most.
 HAND_BACK_SECONDS = 5.0
-# A stop ends within the shutdown grace and this long: handing the leases back, then
-# waiting for what it cancelled. (OPERATIONS.md: an orchestrator's kill timeout of grace
-# + 10 s is never reached.) A database that froze with statements on their way holds none
-# of it: what does not answer in time is given up, and its leases expire.
-STOP_MARGIN_SECONDS = 7.0
+# A stop's deadline is the shutdown grace and this long: handing the leases back, then
+# waiting for what it cancelled. A database or a store that froze with calls on their way
+# holds none of it: what does not answer in time is given up, and its leases expire.
+STOP_MARGIN_SECONDS = 6.0
+# Past the deadline: ending what was given up, then closing the pool, each at most this
+# long. The whole stop so ends within the grace and 8 s, the process's own exit included
+# (OPERATIONS.md: an orchestrator's kill timeout of grace + 10 s is never reached).
+END_SECONDS = 0.5
 # A failed heartbeat is tried again this soon (doubling up to the heartbeat interval).
 HEARTBEAT_RETRY_SECONDS = 0.2
 # Files whose last deferral by this worker is remembered (to tell whether the store served
@@ -335,7 +340,7 @@ class Worker:
         for task in list(self._given_up):
             task.cancel()
         if self._given_up:
-            await asyncio.wait(set(self._given_up), timeout=1.0)
+            await asyncio.wait(set(self._given_up), timeout=END_SECONDS)
 
     async def _claim_free_slots(self) -> int:
         adopted = await self._adopt_late_claims() if self._unknown_claims else 0
@@ -385,11 +390,15 @@ class Worker:
 
     async def _take(self, leases: list[Lease], held_until: float) -> int:
         """Start what fits the free slots, keep what fits ahead, and hand the rest back at
-        once (due now) rather than let it wait for its lease. Answers the jobs started."""
-        room = len(self.idle_decoders)
+        once (due now) rather than let it wait for its lease. Answers the jobs started.
+        Once stopping (a claim that answered during the stop), nothing is started or kept:
+        all of it goes back unstarted, its attempt given back."""
+        room = 0 if self.stopping.is_set() else len(self.idle_decoders)
         for lease in leases[:room]:
             self._start(lease, held_until)
         keep = max(min(self.concurrency - len(self.claimed_ahead), len(leases) - room), 0)
+        if self.stopping.is_set():
+            keep = 0
         for lease in leases[room:room + keep]:
             self.claimed_ahead[lease.token] = (lease, held_until)
         await self._hand_back([], leases[room + keep:])
@@ -606,6 +615,9 @@ class Worker:
         finally:
             tracked.cancel()  # the wait, not the tasks it waits for
             skipped.cancel()
+        for task in list(self._tracking):
+            if not task.done():
+                self._give_up(task)
 
     def _track_late_writes(self, job: Job) -> None:
         """An attempt that did not publish: once its PUTs have returned, its objects are
@@ -891,13 +903,26 @@ class Worker:
         answers the ids released."""
         if not unfinished and not unstarted:
             return set()
-        try:
-            return await self._within(self._left(HAND_BACK_SECONDS), self.queue.release(
-                [job.lease for job in unfinished] + unstarted,
-                {lease.token for lease in unstarted}))
-        except (TimeoutError, *CONNECTION_ERRORS):
-            log.warning("could not hand leases back; they will expire instead")
-            return set()
+        leases = [job.lease for job in unfinished] + unstarted
+        tokens = {lease.token for lease in unstarted}
+        # Sent again after a lost connection (a repeat that went through answers what it
+        # did), so one cut connection does not leave the leases to expire.
+        until = time.monotonic() + self._left(HAND_BACK_SECONDS)
+        delay = 0.1
+        while True:
+            try:
+                return await self._within(until - time.monotonic(),
+                                          self.queue.release(leases, tokens))
+            except CONNECTION_ERRORS:
+                if time.monotonic() + delay >= until:
+                    break
+                metrics.DB_ERRORS.inc()
+                await asyncio.sleep(delay)
+                delay *= 2
+            except TimeoutError:
+                break
+        log.warning("could not hand leases back; they will expire instead")
+        return set()
 
 
 class _Refill:
@@ -979,32 +1004,63 @@ class _stage:
 async def run_worker(settings: Settings, *, concurrency: int, name: str,
                      stop: asyncio.Event | None = None,
                      pulse: health.LoopPulse | None = None,
-                     child: ChildProgram = DECODER) -> None:
-    """Run one worker until `stop` is set (or SIGTERM/SIGINT, when on the main thread)."""
+                     child: ChildProgram = DECODER,
+                     stopped_early: Callable[[], bool] = lambda: False) -> None:
+    """Run one worker until `stop` is set (or SIGTERM/SIGINT, when on the main thread).
+
+    A signal while it starts (checking the database and the store, opening its pool) ends
+    it there, exit 0, nothing claimed; `stopped_early` says whether one came before this
+    was called (`main` notes them from its first line)."""
+    loop = asyncio.get_running_loop()
+    early = asyncio.Event()
+    if stopped_early():
+        early.set()
+    _on_signals(loop, early.set)
+    starting = asyncio.create_task(_open(settings, name), name="start")
+    signalled = asyncio.create_task(early.wait())
+    waits = [starting, signalled] + ([asyncio.create_task(stop.wait())] if stop else [])
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for waiting in waits[1:]:
+        waiting.cancel()
+    if not starting.done():
+        starting.cancel()
+        await asyncio.wait([starting], timeout=END_SECONDS)
+        log.info("stopped before the worker started", extra={"worker": name})
+        return
+    db, store = starting.result()
+    queue = Queue.from_settings(db, settings, worker=name)
+    worker = Worker(settings, queue, store, concurrency=concurrency, child=child)
+    _on_signals(loop, worker.request_stop)
+    if early.is_set() or (stop is not None and stop.is_set()):
+        worker.request_stop()
+    watcher = asyncio.create_task(_stop_when(stop, worker)) if stop else None
+    ticking = asyncio.create_task(pulse.run(), name="pulse") if pulse else None
+    try:
+        # Once, at start: exactly which of the decoder jail's protections this host allows.
+        level, fields = await asyncio.to_thread(jail_log_fields, settings.derive_memory_mb)
+        log.log(level, "decoder jail", extra={"worker": name, **fields})
+        log.info("worker started", extra={"worker": name, "slots": concurrency})
+        await worker.run()
+    finally:
+        for helper in (watcher, ticking):
+            if helper:
+                helper.cancel()
+        # Within the stop's margin: the pool's connections being opened are not waited for.
+        await db.close(timeout=END_SECONDS)
+        log.info("worker stopped", extra={"worker": name})
+
+
+async def _open(settings: Settings, name: str) -> tuple[Database, ObjectStore]:
     conninfo, store = await prepare(settings)
     db = await Database.open(conninfo, min_size=1, max_size=4, name=f"worker-{name}",
                              generic_plans=True)
-    queue = Queue.from_settings(db, settings, worker=name)
-    worker = Worker(settings, queue, store, concurrency=concurrency, child=child)
-    loop = asyncio.get_running_loop()
-    with contextlib.suppress(ValueError, NotImplementedError):  # not the main thread
+    return db, store
+
+
+def _on_signals(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]) -> None:
+    with contextlib.suppress(ValueError, NotImplementedError, RuntimeError):  # not main
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.request_stop)
-    watcher = asyncio.create_task(_stop_when(stop, worker)) if stop else None
-    # Once, at start: exactly which of the decoder jail's protections this host allows.
-    level, fields = await asyncio.to_thread(jail_log_fields, settings.derive_memory_mb)
-    log.log(level, "decoder jail", extra={"worker": name, **fields})
-    ticking = asyncio.create_task(pulse.run(), name="pulse") if pulse else None
-    log.info("worker started", extra={"worker": name, "slots": concurrency})
-    try:
-        await worker.run()
-    finally:
-        for task in (watcher, ticking):
-            if task:
-                task.cancel()
-        # Within the stop's margin: the pool's connections being opened are not waited for.
-        await db.close(timeout=1.0)
-        log.info("worker stopped", extra={"worker": name})
+            loop.add_signal_handler(sig, handler)
 
 
 async def _stop_when(stop: asyncio.Event, worker: Worker) -> None:
@@ -1019,8 +1075,13 @@ def default_name() -> str:
 def main(settings: Settings, *, concurrency: int | None, name: str | None,
          metrics_port: int | None, metrics_host: str = "127.0.0.1",
          child: ChildProgram = DECODER) -> int:
+    """The `worker` command: one worker process, until SIGTERM/SIGINT; exit 0."""
     from darkroom import logs
 
+    # A signal before the loop runs is noted, not fatal: the worker stops at once.
+    signals: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda number, _frame: signals.append(number))
     logs.setup()
     slots = concurrency or os.cpu_count() or 1
     if slots < 1:
@@ -1032,6 +1093,46 @@ def main(settings: Settings, *, concurrency: int | None, name: str | None,
         except OSError as exc:
             raise ConfigError(f"--metrics-port: cannot listen on {metrics_host}:"
                               f"{metrics_port} ({exc.strerror})") from None
-    asyncio.run(run_worker(settings, concurrency=slots, name=name or default_name(),
-                           pulse=pulse, child=child))
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(run_worker(
+            settings, concurrency=slots, name=name or default_name(), pulse=pulse,
+            child=child, stopped_early=lambda: bool(signals)))
+        _end_leftovers(loop)
+    finally:
+        loop.close()  # its threads are not waited for (asyncio.run would)
+    _exit_now_if_stuck()
     return 0
+
+
+def _end_leftovers(loop: asyncio.AbstractEventLoop) -> None:
+    """What asyncio.run does after its main task, bounded: the tasks still pending (a
+    pool's connection being opened) are cancelled and given END_SECONDS."""
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.wait(pending, timeout=END_SECONDS))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+
+
+def _exit_now_if_stuck() -> None:
+    """The stop is over. A thread still blocked on a store or a database that does not
+    answer (a download, the store's probe, the start's checks) would hold the process's
+    exit until the call times out: it is abandoned instead, as a kill would, once the
+    logs are flushed. (What such a call may still land is the sweeper's, as for a worker
+    killed: the attempt's objects were registered by its claim.)"""
+    others = [t for t in threading.enumerate()
+              if t is not threading.main_thread() and not t.daemon]
+    until = time.monotonic() + END_SECONDS  # an idle pool thread ends at once
+    for thread in others:
+        thread.join(max(0.0, until - time.monotonic()))
+    stuck = [t for t in others if t.is_alive()]
+    if not stuck:
+        return
+    log.warning("exiting without waiting for calls that did not answer",
+                extra={"threads": len(stuck)})
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

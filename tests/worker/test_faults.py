@@ -217,3 +217,75 @@ def test_sigterm_with_a_claim_the_database_never_answers_still_ends(harness: Har
         assert harness.statuses([*ids, late]) == {"processing": 2, "queued": 1}
     finally:
         proxy.close()
+
+
+def test_a_hand_back_cut_once_is_sent_again(harness: Harness, tmp_path: Path) -> None:
+    """The stop's hand-back loses its connection once, before it reached the database: it
+    is sent again within its bound, so the cards go back at once and the leases kept
+    ahead of the slots keep their attempt (found by attack: tried once, they waited out
+    their lease, and their attempt counted)."""
+    proxy, url = through_proxy(harness.db_url, seed=5)
+    try:
+        ids = harness.upload_many(small_photos(4))
+        marker = tmp_path / "hang"
+        w = harness.worker(concurrency=2, database_url=url, child=("hang", str(marker)),
+                           shutdown_grace_seconds="1")
+        # Two decoding, two kept ahead of the slots.
+        wait_for(lambda: harness.statuses(ids).get("processing", 0) == 4, what="4 leases")
+        wait_for(lambda: w.log().count("hostile: hanging") == 2, what="2 decoding")
+        proxy.cut_statement(b"released AS (", where="before")
+        w.signal(signal.SIGTERM)
+        assert w.wait(timeout=60) == 0  # a deadline, not a measurement
+        assert not proxy.statement_cut_pending
+        assert harness.statuses(ids) == {"queued": 4}
+        attempts = sorted(harness.card(i)["attempts"] for i in ids)
+        assert attempts == [0, 0, 1, 1]
+    finally:
+        proxy.close()
+
+
+def test_a_claim_that_answers_during_the_stop_starts_nothing(harness: Harness,
+                                                            tmp_path: Path) -> None:
+    """A claim on its way when the stop came answers during the stop: what it leased is
+    handed back unstarted, its attempt given back, not started and then handed back
+    (found by attack)."""
+    proxy, url = through_proxy(harness.db_url, seed=6)
+    try:
+        [first] = harness.upload_many(small_photos(1))
+        marker = tmp_path / "hang"
+        w = harness.worker(concurrency=2, database_url=url, child=("hang", str(marker)),
+                           shutdown_grace_seconds="30")
+        wait_for(lambda: "hostile: hanging" in w.log(), what="the first card decoding")
+        proxy.stall_at(b"expired AS (")
+        [late] = harness.upload_many(small_photos(1))
+        wait_for(lambda: not proxy.statement_cut_pending, what="the claim held")
+        w.signal(signal.SIGTERM)
+        wait_for(lambda: "stopping: no new claims" in w.log(), what="the stop")
+        proxy.heal()
+        wait_for(lambda: [e["kind"] for e in harness.events(late)] == ["claimed", "released"],
+                 what="the late card handed back")
+        w.signal(signal.SIGTERM)  # no need to wait out the first card's grace
+        assert w.wait(timeout=60) == 0  # a deadline, not a measurement
+        assert harness.card(late)["attempts"] == 0
+        assert w.log().count("hostile: hanging") == 1
+        assert harness.card(first)["status"] == "queued"
+    finally:
+        proxy.close()
+
+
+def test_a_signal_while_the_worker_starts_ends_it(harness: Harness) -> None:
+    """SIGTERM while the worker still waits for its database at start: it stops there,
+    exit 0, nothing claimed (found by attack: the signal killed it)."""
+    proxy, url = through_proxy(harness.db_url, seed=7)
+    try:
+        [card] = harness.upload_many(small_photos(1))
+        proxy.stall()
+        w = harness.worker(concurrency=1, database_url=url)
+        wait_for(lambda: proxy.counters.connections >= 1,
+                 what="the worker to reach for its database")
+        w.signal(signal.SIGTERM)
+        assert w.wait(timeout=60) == 0  # a deadline, not a measurement
+        assert "stopped before the worker started" in w.log()
+        assert harness.card(card)["status"] == "queued"
+    finally:
+        proxy.close()

@@ -91,14 +91,15 @@ def _wait_healthy(url: str, api: Child, timeout: float = 60.0) -> None:
 
 def main(settings: Settings, *, host: str, port: int, workers: int | None) -> int:
     logs.setup()
-    private_dir(settings.data_path)
     embedded = None
     if settings.database_url is None:
         from darkroom.db import embedded as embedded_db
 
+        # It makes the data dir private itself, after every check of its own.
         embedded = embedded_db.start(settings.data_path / "pg", stop_on_exit=True)
         conninfo = str(embedded.get_uri())
     else:
+        private_dir(settings.data_path)
         conninfo = database_url(settings)
     migrate(conninfo)
     key = _local_key(settings, conninfo)

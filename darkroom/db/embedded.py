@@ -70,6 +70,7 @@ SUPERUSER = "postgres"
 PORT = 5432
 SOCKET_NAME = f".s.PGSQL.{PORT}"
 PASSFILE = "darkroom.pgpass"
+LEGACY_SERVICE_USER = "pgserver"
 # sizeof(sockaddr_un.sun_path) on Linux, less its terminating NUL.
 MAX_SOCKET_PATH = 107
 # The whole client-authentication policy: a password, over the socket only. A line that
@@ -151,6 +152,15 @@ def service_account() -> Account | None:
         raise ConfigError(f"the system user {SERVICE_USER!r} is root; the embedded "
                           "PostgreSQL must run as an unprivileged user")
     return Account(entry.pw_uid, entry.pw_gid, SERVICE_USER)
+
+
+def _legacy_owner() -> tuple[int, ...]:
+    """The user the pgserver wrapper ran the server as, as root, in earlier releases: a
+    cluster it made is darkroom's own, to be handed to the service user."""
+    try:
+        return (pwd.getpwnam(LEGACY_SERVICE_USER).pw_uid,)
+    except KeyError:
+        return ()
 
 
 def _create_service_user() -> pwd.struct_passwd:
@@ -267,11 +277,11 @@ def _prepare_data_dir(pgdata: Path, account: Account | None) -> None:
     data_dir = pgdata.parent
     _check_parents(data_dir)
     # A data dir someone else made (in /tmp, say) stays theirs to open up again.
-    owners = (os.geteuid(), account.uid) if account else (os.geteuid(),)
+    owners = (os.geteuid(), account.uid, *_legacy_owner()) if account else (os.geteuid(),)
     check_data_dir(data_dir, owners)
     # As root it is handed to the server's group (below): only a directory of darkroom's
     # own, never one that holds other files (/root, say).
-    if account is not None and data_dir.exists() and not is_own_data_dir(data_dir):
+    if account is not None and data_dir.exists() and not is_own_data_dir(data_dir, owners):
         raise ConfigError(_HOLDS_OTHER_FILES.format(data_dir=data_dir))
     if os.path.lexists(pgdata) and not stat.S_ISDIR(pgdata.lstat().st_mode):
         raise ConfigError(f"{pgdata} is not a directory; move it away")
@@ -300,7 +310,7 @@ def _prepare_data_dir(pgdata: Path, account: Account | None) -> None:
     # and the service user's group may traverse it (0710), never list or rename in it
     # (else it could swap `objects` or a file root writes here for a link of its own).
     with opened_data_dir(data_dir, owners) as fd:
-        if not is_own_data_dir(fd):
+        if not is_own_data_dir(fd, owners):
             raise ConfigError(_HOLDS_OTHER_FILES.format(data_dir=data_dir))
         st = os.fstat(fd)
         if (st.st_uid, st.st_gid) != (0, account.gid):

@@ -416,12 +416,17 @@ def _is_own_entry(entry: os.DirEntry[str]) -> bool:
     return False
 
 
-def is_own_data_dir(path: Path | int) -> bool:
+def is_own_data_dir(path: Path | int, owners: tuple[int, ...] | None = None) -> bool:
     """Whether the directory (a path, or an open descriptor) is empty or holds darkroom's
-    data."""
+    data, and nothing of another user's (`owners`: the users darkroom's files may belong
+    to, this process's by default): a name like darkroom's beside another user's files
+    does not make a directory darkroom's."""
+    allowed = owners or (os.geteuid(),)
     try:
         with os.scandir(path) as entries:
             seen = list(entries)
+        if any(entry.stat(follow_symlinks=False).st_uid not in allowed for entry in seen):
+            return False
     except OSError:
         return False
     return not seen or any(_is_own_entry(entry) for entry in seen)
@@ -440,7 +445,7 @@ def _refusal(path: Path, st: os.stat_result, fd: int | None,
         return (f"the data dir {path} is a directory other users may write to (mode "
                 f"{mode:04o}); choose a directory of darkroom's own, such as "
                 f"{path / 'darkroom'}")
-    if mode & 0o067 and not is_own_data_dir(path if fd is None else fd):
+    if mode & 0o067 and not is_own_data_dir(path if fd is None else fd, owners):
         return (f"the data dir {path} holds other files and other users may enter it (mode "
                 f"{mode:04o}); darkroom narrows only a new, empty or darkroom's own "
                 f"directory: choose one")

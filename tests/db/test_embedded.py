@@ -60,10 +60,11 @@ def stop(pgdata: Path) -> None:
                    timeout=60, check=False)
 
 
-def migrate_with(data_dir: Path) -> subprocess.CompletedProcess[str]:
-    """`darkroom migrate` with `data_dir` and no other DARKROOM_ setting."""
+def migrate_with(data_dir: Path, command: str = "migrate") -> subprocess.CompletedProcess[str]:
+    """`darkroom migrate` (or another command) with `data_dir` and no other DARKROOM_
+    setting."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
-    return subprocess.run([sys.executable, "-m", "darkroom.cli", "migrate"],
+    return subprocess.run([sys.executable, "-m", "darkroom.cli", command],
                           env={**env, "DARKROOM_DATA_DIR": str(data_dir)},
                           capture_output=True, text=True, timeout=120)
 
@@ -386,6 +387,14 @@ def stand_in(base: Path, case: str) -> tuple[Path, Path]:
         for path in (target, target / "objects", target / "refs"):
             path.chmod(0o755)
         return target, target
+    if case == "another user's files beside a name of darkroom's":
+        target = base / "shared"
+        target.mkdir(mode=0o755)
+        (target / "objects").mkdir(mode=0o700)
+        (target / "notes.txt").write_text("theirs")
+        for name in ("objects", "notes.txt"):
+            os.chown(target / name, nobody.pw_uid, nobody.pw_gid)
+        return target, target
     if case == "a data dir whose cluster is a file":
         target = base / "data"
         target.mkdir(mode=0o700)
@@ -406,6 +415,7 @@ def stand_in(base: Path, case: str) -> tuple[Path, Path]:
                                   "a link another user planted",
                                   "a link another user planted, reached through ..",
                                   "a git repository", "a data dir whose cluster is a file",
+                                  "another user's files beside a name of darkroom's",
                                   "one its server cannot reach"])
 def test_as_root_a_data_dir_that_is_not_darkrooms_is_refused_before_anything_changes(
         base: Path, case: str) -> None:
@@ -455,6 +465,19 @@ def test_a_link_put_in_the_data_dirs_missing_path_is_not_followed(base: Path) ->
         pass
     assert state(victim) == before
     assert not (victim / "data").exists()
+
+
+def test_up_refuses_a_data_dir_others_could_move_aside_before_making_it(base: Path) -> None:
+    """`darkroom up` with its embedded database refuses a data dir under a directory
+    anyone may write to (not sticky) before it makes or narrows anything (found by
+    attack: it made the data dir, then refused)."""
+    open_dir = base / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    before = state(open_dir)
+    line = refusal(migrate_with(open_dir / "data", "up"))
+    assert "writable by other users" in line, line
+    assert state(open_dir) == before
 
 
 @needs_root

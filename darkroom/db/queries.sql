@@ -604,7 +604,8 @@ SELECT status, deferrals FROM repeated;
 -- the leases the worker never started (`unstarted`: kept ahead of a slot): a card handed
 -- back unstarted at every stop of a rolling deploy must not run out of attempts.
 WITH held AS (
-    SELECT * FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[]) AS h(id, token)
+    -- A lease named twice is one card, stamped once.
+    SELECT DISTINCT * FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[]) AS h(id, token)
 ), target AS (
     -- The cards it moves, locked first: the token is the fence (see complete), checked
     -- again on the row as it is once locked.

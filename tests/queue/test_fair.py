@@ -618,3 +618,22 @@ def test_the_claim_reads_the_line_in_order_when_one_owner_holds_the_backlog(
                          worker="w", bulk_share=0.1)).fetchall())
     # A sort of archive_files rows: every due card read and ordered at each claim.
     assert "Sort Key: archive_files" not in plan, plan
+
+
+async def test_a_hand_back_naming_a_lease_twice_moves_its_clock_once(
+        pool: Any, db_url: str) -> None:
+    """A lease listed twice in one hand-back is one card: its owner's clock moves once,
+    to the card's stamp (found by attack: it moved twice, and the owner lost a turn)."""
+    q = make_queue(pool)
+    await add(q, "alice")
+    [lease] = await q.claim(1)
+    clock = {"owner": "alice", "priority": "interactive"}
+    with psycopg.connect(db_url, autocommit=True) as look:
+        [(prev,)] = look.execute(SQL["owner_clock"], clock).fetchall()
+        [(expected,)] = look.execute(SQL["stamp_after"],
+                                     {**clock, "prev": prev, "weight": 1}).fetchall()
+        assert await q.release([lease, lease]) == {lease.file_id}
+        [(after,)] = look.execute(SQL["owner_clock"], clock).fetchall()
+        [(stamp, _)] = look.execute(SQL["fair_places_among"],
+                                    {"ids": [lease.file_id]}).fetchall()
+    assert after == stamp == expected

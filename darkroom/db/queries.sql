@@ -473,6 +473,16 @@ WITH target AS (
                AS status
     FROM current f
     WHERE f.settled_token = %(token)s
+    UNION ALL
+    -- The same, when another attempt has settled the card since (the card keeps only the
+    -- last token): the event this failure wrote says what it did.
+    (SELECT CASE e.kind WHEN 'retry_scheduled' THEN 'queued' WHEN 'rederive_failed'
+                        THEN 'ready' ELSE 'rejected' END
+     FROM current f JOIN archive_events e ON e.file_id = %(id)s
+     WHERE f.settled_token IS DISTINCT FROM %(token)s AND e.token = %(token)s
+       AND e.kind IN ('retry_scheduled', 'rederive_failed', 'exhausted', 'rejected')
+       AND e.kind NOT IN ('claimed', 'ready')  -- archive_events_file's predicate
+     ORDER BY e.id DESC LIMIT 1)
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker, error_code)
     SELECT id,
@@ -519,7 +529,12 @@ WITH target AS (
     FOR UPDATE
 ), repeated AS (
     SELECT f.id FROM current f
-    WHERE f.settled_token = %(token)s AND f.status NOT IN ('ready', 'rejected')
+    WHERE (f.settled_token = %(token)s AND f.status NOT IN ('ready', 'rejected'))
+       -- Another attempt settled the card since (see fail): this deferral's event.
+       OR (f.settled_token IS DISTINCT FROM %(token)s AND EXISTS (
+               SELECT 1 FROM archive_events e
+               WHERE e.file_id = %(id)s AND e.token = %(token)s AND e.kind = 'deferred'
+                 AND e.kind NOT IN ('claimed', 'ready')))
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker, error_code)
     SELECT id, 'deferred', attempts, %(token)s, %(worker)s, %(error_code)s
@@ -584,6 +599,16 @@ WITH target AS (
            f.deferrals
     FROM current f
     WHERE f.settled_token = %(token)s
+    UNION ALL
+    -- Another attempt settled the card since (see fail): this deferral's event.
+    (SELECT CASE e.kind WHEN 'deferred_counted' THEN 'queued' WHEN 'rederive_failed'
+                        THEN 'ready' ELSE 'rejected' END,
+            f.deferrals
+     FROM current f JOIN archive_events e ON e.file_id = %(id)s
+     WHERE f.settled_token IS DISTINCT FROM %(token)s AND e.token = %(token)s
+       AND e.kind IN ('deferred_counted', 'rederive_failed', 'exhausted')
+       AND e.kind NOT IN ('claimed', 'ready')
+     ORDER BY e.id DESC LIMIT 1)
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker, error_code)
     SELECT id, CASE status WHEN 'queued' THEN 'deferred_counted'
@@ -646,7 +671,12 @@ SELECT r.id, pg_notify('darkroom_jobs', '') IS NULL AS notified FROM released r
 UNION ALL
 -- A hand-back repeated after it went through.
 SELECT f.id, false FROM current f JOIN held h ON f.id = h.id
-WHERE f.settled_token = h.token AND f.status NOT IN ('ready', 'rejected');
+WHERE (f.settled_token = h.token AND f.status NOT IN ('ready', 'rejected'))
+   -- Another attempt settled the card since (see fail): this hand-back's event.
+   OR (f.settled_token IS DISTINCT FROM h.token AND EXISTS (
+           SELECT 1 FROM archive_events e
+           WHERE e.file_id = f.id AND e.token = h.token AND e.kind = 'released'
+             AND e.kind NOT IN ('claimed', 'ready')));
 
 -- name: revoke
 -- Delete: the card goes to deleting and its lease is revoked, so no attempt can publish.

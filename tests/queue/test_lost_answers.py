@@ -496,3 +496,31 @@ async def test_the_proxy_cuts_only_the_statement_named(db_url: str) -> None:
         assert proxy.counters.cut_after == 1
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize("requeue", ["release", "fail", "defer", "defer_counted"])
+async def test_a_requeue_repeated_after_another_attempt_settled_the_card_answers_the_same(
+        pool: Any, db_url: str, requeue: str) -> None:
+    """A re-queue goes through, its answer lost; before its repeat arrives, another worker
+    claims the card and hands it back. The repeat still answers what the first did, and
+    records no lost lease (found by attack: the card keeps only the last attempt's token,
+    so the repeat took itself for a lost lease)."""
+    first = make_queue(pool, worker="w1")
+    [file_id] = await new_queued(first)
+    [lease] = await first.claim(1)
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "release": lambda: first.release([lease]),
+        "fail": lambda: first.fail(lease, ErrorCode.STORAGE_UNAVAILABLE),
+        "defer": lambda: first.defer(lease, ErrorCode.STORAGE_UNAVAILABLE, 0.0),
+        "defer_counted": lambda: first.defer_counted(lease, ErrorCode.STORAGE_UNAVAILABLE)}
+    answer = await calls[requeue]()
+    second = make_queue(pool, worker="w2")
+    with psycopg.connect(db_url, autocommit=True) as c:
+        c.execute(SQL["make_due"], {"id": file_id})
+    [taken] = await second.claim(1)
+    assert taken.file_id == file_id
+    assert await second.release([taken]) == {file_id}
+    assert await calls[requeue]() == answer
+    with psycopg.connect(db_url, autocommit=True) as c:
+        lost = c.execute(SQL["events"], {"id": file_id, "kind": "lease_lost"}).fetchall()
+    assert lost == []

@@ -178,16 +178,24 @@ def test_an_attempt_outliving_its_timeout_goes_back_to_the_queue(
     assert kinds == ["claimed", "retry_scheduled"] * 2 + ["claimed", "exhausted"]
 
 
+def hanging_worker(harness: Harness, tmp_path: Path, url: str, *, cards: int
+                   ) -> tuple[list[uuid.UUID], DarkroomProcess]:
+    """`cards` uploaded and leased by a worker of 2 slots (a grace of 1 s) reaching the
+    database at `url`, whose decoder children hang."""
+    ids = harness.upload_many(small_photos(cards))
+    w = harness.worker(concurrency=2, database_url=url, child=("hang", str(tmp_path / "hang")),
+                       shutdown_grace_seconds="1")
+    wait_for(lambda: harness.statuses(ids).get("processing", 0) == cards,
+             what=f"{cards} leases")
+    return ids, w
+
+
 def test_sigterm_with_the_database_unreachable_still_ends(harness: Harness,
                                                          tmp_path: Path) -> None:
     """The stop is bounded even when nothing can be handed back: the leases expire."""
     proxy, url = through_proxy(harness.db_url, seed=3)
     try:
-        ids = harness.upload_many(small_photos(2))
-        marker = tmp_path / "hang"
-        w = harness.worker(concurrency=2, database_url=url, child=("hang", str(marker)),
-                           shutdown_grace_seconds="1")
-        wait_for(lambda: harness.statuses(ids).get("processing", 0) == 2, what="2 leases")
+        ids, w = hanging_worker(harness, tmp_path, url, cards=2)
         proxy.stall()
         w.signal(signal.SIGTERM)
         assert w.wait(timeout=60) == 0  # a deadline, not a measurement
@@ -203,11 +211,7 @@ def test_sigterm_with_a_claim_the_database_never_answers_still_ends(harness: Har
     back) does not hold the stop: it is given up, and what it may have leased expires."""
     proxy, url = through_proxy(harness.db_url, seed=4)
     try:
-        ids = harness.upload_many(small_photos(2))
-        marker = tmp_path / "hang"
-        w = harness.worker(concurrency=2, database_url=url, child=("hang", str(marker)),
-                           shutdown_grace_seconds="1")
-        wait_for(lambda: harness.statuses(ids).get("processing", 0) == 2, what="2 leases")
+        ids, w = hanging_worker(harness, tmp_path, url, cards=2)
         # Both slots are busy, so the next card is claimed ahead: that claim freezes.
         proxy.stall_at(b"expired AS (")
         [late] = harness.upload_many(small_photos(1))
@@ -226,12 +230,8 @@ def test_a_hand_back_cut_once_is_sent_again(harness: Harness, tmp_path: Path) ->
     their lease, and their attempt counted)."""
     proxy, url = through_proxy(harness.db_url, seed=5)
     try:
-        ids = harness.upload_many(small_photos(4))
-        marker = tmp_path / "hang"
-        w = harness.worker(concurrency=2, database_url=url, child=("hang", str(marker)),
-                           shutdown_grace_seconds="1")
         # Two decoding, two kept ahead of the slots.
-        wait_for(lambda: harness.statuses(ids).get("processing", 0) == 4, what="4 leases")
+        ids, w = hanging_worker(harness, tmp_path, url, cards=4)
         wait_for(lambda: w.log().count("hostile: hanging") == 2, what="2 decoding")
         proxy.cut_statement(b"released AS (", where="before")
         w.signal(signal.SIGTERM)

@@ -1078,10 +1078,15 @@ def main(settings: Settings, *, concurrency: int | None, name: str | None,
     """The `worker` command: one worker process, until SIGTERM/SIGINT; exit 0."""
     from darkroom import logs
 
-    # A signal before the loop runs is noted, not fatal: the worker stops at once.
+    # A signal before the loop runs is noted, not fatal: the worker stops at once. One
+    # after it (the loop's own handlers gone with it) is noted too: the stop is done.
     signals: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda number, _frame: signals.append(number))
+
+    def noted() -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda number, _frame: signals.append(number))
+
+    noted()
     logs.setup()
     slots = concurrency or os.cpu_count() or 1
     if slots < 1:
@@ -1101,6 +1106,7 @@ def main(settings: Settings, *, concurrency: int | None, name: str | None,
         _end_leftovers(loop)
     finally:
         loop.close()  # its threads are not waited for (asyncio.run would)
+        noted()  # closing the loop put the default handlers back
     _exit_now_if_stuck()
     return 0
 

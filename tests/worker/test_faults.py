@@ -11,6 +11,7 @@ accounts for after reconciliation.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import signal
 import subprocess
@@ -287,5 +288,30 @@ def test_a_signal_while_the_worker_starts_ends_it(harness: Harness) -> None:
         assert w.wait(timeout=60) == 0  # a deadline, not a measurement
         assert "stopped before the worker started" in w.log()
         assert harness.card(card)["status"] == "queued"
+    finally:
+        proxy.close()
+
+
+def test_a_second_signal_as_the_worker_exits_changes_nothing(harness: Harness,
+                                                             seaweed: Any) -> None:
+    """With downloads blocked on a frozen store, a second SIGINT lands after the stop,
+    while the process exits: the exit is still 0 and does not wait for the blocked
+    downloads (found by attack: the loop's handlers were gone, so the signal raised
+    KeyboardInterrupt, or killed the process)."""
+    proxy, env = seaweed_proxy(seaweed)
+    try:
+        w = harness.start("worker", "--concurrency", "2", "--name", "ws",
+                          env={**env, "DARKROOM_SHUTDOWN_GRACE_SECONDS": "1"})
+        wait_for(lambda: started(w), timeout=120, what="the worker")
+        proxy.stall()
+        ids = harness.upload_many(small_photos(2))
+        wait_for(lambda: harness.statuses(ids).get("processing", 0) == 2, what="2 leases")
+        w.signal(signal.SIGINT)
+        wait_for(lambda: "worker stopped" in w.log(), interval=0.005, what="the stop")
+        with contextlib.suppress(ProcessLookupError):
+            w.signal(signal.SIGINT)
+        assert w.wait(timeout=60) == 0  # a deadline, not a measurement
+        assert "exiting without waiting for calls that did not answer" in w.log()
+        assert harness.statuses(ids) == {"queued": 2}
     finally:
         proxy.close()

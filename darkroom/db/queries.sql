@@ -465,24 +465,25 @@ WITH target AS (
     SELECT f.status, f.settled_token FROM archive_files f
     WHERE f.id = %(id)s AND NOT EXISTS (SELECT 1 FROM failed)
     FOR UPDATE
+), recorded AS (
+    -- This same failure recorded before, whose answer was lost: the event it wrote (each
+    -- carries its token) says what it did, whatever happened to the card since (another
+    -- attempt settled it, an operator's retry re-queued it).
+    SELECT CASE e.kind WHEN 'retry_scheduled' THEN 'queued' WHEN 'rederive_failed'
+                       THEN 'ready' ELSE 'rejected' END AS status
+    FROM archive_events e
+    WHERE EXISTS (SELECT 1 FROM current) AND e.file_id = %(id)s AND e.token = %(token)s
+      AND e.kind IN ('retry_scheduled', 'rederive_failed', 'exhausted', 'rejected')
+      AND e.kind NOT IN ('claimed', 'ready')  -- archive_events_file's predicate
+    ORDER BY e.id DESC LIMIT 1
 ), repeated AS (
-    -- The attempt already ended by its own statement: this same failure recorded before,
-    -- whose answer was lost, or its own commit, which a timeout raced. Answer what it did;
-    -- nothing was lost.
-    SELECT CASE WHEN f.status IN ('rejected', 'ready') THEN f.status ELSE 'queued' END
-               AS status
-    FROM current f
-    WHERE f.settled_token = %(token)s
+    -- The attempt already ended by its own statement: this same failure (above), or its
+    -- own commit, which a timeout raced. Answer what it did; nothing was lost.
+    SELECT status FROM recorded
     UNION ALL
-    -- The same, when another attempt has settled the card since (the card keeps only the
-    -- last token): the event this failure wrote says what it did.
-    (SELECT CASE e.kind WHEN 'retry_scheduled' THEN 'queued' WHEN 'rederive_failed'
-                        THEN 'ready' ELSE 'rejected' END
-     FROM current f JOIN archive_events e ON e.file_id = %(id)s
-     WHERE f.settled_token IS DISTINCT FROM %(token)s AND e.token = %(token)s
-       AND e.kind IN ('retry_scheduled', 'rederive_failed', 'exhausted', 'rejected')
-       AND e.kind NOT IN ('claimed', 'ready')  -- archive_events_file's predicate
-     ORDER BY e.id DESC LIMIT 1)
+    SELECT CASE WHEN f.status IN ('rejected', 'ready') THEN f.status ELSE 'queued' END
+    FROM current f
+    WHERE f.settled_token = %(token)s AND NOT EXISTS (SELECT 1 FROM recorded)
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker, error_code)
     SELECT id,
@@ -592,23 +593,23 @@ WITH target AS (
     SELECT f.status, f.deferrals, f.settled_token FROM archive_files f
     WHERE f.id = %(id)s AND NOT EXISTS (SELECT 1 FROM deferred)
     FOR UPDATE
+), recorded AS (
+    -- The same deferral recorded before, whose answer was lost: its event (see fail).
+    SELECT CASE e.kind WHEN 'deferred_counted' THEN 'queued' WHEN 'rederive_failed'
+                       THEN 'ready' ELSE 'rejected' END AS status
+    FROM archive_events e
+    WHERE EXISTS (SELECT 1 FROM current) AND e.file_id = %(id)s AND e.token = %(token)s
+      AND e.kind IN ('deferred_counted', 'rederive_failed', 'exhausted')
+      AND e.kind NOT IN ('claimed', 'ready')
+    ORDER BY e.id DESC LIMIT 1
 ), repeated AS (
-    -- The same deferral recorded before, whose answer was lost: answer what it did.
-    SELECT CASE WHEN f.status IN ('rejected', 'ready') THEN f.status ELSE 'queued' END
-               AS status,
+    -- Answer what it did (the count of deferrals as the card has it now).
+    SELECT r.status, f.deferrals FROM recorded r, current f
+    UNION ALL
+    SELECT CASE WHEN f.status IN ('rejected', 'ready') THEN f.status ELSE 'queued' END,
            f.deferrals
     FROM current f
-    WHERE f.settled_token = %(token)s
-    UNION ALL
-    -- Another attempt settled the card since (see fail): this deferral's event.
-    (SELECT CASE e.kind WHEN 'deferred_counted' THEN 'queued' WHEN 'rederive_failed'
-                        THEN 'ready' ELSE 'rejected' END,
-            f.deferrals
-     FROM current f JOIN archive_events e ON e.file_id = %(id)s
-     WHERE f.settled_token IS DISTINCT FROM %(token)s AND e.token = %(token)s
-       AND e.kind IN ('deferred_counted', 'rederive_failed', 'exhausted')
-       AND e.kind NOT IN ('claimed', 'ready')
-     ORDER BY e.id DESC LIMIT 1)
+    WHERE f.settled_token = %(token)s AND NOT EXISTS (SELECT 1 FROM recorded)
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker, error_code)
     SELECT id, CASE status WHEN 'queued' THEN 'deferred_counted'

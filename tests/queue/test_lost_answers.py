@@ -524,3 +524,17 @@ async def test_a_requeue_repeated_after_another_attempt_settled_the_card_answers
     with psycopg.connect(db_url, autocommit=True) as c:
         lost = c.execute(SQL["events"], {"id": file_id, "kind": "lease_lost"}).fetchall()
     assert lost == []
+
+
+async def test_a_failure_repeated_after_an_operators_retry_answers_the_same(
+        pool: Any) -> None:
+    """A failure rejects the card, its answer lost; an operator's retry re-queues the card
+    before the repeat arrives. The repeat answers `rejected`, what the failure did, not
+    the card's status now (found by attack: it answered `queued`)."""
+    first = make_queue(pool, worker="w1")
+    [file_id] = await new_queued(first)
+    [lease] = await first.claim(1)
+    assert await first.fail(lease, ErrorCode.PROCESSING_FAILED) == Status.REJECTED
+    assert await first.retry("alice", run=uuid.uuid4(), actor="operator", codes=None,
+                             file_id=file_id) == [file_id]
+    assert await first.fail(lease, ErrorCode.PROCESSING_FAILED) == Status.REJECTED

@@ -60,6 +60,7 @@ from darkroom.config import ConfigError
 from darkroom.storage.local import (
     check_data_dir,
     is_own_data_dir,
+    linked_own_name,
     opened_data_dir,
     private_dir,
 )
@@ -244,8 +245,12 @@ def _check_socket_length(pgdata: Path) -> None:
 
 
 def _reachable(path: Path, account: Account) -> bool:
-    """Whether `account` may traverse `path` by the modes as they are (no ACLs widened)."""
-    st = path.stat()
+    """Whether `account` may traverse `path` by the modes as they are (no ACLs widened).
+    A path still to be made is made private, root's: not for it to traverse."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return False
     mode = stat.S_IMODE(st.st_mode)
     if st.st_uid == account.uid:
         return bool(mode & stat.S_IXUSR)
@@ -260,7 +265,10 @@ def _check_parents(data_dir: Path) -> None:
     root or to us, and be writable by no one else unless sticky, as /tmp is."""
     me = os.geteuid()
     for parent in data_dir.parents:
-        st = parent.stat()
+        try:
+            st = parent.stat()
+        except FileNotFoundError:
+            continue  # darkroom makes it, its own and private
         mode = stat.S_IMODE(st.st_mode)
         if st.st_uid not in (0, me):
             raise ConfigError(f"{parent}, above the data dir, belongs to another user "
@@ -282,6 +290,9 @@ def _prepare_data_dir(pgdata: Path, account: Account | None) -> None:
     # As root it is handed to the server's group (below): only a directory of darkroom's
     # own, never one that holds other files (/root, say).
     if account is not None and data_dir.exists() and not is_own_data_dir(data_dir, owners):
+        if link := linked_own_name(data_dir):
+            raise ConfigError(f"{link} is a link; darkroom follows none of its own names "
+                              f"in the data dir: remove it")
         raise ConfigError(_HOLDS_OTHER_FILES.format(data_dir=data_dir))
     if os.path.lexists(pgdata) and not stat.S_ISDIR(pgdata.lstat().st_mode):
         raise ConfigError(f"{pgdata} is not a directory; move it away")
@@ -435,9 +446,13 @@ def _password(pgdata: Path) -> str | None:
 
 
 def _initdb(pgdata: Path, account: Account | None) -> None:
-    pgdata.mkdir(mode=0o700, exist_ok=True)
+    try:
+        os.mkdir(pgdata, 0o700)
+    except FileExistsError:
+        if not stat.S_ISDIR(pgdata.lstat().st_mode):  # a link put there since the checks
+            raise ConfigError(f"{pgdata} is not a directory; move it away") from None
     if account is not None:
-        os.chown(pgdata, account.uid, account.gid)
+        os.chown(pgdata, account.uid, account.gid, follow_symlinks=False)
     password = secrets.token_urlsafe(32)
     # initdb reads the password from a file; it may not live in the (empty) cluster dir.
     pwfile = pgdata.with_name(f".{pgdata.name}.initpw")
@@ -473,8 +488,14 @@ def _chown_tree(root: Path, account: Account) -> None:
     following a link (os.fwalk): a directory of the tree swapped for a link while it is
     walked does not lead root's chown out of it."""
     os.chown(root, account.uid, account.gid, follow_symlinks=False)
+    ours = (0, account.uid, *_legacy_owner())
     for _top, dirs, files, top_fd in os.fwalk(root, follow_symlinks=False):
         for name in dirs + files:
+            st = os.stat(name, dir_fd=top_fd, follow_symlinks=False)
+            # Only what a server of darkroom's made: not another user's file, nor a hard
+            # link the server's user made to a file of someone else's it may write to.
+            if st.st_uid not in ours or (not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1):
+                continue
             os.chown(name, account.uid, account.gid, dir_fd=top_fd, follow_symlinks=False)
 
 
@@ -542,6 +563,10 @@ def start(pgdata: Path, *, stop_on_exit: bool = False) -> Server:
     _prepare_data_dir(pgdata, account)
     try:
         with _locked(pgdata):
+            # The data dir is now root's alone (as root): nothing can put a link at the
+            # cluster's name from here on, so one checked now stays checked.
+            if os.path.lexists(pgdata) and not stat.S_ISDIR(pgdata.lstat().st_mode):
+                raise ConfigError(f"{pgdata} is not a directory; move it away")
             if not (pgdata / "PG_VERSION").exists():
                 if pgdata.exists() and any(pgdata.iterdir()):
                     raise ConfigError(f"{pgdata} is not empty and holds no PostgreSQL "

@@ -429,7 +429,28 @@ def is_own_data_dir(path: Path | int, owners: tuple[int, ...] | None = None) -> 
             return False
     except OSError:
         return False
+    # Nor one where a name of darkroom's is a link: darkroom would change, as its own,
+    # whatever the link leads to (the store narrows `objects`).
+    if any(_is_own_name(entry.name) and entry.is_symlink() for entry in seen):
+        return False
     return not seen or any(_is_own_entry(entry) for entry in seen)
+
+
+def _is_own_name(name: str) -> bool:
+    return name.startswith(DATA_DIR_OWN_PREFIX) or name in ("pg", "objects", "local-api-key")
+
+
+def linked_own_name(path: Path) -> Path | None:
+    """A name of darkroom's in the data dir that is a link (which `is_own_data_dir`
+    refuses), for a refusal that names it."""
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                if _is_own_name(entry.name) and entry.is_symlink():
+                    return path / entry.name
+    except OSError:
+        pass
+    return None
 
 
 def _refusal(path: Path, st: os.stat_result, fd: int | None,

@@ -395,6 +395,19 @@ def stand_in(base: Path, case: str) -> tuple[Path, Path]:
         for name in ("objects", "notes.txt"):
             os.chown(target / name, nobody.pw_uid, nobody.pw_gid)
         return target, target
+    if case == "a data dir whose names of darkroom's are links":
+        # Made by the service user in a shared directory, as if an earlier release's.
+        service = pwd.getpwnam(embedded.SERVICE_USER)
+        victim = base / "victim"
+        victim.mkdir(mode=0o755)
+        (victim / "keep").write_text("x")
+        target = base / "data"
+        target.mkdir(mode=0o700)
+        (target / ".pg.x").write_text("")
+        (target / "objects").symlink_to(victim)
+        for path in (target, target / ".pg.x", target / "objects"):
+            os.chown(path, service.pw_uid, service.pw_gid, follow_symlinks=False)
+        return target, victim
     if case == "a data dir whose cluster is a file":
         target = base / "data"
         target.mkdir(mode=0o700)
@@ -416,6 +429,7 @@ def stand_in(base: Path, case: str) -> tuple[Path, Path]:
                                   "a link another user planted, reached through ..",
                                   "a git repository", "a data dir whose cluster is a file",
                                   "another user's files beside a name of darkroom's",
+                                  "a data dir whose names of darkroom's are links",
                                   "one its server cannot reach"])
 def test_as_root_a_data_dir_that_is_not_darkrooms_is_refused_before_anything_changes(
         base: Path, case: str) -> None:
@@ -626,3 +640,37 @@ def test_root_reads_no_file_of_the_cluster_through_a_link(base: Path) -> None:
     (pgdata / "postmaster.pid").unlink()
     (pgdata / "postmaster.pid").symlink_to(base / "pid")
     assert embedded._running_postmaster(pgdata) is None
+
+
+def test_a_data_dir_under_a_missing_parent_is_made_or_refused_in_one_line(base: Path) -> None:
+    """A data dir whose parents do not exist yet: made (darkroom's own, private), or,
+    as root, refused in one line because the server could not enter them, never a
+    traceback (found by attack)."""
+    done = migrate_with(base / "missing" / "data")
+    assert "Traceback" not in done.stderr, done.stderr
+    if done.returncode != 0:
+        refusal(done)
+    stop(base / "missing" / "data" / "pg")
+
+
+@needs_root
+def test_as_root_a_file_the_service_user_hard_links_into_the_cluster_is_not_chowned(
+        base: Path) -> None:
+    """The service user hard-links another user's file (one it may write to) into the
+    cluster, then makes root hand the cluster over again (it edits its pg_hba.conf): the
+    file keeps its owner (found by attack: root chowned it to the service user)."""
+    data_dir = base / "data"
+    embedded.start(data_dir / "pg").cleanup()
+    stop(data_dir / "pg")
+    nobody = pwd.getpwnam("nobody")
+    victim = base / "their-notes"
+    victim.write_text("theirs")
+    victim.chmod(0o666)
+    os.chown(victim, nobody.pw_uid, nobody.pw_gid)
+    os.link(victim, data_dir / "pg" / "linked")
+    with open(data_dir / "pg" / "pg_hba.conf", "a") as hba:
+        hba.write("# changed\n")
+    embedded.start(data_dir / "pg").cleanup()
+    stop(data_dir / "pg")
+    st = victim.stat()
+    assert (st.st_uid, st.st_gid) == (nobody.pw_uid, nobody.pw_gid)

@@ -12,8 +12,10 @@ The server is private to whoever runs darkroom, by construction:
   owned by the server's user), never in a shared directory: a data dir whose socket path
   would be too long for a Unix socket is refused with one line;
 - every connection needs the superuser's password (scram-sha-256; pg_hba.conf has that
-  one line), which lives in a 0600 pgpass file in the cluster directory and reaches
-  clients as a `passfile` path, never in a URL or a log line;
+  one line, and clients require it), which lives in a 0600 pgpass file beside the
+  cluster (`.pg.pass` in the data dir: darkroom's, never the server's user's, who could
+  point a link of its own at a file of root's) and reaches clients as a `passfile`
+  path, never in a URL or a log line;
 - no directory's mode is ever widened: the data dir is made or narrowed to 0700 and its
   parents are left alone; a data dir of another user, or under a directory another user
   owns or may write to, is refused (they could swap in one of their own).
@@ -63,6 +65,7 @@ from darkroom.storage.local import (
     linked_own_name,
     opened_data_dir,
     private_dir,
+    write_private,
 )
 
 # The system user the server runs as when darkroom runs as root.
@@ -70,7 +73,8 @@ SERVICE_USER = "darkroom"
 SUPERUSER = "postgres"
 PORT = 5432
 SOCKET_NAME = f".s.PGSQL.{PORT}"
-PASSFILE = "darkroom.pgpass"
+PASSFILE = ".pg.pass"  # in the data dir, beside the cluster
+LEGACY_PASSFILE = "darkroom.pgpass"  # in the cluster, by earlier releases
 LEGACY_SERVICE_USER = "pgserver"
 # sizeof(sockaddr_un.sun_path) on Linux, less its terminating NUL.
 MAX_SOCKET_PATH = 107
@@ -437,9 +441,14 @@ def _write_owned(path: Path, data: str, account: Account | None) -> None:
             tmp.unlink()
 
 
-def _password(pgdata: Path) -> str | None:
+def passfile(pgdata: Path) -> Path:
+    """The clients' pgpass file: in the data dir, which is darkroom's (root's, as root)."""
+    return pgdata.parent / PASSFILE
+
+
+def _password(pgdata: Path, path: Path | None = None) -> str | None:
     try:
-        line = _read_inside(pgdata / PASSFILE).strip()
+        line = _read_inside(path or passfile(pgdata)).strip()
     except FileNotFoundError:
         return None
     return line.rsplit(":", 1)[1] if line.count(":") == 4 else None
@@ -466,7 +475,7 @@ def _initdb(pgdata: Path, account: Account | None) -> None:
     if done.returncode != 0:
         raise ConfigError(f"embedded PostgreSQL: initdb in {pgdata} failed "
                           f"(exit {done.returncode})")
-    _write_owned(pgdata / PASSFILE, f"*:*:*:{SUPERUSER}:{password}\n", account)
+    write_private(passfile(pgdata), f"*:*:*:{SUPERUSER}:{password}\n".encode())
     _write_owned(pgdata / "pg_hba.conf", HBA, account)
 
 
@@ -510,8 +519,11 @@ def _make_private(pgdata: Path, account: Account | None) -> None:
     pgdata.chmod(0o700)
     password = _password(pgdata)
     if password is None:
-        password = secrets.token_urlsafe(32)
-        _write_owned(pgdata / PASSFILE, f"*:*:*:{SUPERUSER}:{password}\n", account)
+        # The one an earlier release kept in the cluster, if any: the server has it, so
+        # a start interrupted after this write still finds the two agreeing.
+        password = (_password(pgdata, pgdata / LEGACY_PASSFILE)
+                    or secrets.token_urlsafe(32))
+        write_private(passfile(pgdata), f"*:*:*:{SUPERUSER}:{password}\n".encode())
     # Single-user mode: no socket and no listener while the password is set.
     done = _run(account, [binary("postgres"), "--single", "-D", str(pgdata),
                           "-c", "password_encryption=scram-sha-256", "postgres"],
@@ -521,6 +533,8 @@ def _make_private(pgdata: Path, account: Account | None) -> None:
         raise ConfigError(f"embedded PostgreSQL in {pgdata}: setting its password failed "
                           f"(exit {done.returncode})")
     _write_owned(pgdata / "pg_hba.conf", HBA, account)
+    # An earlier release kept the password in the cluster: no longer read, not left.
+    (pgdata / LEGACY_PASSFILE).unlink(missing_ok=True)
 
 
 def _start(pgdata: Path) -> None:
@@ -543,8 +557,11 @@ class Server:
     _stopped: bool = field(default=False, repr=False)
 
     def get_uri(self, database: str = "postgres") -> str:
+        # A password is sent only by SCRAM, which proves it without revealing it, even
+        # to a server that the server's user put in the real one's place.
         query = urllib.parse.urlencode({"host": str(self.pgdata), "port": str(PORT),
-                                        "passfile": str(self.pgdata / PASSFILE)})
+                                        "passfile": str(passfile(self.pgdata)),
+                                        "require_auth": "scram-sha-256"})
         return f"postgresql://{SUPERUSER}@/{urllib.parse.quote(database)}?{query}"
 
     def cleanup(self) -> None:

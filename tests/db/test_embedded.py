@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from darkroom.config import ConfigError
 from darkroom.db import embedded
@@ -120,7 +121,7 @@ def assert_private(pgdata: Path, before: dict[Path, int]) -> None:
         "socket": as_nobody(pg_binary("psql"), f"host={pgdata} user=postgres dbname=postgres",
                             "-c", "select 1"),
         "list": as_nobody("ls", str(data_dir)),
-        "passfile": as_nobody("cat", str(pgdata / "darkroom.pgpass")),
+        "passfile": as_nobody("cat", str(embedded.passfile(pgdata))),
         "pid file": as_nobody("cat", str(pgdata / "postmaster.pid")),
         "hba": as_nobody("cat", str(pgdata / "pg_hba.conf")),
     }
@@ -629,8 +630,9 @@ def test_root_reads_no_file_of_the_cluster_through_a_link(base: Path) -> None:
     victim = base / "roots-secret"
     victim.write_text("a:b:c:d:root-only\n")
     victim.chmod(0o600)
-    for name in (embedded.PASSFILE, "pg_hba.conf", "postmaster.pid"):
+    for name in (embedded.LEGACY_PASSFILE, "pg_hba.conf", "postmaster.pid"):
         (pgdata / name).symlink_to(victim)
+    embedded.passfile(pgdata).symlink_to(victim)
     (pgdata / "pg_hba.conf").unlink()
     (pgdata / "pg_hba.conf").symlink_to(base / "hba")
     (base / "hba").write_text(embedded.HBA)
@@ -674,3 +676,30 @@ def test_as_root_a_file_the_service_user_hard_links_into_the_cluster_is_not_chow
     stop(data_dir / "pg")
     st = victim.stat()
     assert (st.st_uid, st.st_gid) == (nobody.pw_uid, nobody.pw_gid)
+
+
+@needs_root
+def test_as_root_clients_never_read_a_password_file_the_service_user_can_replace(
+        base: Path) -> None:
+    """The clients' password file is root's, beside the cluster, not in it: the service
+    user could put a link in its place there, to a file of root's, and catch what the
+    clients then send (found by attack: a server of its own in the socket's place got
+    the password fields of root's files, in cleartext). They send a password only by
+    SCRAM, and a cluster of an earlier release is moved over with the password it has."""
+    data_dir = base / "data"
+    embedded.start(data_dir / "pg").cleanup()
+    stop(data_dir / "pg")
+    # As an earlier release left it: the password file inside the cluster.
+    password = embedded._password(data_dir / "pg")
+    embedded.passfile(data_dir / "pg").rename(data_dir / "pg" / embedded.LEGACY_PASSFILE)
+    server = embedded.start(data_dir / "pg", stop_on_exit=True)
+    params = conninfo_to_dict(server.get_uri())
+    kept = Path(str(params["passfile"]))
+    assert kept.parent == data_dir and params["require_auth"] == "scram-sha-256"
+    st = kept.lstat()
+    assert stat.S_ISREG(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o600
+    assert embedded._password(data_dir / "pg") == password
+    assert not (data_dir / "pg" / embedded.LEGACY_PASSFILE).exists()
+    with psycopg.connect(server.get_uri()) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    server.cleanup()

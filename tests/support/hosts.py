@@ -404,9 +404,11 @@ def faults(system: System, tally: Tally, hf: HostFaults, tl: Timeline, client: T
         hf.link_cut_leases_held = held
         hf.link_cut_leases = leases
         start = tl.now()
+        net.link("w1", up=False)
+        # Read once the link is down: a commit of w1's whose transaction began before
+        # this reached the server before the cut (none can begin after it).
         now = db.execute(SQL["db_now"]).fetchone()
         hf.link_cut_at = now[0].isoformat() if now else None
-        net.link("w1", up=False)
         tally.note(f"w1 link down, holding {held} lease(s)")
         stop.wait(LEASE * 2.5)
         net.link("w1", up=True)

@@ -389,7 +389,7 @@ def stand_in(base: Path, case: str) -> tuple[Path, Path]:
             path.chmod(0o755)
         return target, target
     if case == "another user's files beside a name of darkroom's":
-        target = base / "shared"
+        target = base / "mixed"
         target.mkdir(mode=0o755)
         (target / "objects").mkdir(mode=0o700)
         (target / "notes.txt").write_text("theirs")
@@ -397,7 +397,7 @@ def stand_in(base: Path, case: str) -> tuple[Path, Path]:
             os.chown(target / name, nobody.pw_uid, nobody.pw_gid)
         return target, target
     if case == "a data dir whose names of darkroom's are links":
-        # Made by the service user in a shared directory, as if an earlier release's.
+        # Made by the service user in a directory open to all, as if an earlier release's.
         service = pwd.getpwnam(embedded.SERVICE_USER)
         victim = base / "victim"
         victim.mkdir(mode=0o755)

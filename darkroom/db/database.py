@@ -193,14 +193,15 @@ class Database:
 async def _again_if_rolled_back(call: Callable[[], Awaitable[T]]) -> T:
     """`call` (one statement, or one pipeline's transaction), sent again while PostgreSQL
     rolled it back to break a deadlock (ROLLED_BACK): each try did nothing."""
-    for attempt in range(1, ROLLED_BACK_TRIES + 1):
+    attempt = 1
+    while True:
         try:
             return await call()
         except ROLLED_BACK:
             if attempt == ROLLED_BACK_TRIES:
                 raise
         await asyncio.sleep(random.uniform(0.0, 0.01 * 2 ** attempt))
-    raise AssertionError("unreachable")
+        attempt += 1
 
 
 @asynccontextmanager

@@ -42,7 +42,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.rows import dict_row
@@ -394,6 +394,15 @@ def _asyncpg_available() -> bool:
     return importlib.util.find_spec("asyncpg") is not None
 
 
+def _asyncpg_dsn(url: str) -> str:
+    """The URL without libpq's `require_auth` (the embedded server's URLs carry it):
+    asyncpg sends a query key it does not know to the server as a setting, which the
+    server refuses. The embedded server asks for SCRAM alone, which asyncpg speaks."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "require_auth"]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
 async def _pgqueuer_queries(url: str) -> tuple[Any, Any]:
     from pgqueuer.queries import Queries
 
@@ -403,7 +412,7 @@ async def _pgqueuer_queries(url: str) -> tuple[Any, Any]:
         import asyncpg  # type: ignore[import-untyped]
         from pgqueuer.db import AsyncpgDriver
 
-        conn = await asyncpg.connect(dsn=url)
+        conn = await asyncpg.connect(dsn=_asyncpg_dsn(url))
         return Queries(AsyncpgDriver(conn)), conn
     from pgqueuer.db import PsycopgDriver
 

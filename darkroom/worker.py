@@ -14,7 +14,8 @@ attempt, fenced commit. A separate heartbeat task extends every held lease each 
 a lease found lost kills that job's child at once. On SIGTERM/SIGINT the worker stops
 claiming, lets jobs finish within the grace period, then kills the rest and hands their
 cards back; a second signal skips the grace. However the database answers, the stop ends
-within the grace and STOP_MARGIN_SECONDS: what does not answer in time is given up.
+within the grace and STOP_MARGIN_SECONDS (stop.py): what does not answer in time is given
+up.
 
 Every database write may commit while its answer is lost. Each is safe to repeat and
 recognized as its own success when repeated (see queue.py); a claim whose answer was lost
@@ -37,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import random
 import signal
@@ -79,22 +79,15 @@ from darkroom.queue import (
 )
 from darkroom.sandbox import DECODER, ChildProgram, DecoderProcess, jail_log_fields
 from darkroom.services import prepare
+from darkroom.stop import END_SECONDS, StopDeadline
 from darkroom.storage import ObjectStore
 
 log = logging.getLogger("darkroom.worker")
 T = TypeVar("T")
 
 # How long a worker spends handing leases back, or a stopping one waits for a claim on its
-# way, at most.
+# way, at most (within the stop's deadline, stop.py).
 HAND_BACK_SECONDS = 5.0
-# A stop's deadline is the shutdown grace and this long: handing the leases back, then
-# waiting for what it cancelled. A database or a store that froze with calls on their way
-# holds none of it: what does not answer in time is given up, and its leases expire.
-STOP_MARGIN_SECONDS = 6.0
-# Past the deadline: ending what was given up, then closing the pool, each at most this
-# long. The whole stop so ends within the grace and 8 s, the process's own exit included
-# (OPERATIONS.md: an orchestrator's kill timeout of grace + 10 s is never reached).
-END_SECONDS = 0.5
 # A failed heartbeat is tried again this soon (doubling up to the heartbeat interval).
 HEARTBEAT_RETRY_SECONDS = 0.2
 # Files whose last deferral by this worker is remembered (to tell whether the store served
@@ -212,11 +205,8 @@ class Worker:
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.skip_grace = asyncio.Event()
-        # Monotonic: when the running jobs' grace ends, and when the whole stop must end.
-        self._grace_until = math.inf
-        self._stop_by = math.inf
-        # Tasks a stop gave up waiting for: cancelled, and cancelled again at its end.
-        self._given_up: set[asyncio.Task[Any]] = set()
+        # When the running jobs' grace ends and the whole stop must end; what it gave up.
+        self.deadline = StopDeadline()
         self._rng = random.Random()
         # Claims whose answer was lost and whose lookup found nothing yet: the claim may
         # still commit (its statement was on its way, or still running on the server).
@@ -241,17 +231,17 @@ class Worker:
             await self._until_stopping(claiming)
         finally:
             if not claiming.done():
-                self._give_up(claiming)
-            self._stop_within(self.settings.shutdown_grace_seconds)  # ended by an error
+                self.deadline.give_up(claiming)
+            self.deadline.within(self.settings.shutdown_grace_seconds)  # ended by an error
             await self._drain()
             await self._finish_tracking()
             for task in helpers:
                 task.cancel()
-            await self._settle(helpers)
+            await self.deadline.settle(helpers)
             # A commit's claim answered after the drain took the leases kept ahead.
             await self._hand_back([], self._take_kept_ahead())
-            await self._settle(self._handing_back)
-            await self._end_given_up()
+            await self.deadline.settle(self._handing_back)
+            await self.deadline.end_given_up()
             for decoder in self.idle_decoders:
                 decoder.close()
 
@@ -273,7 +263,7 @@ class Worker:
         finally:
             stopping.cancel()
         if not claiming.done():
-            await asyncio.wait([claiming], timeout=self._left(HAND_BACK_SECONDS))
+            await asyncio.wait([claiming], timeout=self.deadline.left(HAND_BACK_SECONDS))
         if not claiming.done():
             log.warning("a claim on its way did not answer; what it leased will expire")
             return
@@ -284,63 +274,13 @@ class Worker:
         if self.stopping.is_set():
             log.warning("second signal: skipping the shutdown grace")
             self.skip_grace.set()
-            self._stop_within(0.0)
+            self.deadline.within(0.0)
         else:
             log.info("stopping: no new claims; finishing running jobs",
                      extra={"running": len(self.jobs)})
             self.stopping.set()
-            self._stop_within(self.settings.shutdown_grace_seconds)
+            self.deadline.within(self.settings.shutdown_grace_seconds)
         self.wake.set()
-
-    def _stop_within(self, grace: float) -> None:
-        """The running jobs' grace ends `grace` from now, unless it ends sooner already;
-        the stop ends STOP_MARGIN_SECONDS after it."""
-        self._grace_until = min(self._grace_until, time.monotonic() + grace)
-        self._stop_by = self._grace_until + STOP_MARGIN_SECONDS
-
-    def _left(self, cap: float = math.inf) -> float:
-        """Of `cap` seconds, what the stop's deadline leaves (all of it when not stopping)."""
-        return max(0.0, min(cap, self._stop_by - time.monotonic()))
-
-    def _give_up(self, task: asyncio.Task[Any]) -> None:
-        """Cancel a task and stop waiting for it. Cancelled in a statement, psycopg asks
-        the server to cancel it and waits for that (up to 10 s with a server that does
-        not answer): the stop goes on meanwhile, and `_end_given_up` cuts that wait."""
-        task.cancel()
-        self._given_up.add(task)
-        task.add_done_callback(self._given_up.discard)
-
-    async def _within(self, seconds: float, call: Awaitable[T]) -> T:
-        """`call`'s answer within `seconds`, else TimeoutError; a call that did not answer
-        is given up, not waited for."""
-        task = asyncio.ensure_future(call)
-        try:
-            await asyncio.wait([task], timeout=seconds)
-        finally:
-            if not task.done():
-                self._give_up(task)
-        if not task.done():
-            raise TimeoutError
-        return task.result()
-
-    async def _settle(self, tasks: Collection[asyncio.Task[Any]]) -> None:
-        """Wait for these tasks while the stop's deadline allows; give up the rest."""
-        pending = [task for task in tasks if not task.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=self._left())
-        for task in pending:
-            if not task.done():
-                self._give_up(task)
-            elif not task.cancelled():
-                task.exception()  # retrieved: a helper's error ends with the stop
-
-    async def _end_given_up(self) -> None:
-        """End what the stop gave up: cancelled again, a task no longer waits for the
-        server to confirm its first cancellation, so nothing outlives the stop."""
-        for task in list(self._given_up):
-            task.cancel()
-        if self._given_up:
-            await asyncio.wait(set(self._given_up), timeout=END_SECONDS)
 
     async def _claim_free_slots(self) -> int:
         adopted = await self._adopt_late_claims() if self._unknown_claims else 0
@@ -610,14 +550,14 @@ class Worker:
         skipped = asyncio.ensure_future(self.skip_grace.wait())
         try:
             await asyncio.wait([tracked, skipped],
-                               timeout=self._left(self.settings.shutdown_grace_seconds),
+                               timeout=self.deadline.left(self.settings.shutdown_grace_seconds),
                                return_when=asyncio.FIRST_COMPLETED)
         finally:
             tracked.cancel()  # the wait, not the tasks it waits for
             skipped.cancel()
         for task in list(self._tracking):
             if not task.done():
-                self._give_up(task)
+                self.deadline.give_up(task)
 
     def _track_late_writes(self, job: Job) -> None:
         """An attempt that did not publish: once its PUTs have returned, its objects are
@@ -865,7 +805,7 @@ class Worker:
                 asyncio.gather(*running, return_exceptions=True))
             skipped: asyncio.Future[Any] = asyncio.create_task(self.skip_grace.wait())
             await asyncio.wait([finished, skipped],
-                               timeout=max(0.0, self._grace_until - time.monotonic()),
+                               timeout=self.deadline.grace_left(),
                                return_when=asyncio.FIRST_COMPLETED)
             skipped.cancel()
         unfinished = list(self.jobs.values())
@@ -879,7 +819,7 @@ class Worker:
                      extra=job.log_extra())
             if job.task is not None:
                 job.task.cancel()
-        await self._settle([job.task for job in unfinished if job.task is not None])
+        await self.deadline.settle([job.task for job in unfinished if job.task is not None])
 
     def _hand_back_kept_ahead(self, why: str) -> None:
         """Hand the leases kept ahead back now (due now, their attempt given back), in a
@@ -907,11 +847,11 @@ class Worker:
         tokens = {lease.token for lease in unstarted}
         # Sent again after a lost connection (a repeat that went through answers what it
         # did), so one cut connection does not leave the leases to expire.
-        until = time.monotonic() + self._left(HAND_BACK_SECONDS)
+        until = time.monotonic() + self.deadline.left(HAND_BACK_SECONDS)
         delay = 0.1
         while True:
             try:
-                return await self._within(until - time.monotonic(),
+                return await self.deadline.answer(until - time.monotonic(),
                                           self.queue.release(leases, tokens))
             except CONNECTION_ERRORS:
                 if time.monotonic() + delay >= until:

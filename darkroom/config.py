@@ -16,6 +16,10 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# An S3 request's wait for the store's next bytes, unless DARKROOM_STORAGE_TIMEOUT_SECONDS
+# says otherwise.
+STORAGE_TIMEOUT_SECONDS = 10.0
+
 
 class ConfigError(Exception):
     """A configuration value is unusable; the message is one line for the operator."""
@@ -73,6 +77,10 @@ class Settings(BaseSettings):
     storage_url: str | None = Field(None,
         description="`file:///abs/dir` or `s3://bucket/prefix`",
         json_schema_extra={"shown": "`file://$DARKROOM_DATA_DIR/objects`"})
+    storage_timeout_seconds: float = Field(STORAGE_TIMEOUT_SECONDS, gt=0, le=600,
+        description=("an S3 request's wait for the store's next bytes (and at most 5 s for "
+                     "its connection), before it is tried once more and then taken as the "
+                     "store's failure, never the file's"))
     data_dir: Path = Field(Path(".darkroom"),
         description="local state: embedded database, local objects, the local key")
 

@@ -20,7 +20,8 @@ from darkroom.storage import ObjectStore, open_store
 
 def open_checked_store(settings: Settings) -> ObjectStore:
     try:
-        store = open_store(settings.resolved_storage_url)
+        store = open_store(settings.resolved_storage_url,
+                           timeout=settings.storage_timeout_seconds)
         store.check()
     except StorageError as exc:  # including StorageConfigError and StorageUnavailable
         raise ConfigError(f"DARKROOM_STORAGE_URL: {exc}") from None

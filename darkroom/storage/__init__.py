@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
+from darkroom.config import STORAGE_TIMEOUT_SECONDS
 from darkroom.errors import (
     ObjectMissing,
     StorageConfigError,
@@ -46,8 +47,9 @@ _URL_SHAPE = "the storage URL must be file:///absolute/dir or s3://bucket[/prefi
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
-def open_store(url: str) -> ObjectStore:
+def open_store(url: str, *, timeout: float = STORAGE_TIMEOUT_SECONDS) -> ObjectStore:
     """The store a `DARKROOM_STORAGE_URL` names; it is not contacted until used or checked.
+    `timeout`: an S3 request's wait for the store's answer (DARKROOM_STORAGE_TIMEOUT_SECONDS).
 
     The error messages never repeat the URL: it may carry credentials or private paths.
     """
@@ -71,7 +73,7 @@ def open_store(url: str) -> ObjectStore:
             raise StorageConfigError("the S3 bucket name in the storage URL is invalid")
         from darkroom.storage.s3 import S3Store
 
-        return S3Store(bucket, unquote(parts.path))
+        return S3Store(bucket, unquote(parts.path), timeout=timeout)
     raise StorageConfigError(_URL_SHAPE)
 
 

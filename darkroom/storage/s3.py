@@ -31,6 +31,7 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 
+from darkroom.config import STORAGE_TIMEOUT_SECONDS
 from darkroom.errors import (
     ObjectMissing,
     StorageConfigError,
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
+# A connection to the store is given this long at most (less when the timeout is shorter).
+CONNECT_TIMEOUT_SECONDS = 5.0
 # Non-seekable bodies are spooled (in memory up to this size, then on disk) because SigV4
 # and retries both need to read the body more than once.
 _SPOOL_MEMORY = 8 * 1024 * 1024
@@ -103,8 +106,8 @@ def make_client(
     access_key: str | None = None,
     secret_key: str | None = None,
     region: str | None = None,
-    connect_timeout: float = 5.0,
-    read_timeout: float = 10.0,
+    connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+    read_timeout: float = STORAGE_TIMEOUT_SECONDS,
     max_attempts: int = 2,
 ) -> S3Client:
     """An S3 client configured as darkroom needs it.
@@ -163,13 +166,15 @@ class S3Store:
         *,
         client: S3Client | None = None,
         page_size: int = 1000,
+        timeout: float = STORAGE_TIMEOUT_SECONDS,
     ) -> None:
         if not bucket:
             raise StorageConfigError("the S3 bucket name is empty")
         self.bucket = bucket
         self.page_size = page_size
         self.prefix = _normalise_prefix(prefix)
-        self._client = client if client is not None else make_client()
+        self._client = client if client is not None else make_client(
+            connect_timeout=min(CONNECT_TIMEOUT_SECONDS, timeout), read_timeout=timeout)
 
     def __repr__(self) -> str:
         return f"S3Store(bucket={self.bucket!r}, prefix={self.prefix!r})"

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 from pathlib import Path
 
 import pytest
 
-from darkroom.errors import StorageConfigError
+from darkroom.errors import StorageConfigError, StorageUnavailable
 from darkroom.storage import LocalStore, S3Store, open_store
 
 
@@ -59,3 +62,48 @@ def test_bad_urls_fail_with_one_line_that_does_not_repeat_them(url: str) -> None
     assert "\n" not in message
     if len(url) > 6:  # longer than the scheme the message itself names
         assert url not in message
+
+
+def test_a_store_that_never_answers_fails_a_request_within_its_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """DARKROOM_STORAGE_TIMEOUT_SECONDS bounds an S3 request's wait on a store that takes
+    the connection and never answers: the store's failure (StorageUnavailable), after one
+    more try, not a wait of 2 × the default 10 s."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:  # takes every connection and reads nothing back to it
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                held.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{listener.getsockname()[1]}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    store = open_store("s3://photos", timeout=0.5)
+    failed = threading.Event()
+    errors: list[BaseException] = []
+
+    def get() -> None:
+        try:
+            store.get("originals/x", "v1")
+        except BaseException as exc:
+            errors.append(exc)
+        failed.set()
+
+    try:
+        threading.Thread(target=get, daemon=True).start()
+        assert failed.wait(timeout=8)  # a deadline: the default would wait 20 s
+        assert len(errors) == 1 and isinstance(errors[0], StorageUnavailable), errors
+        assert len(held) == 2  # the request and its one retry
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        listener.close()

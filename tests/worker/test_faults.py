@@ -137,6 +137,8 @@ def test_a_store_outage_rejects_nothing_and_pauses_claims(harness: Harness, api:
                                                           seaweed: Any, fault: str) -> None:
     """An outage of the store longer than the whole backoff schedule spends no attempt."""
     proxy, env = seaweed_proxy(seaweed)
+    # A stalled request is the store's failure after 2 × 1 s, not 2 × the default 10 s.
+    env["DARKROOM_STORAGE_TIMEOUT_SECONDS"] = "1"
     try:
         ids = harness.upload_many(small_photos(FILES))
         worker = harness.start("worker", "--concurrency", "2", "--name", "wf", env=env)

@@ -192,7 +192,8 @@ def test_outages_postgres_restart_and_frozen_s3(harness: Harness, postgres: obje
         pytest.skip("the PostgreSQL under test is not ours to restart")
     ids = [harness.upload(photo(i)) for i in range(12)]
     for _ in range(2):
-        harness.worker(concurrency=2, max_attempts="20")
+        # A request to the frozen store is its failure after 2 × 2 s (the default: 2 × 10 s).
+        harness.worker(concurrency=2, max_attempts="20", storage_timeout_seconds="2")
     wait_for(lambda: harness.statuses(ids).get("ready", 0) >= 2, timeout=120, what="progress")
     postgres.restart()
     wait_for(lambda: harness.reconnect() and harness.statuses(ids).get("ready", 0) >= 4,

@@ -361,7 +361,7 @@ WITH done AS (
         derive_fingerprint = %(fingerprint)s::text, rederive_error = NULL,
         lease_token = NULL, lease_until = NULL, finished_at = now(), updated_at = now()
     FROM done d
-    -- The token is the fence: CHECK lease_iff_processing makes a matching token imply
+    -- The token is the fence: CHECK card_states (migration 0023) makes a matching token imply
     -- status = 'processing'. Saying so again here would steer the planner to the partial
     -- index of every live lease instead of the primary key.
     WHERE f.id = ANY (%(ids)b::uuid[]) AND f.id = d.id AND f.lease_token = d.token

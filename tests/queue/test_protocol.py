@@ -647,6 +647,20 @@ async def test_counted_deferrals_give_the_attempt_back_until_the_bound_rejects(
         conn.execute(SQL["set_deferrals"], {"id": fid, "deferrals": -1})
 
 
+
+@pytest.mark.parametrize("breaking", [
+    "break_status", "break_priority", "break_original_sha256", "break_attempts",
+    "break_size_bytes", "break_lease_while_queued", "break_ready_without_derivative",
+    "break_rejected_without_code", "break_event_kind"])
+async def test_the_cards_rules_are_the_databases_whoever_writes(
+        pool: Any, db_url: str, breaking: str) -> None:
+    """Each rule the protocol stands on (migration 0023: the columns' types and the card's
+    states) refuses a write that breaks it, whatever sends it."""
+    [fid] = await new_queued(make_queue(pool))
+    with psycopg.connect(db_url) as conn, pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute(SQL[breaking], {"id": fid})
+    assert card(db_url, fid)["status"] == "queued"
+
 async def test_a_counted_deferral_waits_a_growing_backoff(pool: Any, db_url: str) -> None:
     q = make_queue(pool, retry_base_seconds=100.0, retry_cap_seconds=1000.0,
                    rng=random.Random(1))

@@ -629,3 +629,30 @@ SELECT pg_notify('darkroom_cards', %(payload)s);
 -- name: lock_owner_clock
 -- Hold an owner's clock row (in the caller's open transaction), as a slow stamping would.
 SELECT 1 FROM owner_clocks WHERE owner = %(owner)s AND priority = %(priority)s FOR UPDATE;
+
+-- name: break_status
+UPDATE archive_files SET status = 'lost' WHERE id = %(id)s;
+
+-- name: break_priority
+UPDATE archive_files SET priority = 'urgent' WHERE id = %(id)s;
+
+-- name: break_original_sha256
+UPDATE archive_files SET original_sha256 = 'NOT-A-DIGEST' WHERE id = %(id)s;
+
+-- name: break_attempts
+UPDATE archive_files SET attempts = -1 WHERE id = %(id)s;
+
+-- name: break_size_bytes
+UPDATE archive_files SET size_bytes = -1 WHERE id = %(id)s;
+
+-- name: break_lease_while_queued
+UPDATE archive_files SET lease_token = gen_random_uuid(), lease_until = now() WHERE id = %(id)s;
+
+-- name: break_ready_without_derivative
+UPDATE archive_files SET status = 'ready' WHERE id = %(id)s;
+
+-- name: break_rejected_without_code
+UPDATE archive_files SET status = 'rejected' WHERE id = %(id)s;
+
+-- name: break_event_kind
+INSERT INTO archive_events (file_id, kind) VALUES (%(id)s, 'nonsense');

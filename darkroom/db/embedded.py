@@ -500,12 +500,28 @@ def _chown_tree(root: Path, account: Account) -> None:
     ours = (0, account.uid, *_legacy_owner())
     for _top, dirs, files, top_fd in os.fwalk(root, follow_symlinks=False):
         for name in dirs + files:
-            st = os.stat(name, dir_fd=top_fd, follow_symlinks=False)
-            # Only what a server of darkroom's made: not another user's file, nor a hard
-            # link the server's user made to a file of someone else's it may write to.
-            if st.st_uid not in ours or (not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1):
-                continue
-            os.chown(name, account.uid, account.gid, dir_fd=top_fd, follow_symlinks=False)
+            _hand_over(top_fd, name, account, ours)
+
+
+def _hand_over(dir_fd: int, name: str, account: Account, ours: tuple[int, ...]) -> None:
+    """Chown one entry of the cluster to the server's user if a server of darkroom's made
+    it: not another user's file, nor a hard link the server's user made to a file of
+    someone else's it may write to. The entry is opened once (O_PATH, not following a
+    link) and the very file opened is checked and chowned: a name swapped between the two
+    (renameat2's exchange) cannot lead the chown to another file."""
+    try:
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    try:
+        st = os.fstat(fd)
+        if (st.st_uid not in ours or stat.S_ISLNK(st.st_mode)
+                or (not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1)):
+            return
+        # fchown does not take an O_PATH descriptor; its /proc link names that file.
+        os.chown(f"/proc/self/fd/{fd}", account.uid, account.gid)
+    finally:
+        os.close(fd)
 
 
 def _make_private(pgdata: Path, account: Account | None) -> None:

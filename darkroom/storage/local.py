@@ -496,16 +496,32 @@ def check_data_dir(path: Path, owners: tuple[int, ...] | None = None) -> None:
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+def _check_parent(path: Path, fd: int) -> None:
+    """Refuse a parent of the data dir (open at `fd`) that another local user could move
+    aside and replace: it must belong to root or to us, and be writable by no one else
+    unless sticky, as /tmp is. Checked on the directory walked, not on its name: a parent
+    another user made where one was missing, after any earlier check, is refused."""
+    st = os.fstat(fd)
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in (0, os.geteuid()):
+        raise ConfigError(f"a directory above the data dir {path} belongs to another user "
+                          f"(uid {st.st_uid}); choose a data dir in directories of your own")
+    if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
+        raise ConfigError(f"a directory above the data dir {path} is writable by other "
+                          "users; choose a data dir in directories of your own")
+
+
 def _walk_made(path: Path) -> int:
     """`path` (absolute, its links resolved and checked: config.resolve_trusted), open,
     its missing names made 0700 on the way. Walked from the root one name at a time, each
     opened without following a link: a link put in the path since it was resolved (where
     a parent was missing, in /tmp say) is refused, never followed, so nothing is made
-    where it leads."""
+    where it leads; and each parent is checked as it is walked (`_check_parent`)."""
     path = path if path.is_absolute() else Path.cwd() / path
     fd = os.open(path.anchor, _OPEN_DIR)
     try:
-        for name in path.parts[1:]:
+        last = len(path.parts) - 1
+        for i, name in enumerate(path.parts[1:], start=1):
             try:
                 step = os.open(name, _OPEN_DIR, dir_fd=fd)
             except FileNotFoundError:
@@ -521,6 +537,8 @@ def _walk_made(path: Path) -> int:
                 raise
             os.close(fd)
             fd = step
+            if i < last:
+                _check_parent(path, fd)
     except OSError as exc:
         os.close(fd)
         raise ConfigError(f"the data dir {path} cannot be made private "

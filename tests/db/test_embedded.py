@@ -703,3 +703,18 @@ def test_as_root_clients_never_read_a_password_file_the_service_user_can_replace
     with psycopg.connect(server.get_uri()) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
     server.cleanup()
+
+
+@needs_root
+def test_a_parent_another_user_made_after_the_checks_is_not_walked_into(base: Path) -> None:
+    """A parent of the data dir was missing when its parents were checked, and another
+    user made it (theirs, open to all) before darkroom walked the path: darkroom makes
+    nothing in it, or that user could later move the data dir aside and hand darkroom a
+    socket and a password file of their own (found by attack)."""
+    nobody = pwd.getpwnam("nobody")
+    theirs = base / "p1"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+    with pytest.raises(ConfigError, match="belongs to another user"):
+        private_dir(theirs / "data")
+    assert list(theirs.iterdir()) == []

@@ -288,12 +288,17 @@ def _prepare_data_dir(pgdata: Path, account: Account | None) -> None:
     is changed, so a refused start leaves every directory as it was."""
     data_dir = pgdata.parent
     _check_parents(data_dir)
-    # A data dir someone else made (in /tmp, say) stays theirs to open up again.
-    owners = (os.geteuid(), account.uid, *_legacy_owner()) if account else (os.geteuid(),)
+    # A data dir someone else made (in /tmp, say) stays theirs to open up again. As root,
+    # the server's user (or the one an earlier release ran the server as) may own the
+    # data dir, as releases before 2026-12-04 left it, and the cluster in it, but nothing
+    # else there: a store or a key that user put in the data dir would be written through
+    # by root's processes, wherever its links lead.
+    served = (account.uid, *_legacy_owner()) if account else ()
+    owners = (os.geteuid(), *served)
     check_data_dir(data_dir, owners)
     # As root it is handed to the server's group (below): only a directory of darkroom's
     # own, never one that holds other files (/root, say).
-    if account is not None and data_dir.exists() and not is_own_data_dir(data_dir, owners):
+    if account is not None and data_dir.exists() and not _is_roots_data_dir(data_dir, served):
         if link := linked_own_name(data_dir):
             raise ConfigError(f"{link} is a link; darkroom follows none of its own names "
                               f"in the data dir: remove it")
@@ -325,13 +330,22 @@ def _prepare_data_dir(pgdata: Path, account: Account | None) -> None:
     # and the service user's group may traverse it (0710), never list or rename in it
     # (else it could swap `objects` or a file root writes here for a link of its own).
     with opened_data_dir(data_dir, owners) as fd:
-        if not is_own_data_dir(fd, owners):
+        if not _is_roots_data_dir(fd, served):
             raise ConfigError(_HOLDS_OTHER_FILES.format(data_dir=data_dir))
         st = os.fstat(fd)
         if (st.st_uid, st.st_gid) != (0, account.gid):
             os.fchown(fd, 0, account.gid)
         if stat.S_IMODE(st.st_mode) != SERVED_DATA_DIR_MODE:
             os.fchmod(fd, SERVED_DATA_DIR_MODE)
+        # Until then a data dir of the server's user's was that user's to write in: what
+        # it put there meanwhile is refused, now that it can put nothing more.
+        if not _is_roots_data_dir(fd, served):
+            raise ConfigError(_HOLDS_OTHER_FILES.format(data_dir=data_dir))
+
+
+def _is_roots_data_dir(data_dir: Path | int, served: tuple[int, ...]) -> bool:
+    """As root: darkroom's own data dir, every entry root's but the cluster (`served`'s)."""
+    return is_own_data_dir(data_dir, (0,), served_by=served)
 
 
 _HOLDS_OTHER_FILES = ("the data dir {data_dir} holds other files; running as root, darkroom "

@@ -416,16 +416,21 @@ def _is_own_entry(entry: os.DirEntry[str]) -> bool:
     return False
 
 
-def is_own_data_dir(path: Path | int, owners: tuple[int, ...] | None = None) -> bool:
+def is_own_data_dir(path: Path | int, owners: tuple[int, ...] | None = None, *,
+                    served_by: tuple[int, ...] = ()) -> bool:
     """Whether the directory (a path, or an open descriptor) is empty or holds darkroom's
     data, and nothing of another user's (`owners`: the users darkroom's files may belong
-    to, this process's by default): a name like darkroom's beside another user's files
-    does not make a directory darkroom's."""
+    to, this process's by default; `served_by`: the users the embedded cluster, `pg`
+    alone, may belong to besides): a name like darkroom's beside another user's files
+    does not make a directory darkroom's, nor does a store or a key that the database's
+    own user put there for root to write through."""
     allowed = owners or (os.geteuid(),)
     try:
         with os.scandir(path) as entries:
             seen = list(entries)
-        if any(entry.stat(follow_symlinks=False).st_uid not in allowed for entry in seen):
+        if any(entry.stat(follow_symlinks=False).st_uid
+               not in (allowed + served_by if entry.name == "pg" else allowed)
+               for entry in seen):
             return False
     except OSError:
         return False

@@ -409,6 +409,21 @@ def stand_in(base: Path, case: str) -> tuple[Path, Path]:
         for path in (target, target / ".pg.x", target / "objects"):
             os.chown(path, service.pw_uid, service.pw_gid, follow_symlinks=False)
         return target, victim
+    if case == "a data dir the service user made, with a store of its own":
+        # In a directory open to all (/tmp), before root's first start: a store root's
+        # processes would write through, wherever its links lead (found by attack).
+        service = pwd.getpwnam(embedded.SERVICE_USER)
+        victim = base / "victim"
+        victim.mkdir(mode=0o700)
+        target = base / "data"
+        target.mkdir(mode=0o700)
+        (target / "objects").mkdir(mode=0o700)
+        (target / "objects" / "originals").symlink_to(victim)
+        (target / "local-api-key").write_text("dk_planted\n")
+        for path in (target, target / "objects", target / "objects" / "originals",
+                     target / "local-api-key"):
+            os.chown(path, service.pw_uid, service.pw_gid, follow_symlinks=False)
+        return target, victim
     if case == "a data dir whose cluster is a file":
         target = base / "data"
         target.mkdir(mode=0o700)
@@ -431,6 +446,7 @@ def stand_in(base: Path, case: str) -> tuple[Path, Path]:
                                   "a git repository", "a data dir whose cluster is a file",
                                   "another user's files beside a name of darkroom's",
                                   "a data dir whose names of darkroom's are links",
+                                  "a data dir the service user made, with a store of its own",
                                   "one its server cannot reach"])
 def test_as_root_a_data_dir_that_is_not_darkrooms_is_refused_before_anything_changes(
         base: Path, case: str) -> None:

@@ -1,6 +1,11 @@
 """`darkroom`: one command, a subcommand per part of the service (DESIGN §4)."""
 
+# ruff: noqa: E402 (SIGTERM and SIGINT are held before the imports take their time)
 from __future__ import annotations
+
+from darkroom import signals
+
+signals.hold()
 
 import argparse
 import asyncio
@@ -287,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.func is not cmd_worker:  # the worker reads what was held: its own stop
+        signals.let_through()
     try:
         result: int = args.func(args)
         return result

@@ -36,23 +36,24 @@ the file (`defer_counted`), and rejected at DARKROOM_MAX_DEFERRALS.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import os
 import random
-import signal
 import socket
 import sys
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
-from darkroom import canary, health, metrics
+from darkroom import canary, health, metrics, signals
 from darkroom.breaker import StoreBreaker
 from darkroom.completer import Completer, Completions
 from darkroom.config import ConfigError, Settings
@@ -953,9 +954,19 @@ async def run_worker(settings: Settings, *, concurrency: int, name: str,
     was called (`main` notes them from its first line)."""
     loop = asyncio.get_running_loop()
     early = asyncio.Event()
+    worker: Worker | None = None
+
+    def on_signal() -> None:
+        # Whatever the worker's state when the signal's turn on the loop comes.
+        if worker is not None:
+            worker.request_stop()
+        else:
+            early.set()
+
+    # The loop's handlers first, then what came before them: no signal falls between.
+    _on_signals(loop, on_signal)
     if stopped_early():
         early.set()
-    _on_signals(loop, early.set)
     starting = asyncio.create_task(_open(settings, name), name="start")
     signalled = asyncio.create_task(early.wait())
     waits = [starting, signalled] + ([asyncio.create_task(stop.wait())] if stop else [])
@@ -970,7 +981,6 @@ async def run_worker(settings: Settings, *, concurrency: int, name: str,
     db, store = starting.result()
     queue = Queue.from_settings(db, settings, worker=name)
     worker = Worker(settings, queue, store, concurrency=concurrency, child=child)
-    _on_signals(loop, worker.request_stop)
     if early.is_set() or (stop is not None and stop.is_set()):
         worker.request_stop()
     watcher = asyncio.create_task(_stop_when(stop, worker)) if stop else None
@@ -999,7 +1009,7 @@ async def _open(settings: Settings, name: str) -> tuple[Database, ObjectStore]:
 
 def _on_signals(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]) -> None:
     with contextlib.suppress(ValueError, NotImplementedError, RuntimeError):  # not main
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in signals.STOPPING:
             loop.add_signal_handler(sig, handler)
 
 
@@ -1018,15 +1028,9 @@ def main(settings: Settings, *, concurrency: int | None, name: str | None,
     """The `worker` command: one worker process, until SIGTERM/SIGINT; exit 0."""
     from darkroom import logs
 
-    # A signal before the loop runs is noted, not fatal: the worker stops at once. One
-    # after it (the loop's own handlers gone with it) is noted too: the stop is done.
-    signals: list[int] = []
-
-    def noted() -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda number, _frame: signals.append(number))
-
-    noted()
+    # A signal before the loop runs is noted, not fatal: the worker stops at once. Held
+    # already since `darkroom`'s first line (signals.py), or from here.
+    signals.hold()
     logs.setup()
     slots = concurrency or os.cpu_count() or 1
     if slots < 1:
@@ -1038,17 +1042,18 @@ def main(settings: Settings, *, concurrency: int | None, name: str | None,
         except OSError as exc:
             raise ConfigError(f"--metrics-port: cannot listen on {metrics_host}:"
                               f"{metrics_port} ({exc.strerror})") from None
+    # Never closed: closing it would put the default handlers back, and a signal then
+    # would kill the stopped worker (the process ends below, without the interpreter's
+    # shutdown, which would do the same).
     loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(run_worker(
-            settings, concurrency=slots, name=name or default_name(), pulse=pulse,
-            child=child, stopped_early=lambda: bool(signals)))
-        _end_leftovers(loop)
-    finally:
-        loop.close()  # its threads are not waited for (asyncio.run would)
-        noted()  # closing the loop put the default handlers back
-    _exit_now_if_stuck()
-    return 0
+    threads = ThreadPoolExecutor(thread_name_prefix="worker")  # the loop's to_thread
+    loop.set_default_executor(threads)
+    loop.run_until_complete(run_worker(
+        settings, concurrency=slots, name=name or default_name(), pulse=pulse,
+        child=child, stopped_early=lambda: bool(signals.held)))
+    _end_leftovers(loop)
+    threads.shutdown(wait=False, cancel_futures=True)  # an idle thread ends at once
+    _exit_now()
 
 
 def _end_leftovers(loop: asyncio.AbstractEventLoop) -> None:
@@ -1062,22 +1067,25 @@ def _end_leftovers(loop: asyncio.AbstractEventLoop) -> None:
     loop.run_until_complete(loop.shutdown_asyncgens())
 
 
-def _exit_now_if_stuck() -> None:
-    """The stop is over. A thread still blocked on a store or a database that does not
-    answer (a download, the store's probe, the start's checks) would hold the process's
-    exit until the call times out: it is abandoned instead, as a kill would, once the
-    logs are flushed. (What such a call may still land is the sweeper's, as for a worker
-    killed: the attempt's objects were registered by its claim.)"""
+def _exit_now() -> NoReturn:
+    """The stop is over: the process ends here, exit 0, with its logs flushed and its exit
+    functions run, and without the interpreter's shutdown. That shutdown puts the default
+    handlers of SIGTERM and SIGINT back some 60 ms before the process is gone (a signal
+    then would kill a worker whose stop is done), and waits for every thread: one still
+    blocked on a store or a database that does not answer (a download, the store's probe,
+    the start's checks) would hold the exit until the call times out. Such a call is
+    abandoned, as a kill would; what it may still land is the sweeper's (the attempt's
+    objects were registered by its claim)."""
     others = [t for t in threading.enumerate()
-              if t is not threading.main_thread() and not t.daemon]
-    until = time.monotonic() + END_SECONDS  # an idle pool thread ends at once
+              if t is not threading.current_thread() and not t.daemon]
+    until = time.monotonic() + END_SECONDS
     for thread in others:
         thread.join(max(0.0, until - time.monotonic()))
     stuck = [t for t in others if t.is_alive()]
-    if not stuck:
-        return
-    log.warning("exiting without waiting for calls that did not answer",
-                extra={"threads": len(stuck)})
+    if stuck:
+        log.warning("exiting without waiting for calls that did not answer",
+                    extra={"threads": len(stuck)})
+    atexit._run_exitfuncs()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -16,6 +16,7 @@ import hashlib
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -292,6 +293,24 @@ def test_a_signal_while_the_worker_starts_ends_it(harness: Harness) -> None:
         assert harness.card(card)["status"] == "queued"
     finally:
         proxy.close()
+
+
+def test_signals_while_the_stopped_worker_exits_change_nothing(harness: Harness) -> None:
+    """Once its stop is done ("worker stopped"), signals sent while the process ends (a
+    storm of them, as an impatient supervisor sends) leave its exit 0 (found by attack:
+    closing the loop, then the interpreter's shutdown, put the default handlers back, and
+    a signal in those moments killed it)."""
+    w = harness.worker(concurrency=1)
+    wait_for(lambda: started(w), timeout=120, what="the worker")
+    w.signal(signal.SIGTERM)
+    wait_for(lambda: "worker stopped" in w.log(), interval=0.002, what="the stop")
+    sent = 0
+    while w.proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            w.signal(signal.SIGTERM if sent % 2 else signal.SIGINT)
+            sent += 1
+        time.sleep(0.001)  # the storm's pace, not a wait for a state
+    assert w.wait(timeout=60) == 0, (sent, w.log()[-2000:])
 
 
 def test_a_second_signal_as_the_worker_exits_changes_nothing(harness: Harness,

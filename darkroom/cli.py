@@ -1,11 +1,11 @@
 """`darkroom`: one command, a subcommand per part of the service (DESIGN §4)."""
 
-# ruff: noqa: E402 (SIGTERM and SIGINT are held before the imports take their time)
 from __future__ import annotations
 
 from darkroom import signals
 
-signals.hold()
+if __name__ == "__main__":  # `python -m darkroom.cli`; `darkroom` holds them in __main__.py
+    signals.hold()
 
 import argparse
 import asyncio

@@ -16,6 +16,7 @@ from darkroom.db.connection import database_url
 from darkroom.db.migrations import migrate
 from darkroom.errors import StorageError
 from darkroom.storage import ObjectStore, open_store
+from darkroom.storage.local import private_dir
 
 
 def open_checked_store(settings: Settings) -> ObjectStore:
@@ -32,9 +33,16 @@ SCHEMA_READY_ENV = "DARKROOM_SCHEMA_READY"
 
 
 def start(settings: Settings) -> tuple[str, ObjectStore]:
-    """The database's conninfo (migrated; safe in parallel) and the checked store."""
-    store = open_checked_store(settings)
+    """The database's conninfo (migrated; safe in parallel) and the checked store.
+
+    The data dir is checked first (by the embedded database's start, or here when the
+    database is elsewhere and the store is the data dir's own): the store's check makes
+    and narrows its directory, which must be darkroom's before anything is changed in
+    it, or a link another user planted there would take the change elsewhere."""
     conninfo = database_url(settings)
+    if settings.storage_url is None and settings.database_url is not None:
+        private_dir(settings.data_path)
+    store = open_checked_store(settings)
     if not settings.schema_ready:
         migrate(conninfo)  # an unreachable database raises here, one line
     return conninfo, store

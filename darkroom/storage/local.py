@@ -350,8 +350,7 @@ class LocalStore:
     def check(self) -> None:
         try:
             self._ensure_dir(self.root)
-            if stat.S_IMODE(self.root.stat().st_mode) & 0o077:
-                self.root.chmod(DIR_MODE)  # a store made before objects were private
+            self._narrow_root()
             if not os.access(self.root, os.W_OK | os.X_OK):
                 log.error("local object directory %s is not writable", self.root)
                 raise StorageConfigError("the local object directory is not writable")
@@ -364,6 +363,23 @@ class LocalStore:
         if free == 0:
             raise StorageUnavailable("the local object directory has no free space")
 
+
+    def _narrow_root(self) -> None:
+        """A store made before objects were private is narrowed to 0700: its own
+        directory only (this process's), never through a link, which could take the
+        change to any file or directory."""
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return  # a link the operator configured: its target is theirs to narrow
+            raise
+        try:
+            st = os.fstat(fd)
+            if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+                os.fchmod(fd, DIR_MODE)
+        finally:
+            os.close(fd)
 
     def remove_stale_temporaries(self, older_than: float = STALE_TEMP_SECONDS) -> int:
         """Delete the temporary files of puts a crash cut short; answers how many."""

@@ -734,3 +734,29 @@ def test_a_parent_another_user_made_after_the_checks_is_not_walked_into(base: Pa
     with pytest.raises(ConfigError, match="belongs to another user"):
         private_dir(theirs / "data")
     assert list(theirs.iterdir()) == []
+
+
+@needs_root
+@pytest.mark.parametrize("database", ["embedded", "elsewhere"])
+def test_a_store_link_in_a_data_dir_not_darkrooms_changes_nothing_where_it_leads(
+        base: Path, database: str) -> None:
+    """Another user makes the data dir in advance (in /tmp) with `objects` a link to a
+    directory of root's: the start is refused before the store's check narrows anything
+    (found by attack: the store made the link's target 0700, then the data dir was
+    refused)."""
+    nobody = pwd.getpwnam("nobody")
+    victim = base / "victim"
+    victim.mkdir(mode=0o755)
+    theirs = base / "theirs"
+    theirs.mkdir(mode=0o700)
+    (theirs / "objects").symlink_to(victim)
+    for path in (theirs, theirs / "objects"):
+        os.chown(path, nobody.pw_uid, nobody.pw_gid, follow_symlinks=False)
+    from darkroom.config import Settings
+    from darkroom.services import start
+
+    url = None if database == "embedded" else "postgresql://postgres@127.0.0.1:1/none"
+    with pytest.raises(ConfigError, match="belongs to another user"):
+        start(Settings(data_dir=theirs, database_url=url, storage_url=None))
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o755
+

@@ -338,9 +338,15 @@ def _prepare_data_dir(pgdata: Path, account: Account | None) -> None:
         if stat.S_IMODE(st.st_mode) != SERVED_DATA_DIR_MODE:
             os.fchmod(fd, SERVED_DATA_DIR_MODE)
         # Until then a data dir of the server's user's was that user's to write in: what
-        # it put there meanwhile is refused, now that it can put nothing more.
+        # it put there meanwhile is refused, now that it can put nothing more; and in a
+        # sticky parent it could exchange the data dir's name with a directory of its
+        # own until root took this one, which it can no longer move.
         if not _is_roots_data_dir(fd, served):
             raise ConfigError(_HOLDS_OTHER_FILES.format(data_dir=data_dir))
+        now = os.lstat(data_dir)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            raise ConfigError(f"the data dir {data_dir} changed while darkroom took it; "
+                              "choose a directory of darkroom's own")
 
 
 def _is_roots_data_dir(data_dir: Path | int, served: tuple[int, ...]) -> bool:
@@ -434,11 +440,13 @@ def _read_inside(path: Path) -> str:
         return file.read(1 << 16).decode(errors="replace")
 
 
-def _write_owned(path: Path, data: str, account: Account | None) -> None:
+def _write_owned(path: Path, data: str, account: Account | None, *,
+                 group: bool = False) -> None:
     """Replace `path` with `data`: 0600, the server's user's, never half-written. The
     file is handed to that user through its descriptor, never by name: in the cluster
     directory, which that user owns, a name may be a link to a file of root's by the
-    time root uses it."""
+    time root uses it. With `group`, the file stays root's and that user's group may read
+    it (0640): one left behind by a start cut short is root's, not that user's."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
@@ -447,7 +455,10 @@ def _write_owned(path: Path, data: str, account: Account | None) -> None:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
-            if account is not None:
+            if account is not None and group:
+                os.fchown(out.fileno(), -1, account.gid)
+                os.fchmod(out.fileno(), 0o640)
+            elif account is not None:
                 os.fchown(out.fileno(), account.uid, account.gid)
         os.replace(tmp, path)
     finally:
@@ -468,6 +479,12 @@ def _password(pgdata: Path, path: Path | None = None) -> str | None:
     return line.rsplit(":", 1)[1] if line.count(":") == 4 else None
 
 
+def _initdb_password_file(pgdata: Path) -> Path:
+    """Where initdb reads the new cluster's password from (not in the cluster dir, which
+    must be empty)."""
+    return pgdata.with_name(f".{pgdata.name}.initpw")
+
+
 def _initdb(pgdata: Path, account: Account | None) -> None:
     try:
         os.mkdir(pgdata, 0o700)
@@ -478,8 +495,8 @@ def _initdb(pgdata: Path, account: Account | None) -> None:
         os.chown(pgdata, account.uid, account.gid, follow_symlinks=False)
     password = secrets.token_urlsafe(32)
     # initdb reads the password from a file; it may not live in the (empty) cluster dir.
-    pwfile = pgdata.with_name(f".{pgdata.name}.initpw")
-    _write_owned(pwfile, password + "\n", account)
+    pwfile = _initdb_password_file(pgdata)
+    _write_owned(pwfile, password + "\n", account, group=True)
     try:
         done = _run(account, [binary("initdb"), "-D", str(pgdata), "-U", SUPERUSER,
                               "--encoding=utf8", "--auth=scram-sha-256",
@@ -507,35 +524,54 @@ def _is_private(pgdata: Path, account: Account | None) -> bool:
 
 
 def _chown_tree(root: Path, account: Account) -> None:
-    """Hand a cluster made before to the server's user. Walked by descriptor, never
-    following a link (os.fwalk): a directory of the tree swapped for a link while it is
-    walked does not lead root's chown out of it."""
+    """Hand a cluster made before to the server's user, walked by descriptor: every name
+    opened without following a link and without blocking (a FIFO is never opened for
+    reading), every directory entered through the descriptor of the very directory
+    checked, so nothing the server's user swaps in the tree meanwhile leads root out of
+    it or holds it."""
     os.chown(root, account.uid, account.gid, follow_symlinks=False)
-    ours = (0, account.uid, *_legacy_owner())
-    for _top, dirs, files, top_fd in os.fwalk(root, follow_symlinks=False):
-        for name in dirs + files:
-            _hand_over(top_fd, name, account, ours)
-
-
-def _hand_over(dir_fd: int, name: str, account: Account, ours: tuple[int, ...]) -> None:
-    """Chown one entry of the cluster to the server's user if a server of darkroom's made
-    it: not another user's file, nor a hard link the server's user made to a file of
-    someone else's it may write to. The entry is opened once (O_PATH, not following a
-    link) and the very file opened is checked and chowned: a name swapped between the two
-    (renameat2's exchange) cannot lead the chown to another file."""
+    ours = (account.uid, *_legacy_owner())
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return
-    try:
-        st = os.fstat(fd)
-        if (st.st_uid not in ours or stat.S_ISLNK(st.st_mode)
-                or (not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1)):
-            return
-        # fchown does not take an O_PATH descriptor; its /proc link names that file.
-        os.chown(f"/proc/self/fd/{fd}", account.uid, account.gid)
+        _hand_over_dir(fd, account, ours)
     finally:
         os.close(fd)
+
+
+def _hand_over_dir(dir_fd: int, account: Account, ours: tuple[int, ...]) -> None:
+    for name in os.listdir(dir_fd):
+        try:
+            fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except FileNotFoundError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                inside = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+                try:
+                    _hand_over_dir(inside, account, ours)
+                finally:
+                    os.close(inside)
+            _hand_over(fd, st, account, ours)
+        finally:
+            os.close(fd)
+
+
+def _hand_over(fd: int, st: os.stat_result, account: Account, ours: tuple[int, ...]) -> None:
+    """Chown one file of the cluster, open at `fd` (O_PATH) and checked as `st`, to the
+    server's user if a server of darkroom's made it: not root's (a file of root's the
+    server's user renamed into its cluster, a key say), not another user's, nor a hard
+    link that user made to a file of someone else's it may write to. The file checked is
+    the file chowned: a name swapped meanwhile (renameat2's exchange) changes nothing."""
+    if (st.st_uid not in ours or stat.S_ISLNK(st.st_mode)
+            or (not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1)):
+        return
+    try:
+        # fchown does not take an O_PATH descriptor; its /proc link names that file.
+        os.chown(f"/proc/self/fd/{fd}", account.uid, account.gid)
+    except FileNotFoundError:
+        raise ConfigError("handing the embedded PostgreSQL's cluster to its user needs /proc "
+                          "mounted") from None
 
 
 def _make_private(pgdata: Path, account: Account | None) -> None:
@@ -610,6 +646,8 @@ def start(pgdata: Path, *, stop_on_exit: bool = False) -> Server:
     _prepare_data_dir(pgdata, account)
     try:
         with _locked(pgdata):
+            # One a start cut short during its initdb left (initdb runs under this lock).
+            _initdb_password_file(pgdata).unlink(missing_ok=True)
             # The data dir is now root's alone (as root): nothing can put a link at the
             # cluster's name from here on, so one checked now stays checked.
             if os.path.lexists(pgdata) and not stat.S_ISDIR(pgdata.lstat().st_mode):

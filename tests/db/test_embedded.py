@@ -29,6 +29,7 @@ from psycopg.conninfo import conninfo_to_dict
 from darkroom.config import ConfigError
 from darkroom.db import embedded
 from darkroom.storage.local import check_data_dir, opened_data_dir, private_dir
+from tests.support.services import wait_for
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="switching to another local user needs root")
@@ -737,6 +738,24 @@ def test_a_parent_another_user_made_after_the_checks_is_not_walked_into(base: Pa
 
 
 @needs_root
+def test_as_root_a_file_of_roots_moved_into_the_cluster_is_not_handed_over(base: Path) -> None:
+    """The service user renames a file of root's into its cluster (in a data dir an
+    earlier release left it, a key say), then makes root hand the cluster over again: the
+    file stays root's (found by attack: root chowned its own admin key to that user)."""
+    data_dir = base / "data"
+    embedded.start(data_dir / "pg").cleanup()
+    stop(data_dir / "pg")
+    key = data_dir / "pg" / "roots-key"
+    key.write_text("dk_secret\n")
+    key.chmod(0o600)
+    with open(data_dir / "pg" / "pg_hba.conf", "a") as hba:
+        hba.write("# changed\n")
+    embedded.start(data_dir / "pg").cleanup()
+    stop(data_dir / "pg")
+    assert (key.stat().st_uid, key.stat().st_gid) == (0, 0)
+
+
+@needs_root
 @pytest.mark.parametrize("database", ["embedded", "elsewhere"])
 def test_a_store_link_in_a_data_dir_not_darkrooms_changes_nothing_where_it_leads(
         base: Path, database: str) -> None:
@@ -760,3 +779,33 @@ def test_a_store_link_in_a_data_dir_not_darkrooms_changes_nothing_where_it_leads
         start(Settings(data_dir=theirs, database_url=url, storage_url=None))
     assert stat.S_IMODE(victim.stat().st_mode) == 0o755
 
+
+@needs_root
+def test_a_first_start_cut_short_during_initdb_leaves_a_data_dir_the_next_start_takes(
+        base: Path) -> None:
+    """`darkroom migrate` killed by a signal while initdb runs (its password file still
+    in the data dir): the next start takes the data dir and the cluster initdb finished
+    (found by attack: the file left was the service user's, and every later start refused
+    the data dir as holding another user's file)."""
+    data_dir = base / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
+    first = subprocess.Popen([sys.executable, "-m", "darkroom.cli", "migrate"],
+                             env={**env, "DARKROOM_DATA_DIR": str(data_dir)},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: (data_dir / ".pg.initpw").exists(), interval=0.005,
+                 what="initdb running")
+        first.terminate()
+        assert first.wait(timeout=60) == -15
+    finally:
+        if first.poll() is None:
+            first.kill()
+    # initdb runs on, orphaned, and finishes the cluster.
+    wait_for(lambda: not [p for p in psutil.process_iter(["cmdline"])
+                          if "initdb" in " ".join(p.info["cmdline"] or [])
+                          and str(data_dir) in " ".join(p.info["cmdline"] or [])],
+             timeout=120, what="initdb to end")
+    assert (data_dir / ".pg.initpw").exists()  # what the signal left
+    again = migrate_with(data_dir)
+    assert again.returncode == 0, again.stderr
+    assert not (data_dir / ".pg.initpw").exists()  # an earlier initdb's password: gone

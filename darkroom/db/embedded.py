@@ -25,7 +25,7 @@ unprivileged system user `darkroom` (created if missing), which owns the cluster
 directory; the data dir stays root's, that user's group allowed only to pass through
 (0710). Nothing is opened up for that user: the server's programs, where it cannot
 reach them through their parents' own modes (a virtualenv under `/root`, say), are copied
-once to `/var/lib/darkroom` (root's, readable by all); a data dir it cannot reach so is
+once to `/usr/local/lib/darkroom` (root's, readable by all); a data dir it cannot reach so is
 refused with one line.
 
 The pgserver Python wrapper is not used: it initialises with trust authentication, moves
@@ -98,8 +98,13 @@ class Account:
 
 # Where root keeps its own copy of PostgreSQL's programs when the service user cannot
 # reach the copy in darkroom's environment (a virtualenv under /root, say): root-owned,
-# writable by root alone, readable by all, as a package manager would install them.
-SHARED_INSTALLS = Path("/var/lib/darkroom")
+# writable by root alone, readable by all, as a package manager would install them. Not
+# in /var/lib/darkroom, the data dir darkroom suggests (and the service user's in the
+# releases before 2026-12-04).
+SHARED_INSTALLS = Path("/usr/local/lib/darkroom")
+# A cluster's directories nest a few levels (base/<database>/, pg_wal/archive_status/);
+# the hand-over walks no deeper (the server's user could nest thousands).
+CLUSTER_DEPTH = 16
 # As root, the data dir: root's, its group the service user's, who may only pass through.
 SERVED_DATA_DIR_MODE = 0o710
 
@@ -128,8 +133,9 @@ def _install() -> Path:
     # The programs find their shared libraries beside the package (pgserver.libs, by a
     # relative rpath), so the copy keeps both where they stand to each other.
     copy = SHARED_INSTALLS / f"postgresql-{digest}"
+    SHARED_INSTALLS.mkdir(mode=0o755, parents=True, exist_ok=True)
+    _check_roots_alone(SHARED_INSTALLS)
     if not (copy / "pgserver" / "pginstall" / "bin" / "postgres").exists():
-        SHARED_INSTALLS.mkdir(mode=0o755, parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".postgresql-", dir=SHARED_INSTALLS))
         tree = staging / "tree"
         shutil.copytree(wheel, tree / "pgserver" / "pginstall", symlinks=True)
@@ -143,6 +149,32 @@ def _install() -> Path:
             tree.rename(copy)
         shutil.rmtree(staging, ignore_errors=True)
     return copy / "pgserver" / "pginstall"
+
+
+def _check_roots_alone(path: Path) -> None:
+    """Refuse a directory that anyone but root may change, it or a parent: the copy of
+    PostgreSQL's programs goes there by name, and is run by the server. Walked from / by
+    descriptor, no link followed."""
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name in path.parts[1:]:
+            try:
+                step = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                               | os.O_CLOEXEC, dir_fd=fd)
+            except OSError:
+                raise ConfigError(f"{path} is not a directory darkroom can check (a link?); "
+                                  "remove it") from None
+            os.close(fd)
+            fd = step
+            st = os.fstat(fd)
+            if st.st_uid != 0 or stat.S_IMODE(st.st_mode) & (stat.S_IWGRP | stat.S_IWOTH):
+                raise ConfigError(
+                    f"{path} (or a directory above it) may be changed by others than root; "
+                    "darkroom keeps its copy of PostgreSQL's programs only where root alone "
+                    "may: fix its owner and mode, or install darkroom where the service user "
+                    "can reach it")
+    finally:
+        os.close(fd)
 
 
 def service_account() -> Account | None:
@@ -533,12 +565,15 @@ def _chown_tree(root: Path, account: Account) -> None:
     ours = (account.uid, *_legacy_owner())
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        _hand_over_dir(fd, account, ours)
+        _hand_over_dir(fd, account, ours, CLUSTER_DEPTH)
     finally:
         os.close(fd)
 
 
-def _hand_over_dir(dir_fd: int, account: Account, ours: tuple[int, ...]) -> None:
+def _hand_over_dir(dir_fd: int, account: Account, ours: tuple[int, ...], depth: int) -> None:
+    if depth == 0:
+        raise ConfigError(f"the embedded PostgreSQL's cluster holds directories nested deeper "
+                          f"than PostgreSQL makes them ({CLUSTER_DEPTH}); remove them")
     for name in os.listdir(dir_fd):
         try:
             fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -549,7 +584,7 @@ def _hand_over_dir(dir_fd: int, account: Account, ours: tuple[int, ...]) -> None
             if stat.S_ISDIR(st.st_mode):
                 inside = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
                 try:
-                    _hand_over_dir(inside, account, ours)
+                    _hand_over_dir(inside, account, ours, depth - 1)
                 finally:
                     os.close(inside)
             _hand_over(fd, st, account, ours)

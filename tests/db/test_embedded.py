@@ -527,11 +527,10 @@ def test_up_with_its_own_database_leaves_another_users_directory_alone(base: Pat
     assert state(theirs) == before
 
 
-@needs_root
-def test_as_root_programs_out_of_the_service_users_reach_are_copied_not_widened(
-        base: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """darkroom installed under /root (0700): the server still starts, from a root-owned
-    copy of its programs that the service user can reach, and /root stays closed."""
+@pytest.fixture(scope="module")
+def hidden_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """darkroom's PostgreSQL wheel installed under /root (0700), out of the service
+    user's reach."""
     hidden = Path(tempfile.mkdtemp(prefix="darkroom-hidden-", dir="/root"))
     try:
         wheels = tmp_path_factory.mktemp("wheel")
@@ -540,24 +539,57 @@ def test_as_root_programs_out_of_the_service_users_reach_are_copied_not_widened(
         subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
                         str(hidden / "site"), *map(str, wheels.iterdir())], check=True,
                        timeout=300)
-        before = modes(hidden)
-        data = base / "data"
-        program = ("import sys; from pathlib import Path; from darkroom.db import embedded; "
-                   "s = embedded.start(Path(sys.argv[1])); print(embedded.binary('postgres')); "
-                   "s.cleanup()")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
-        done = subprocess.run([sys.executable, "-c", program, str(data / "pg")],
-                              env={**env, "PYTHONPATH": f"{hidden / 'site'}"},
-                              capture_output=True, text=True, timeout=180)
-        assert done.returncode == 0, done.stderr
-        used = Path(done.stdout.strip().splitlines()[-1])
-        assert used.is_relative_to(embedded.SHARED_INSTALLS), used
-        assert modes(hidden) == before  # nothing above the wheel was opened up
-        for path in (used, *used.parents):
-            st = path.stat()
-            assert st.st_uid == 0 and not stat.S_IMODE(st.st_mode) & 0o022, path
+        yield hidden / "site"
     finally:
         shutil.rmtree(hidden, ignore_errors=True)
+
+
+def start_with_site(site: Path, pgdata: Path, installs: Path | None = None
+                    ) -> subprocess.CompletedProcess[str]:
+    """The embedded server started with PostgreSQL's wheel taken from `site` (and its
+    programs copied, where needed, to `installs`); prints the programs' directory."""
+    program = ("import sys; from pathlib import Path; from darkroom.db import embedded; "
+               + ("embedded.SHARED_INSTALLS = Path(sys.argv[2]); " if installs else "")
+               + "s = embedded.start(Path(sys.argv[1])); print(embedded.binary('postgres')); "
+               "s.cleanup()")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DARKROOM_")}
+    return subprocess.run([sys.executable, "-c", program, str(pgdata),
+                           *([str(installs)] if installs else [])],
+                          env={**env, "PYTHONPATH": str(site)},
+                          capture_output=True, text=True, timeout=180)
+
+
+@needs_root
+def test_as_root_programs_out_of_the_service_users_reach_are_copied_not_widened(
+        base: Path, hidden_site: Path) -> None:
+    """darkroom installed under /root (0700): the server still starts, from a root-owned
+    copy of its programs that the service user can reach, and /root stays closed."""
+    before = modes(hidden_site.parent)
+    done = start_with_site(hidden_site, base / "data" / "pg")
+    assert done.returncode == 0, done.stderr
+    used = Path(done.stdout.strip().splitlines()[-1])
+    assert used.is_relative_to(embedded.SHARED_INSTALLS), used
+    assert modes(hidden_site.parent) == before  # nothing above the wheel was opened up
+    for path in (used, *used.parents):
+        st = path.stat()
+        assert st.st_uid == 0 and not stat.S_IMODE(st.st_mode) & 0o022, path
+
+
+@needs_root
+def test_as_root_programs_are_copied_only_where_root_alone_may_change_them(
+        base: Path, hidden_site: Path) -> None:
+    """The copy's place belongs to the service user (as /var/lib/darkroom, a data dir
+    of the releases before 2026-12-04, did): refused before anything is copied, so that
+    user cannot swap the copy's directories for its links and have root write or chmod
+    through them (found by attack: a file of root's was made 0755)."""
+    service = pwd.getpwnam(embedded.SERVICE_USER)
+    theirs = base / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, service.pw_uid, service.pw_gid)
+    done = start_with_site(hidden_site, base / "data" / "pg", installs=theirs)
+    assert done.returncode != 0
+    assert "may be changed by others than root" in done.stderr, done.stderr
+    assert list(theirs.iterdir()) == []
 
 
 def as_service_user(*args: str) -> subprocess.CompletedProcess[str]:
@@ -809,3 +841,39 @@ def test_a_first_start_cut_short_during_initdb_leaves_a_data_dir_the_next_start_
     again = migrate_with(data_dir)
     assert again.returncode == 0, again.stderr
     assert not (data_dir / ".pg.initpw").exists()  # an earlier initdb's password: gone
+
+
+@needs_root
+def test_a_cluster_nested_past_reason_is_refused_in_one_line(base: Path) -> None:
+    """The service user nests thousands of directories in its cluster and makes root hand
+    it over again: one line, not a traceback (found by attack: RecursionError at every
+    start)."""
+    data_dir = base / "data"
+    embedded.start(data_dir / "pg").cleanup()
+    stop(data_dir / "pg")
+    service = pwd.getpwnam(embedded.SERVICE_USER)
+    fd = os.open(data_dir / "pg", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(3000):
+            os.mkdir("d", dir_fd=fd)
+            os.chown("d", service.pw_uid, service.pw_gid, dir_fd=fd)
+            inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    finally:
+        os.close(fd)
+    with open(data_dir / "pg" / "pg_hba.conf", "a") as hba:
+        hba.write("# changed\n")
+    try:
+        line = refusal(migrate_with(data_dir))
+        assert "nested deeper than PostgreSQL makes them" in line, line
+    finally:
+        # Flattened one level at a time: a recursive removal would meet the same depth.
+        top = data_dir / "pg"
+        while (top / "d").exists():
+            if (top / "d" / "d").exists():
+                (top / "d" / "d").rename(top / "x")
+                (top / "d").rmdir()
+                (top / "x").rename(top / "d")
+            else:
+                (top / "d").rmdir()

@@ -1,12 +1,15 @@
 """Status changes pushed to the web page as server-sent events (`GET /v1/events`).
 
-Every status change is made by one of queue.py's statements; a statement-level trigger
-(migration 0009) turns each statement's changes into one `NOTIFY darkroom_cards`. Each
-API process holds ONE listening connection, whatever the number of open pages, and hands
+Every status change is made by one of queue.py's statements, which turn each statement's
+changes into one `NOTIFY darkroom_cards` (migration 0009) while the pages' watch is on
+(darkroom/watch.py, migration 0024). Each API process holds ONE listening connection,
+whatever the number of open pages, keeps the watch on while it has a page open, and hands
 every change to the streams of the card's owner only.
 
-A page that missed notifications (its stream was down, its buffer overflowed, or the
-listening connection was lost) gets a `resync` event and re-reads what it shows.
+A page that may have missed notifications (its stream was down, its buffer overflowed,
+the listening connection was lost, or the watch was off) gets a `resync` event and
+re-reads what it shows: every time this process's notices become complete again (the
+listener in place and the watch on), each open stream is told so.
 
 A stream is bounded: each owner has at most `max_per_owner` open in a process (a new
 one ends the oldest, with `end` `replaced`); each lives at most `max_seconds` (then
@@ -28,6 +31,7 @@ from typing import Any
 import psycopg
 
 from darkroom.db.database import Database
+from darkroom.watch import Watch
 
 log = logging.getLogger(__name__)
 
@@ -58,16 +62,24 @@ class Hub:
     """Owner → open streams; one LISTEN connection, started with the first stream."""
 
     def __init__(self, db: Database, *, ping_seconds: float, max_per_owner: int = 8,
-                 max_seconds: float = 900.0, recheck_seconds: float = 5.0) -> None:
+                 max_seconds: float = 900.0, recheck_seconds: float = 5.0,
+                 watch: Watch | None = None) -> None:
         self.db = db
+        self.watch = watch or Watch(db)
         self.ping_seconds = ping_seconds
         self.max_per_owner = max_per_owner
         self.max_seconds = max_seconds
         self.recheck_seconds = recheck_seconds
-        # Each owner's streams, oldest first.
-        self._streams: dict[str, dict[asyncio.Queue[Event], None]] = {}
+        # Each owner's streams, oldest first, and whether each has said it is open.
+        self._streams: dict[str, dict[asyncio.Queue[Event], bool]] = {}
         self._task: asyncio.Task[None] | None = None
-        self._listening = asyncio.Event()
+        self._watch_task: asyncio.Task[None] | None = None
+        # Complete notices need both: the listener in place and the watch on.
+        self._listening = False
+        self._watched = False
+        self._complete = asyncio.Event()
+        # Set when a page opens: the watch is kept on only while one is open.
+        self._wanted = asyncio.Event()
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -84,15 +96,20 @@ class Hub:
             oldest = next(iter(streams))
             del streams[oldest]
             self._offer(oldest, _REPLACED, force=True)
-        streams[queue] = None
+        streams[queue] = False
         if self._closed:
             queue.put_nowait(None)
         elif self._task is None:
             self._task = asyncio.create_task(self._listen(), name="events-listen")
+            self._watch_task = asyncio.create_task(self._keep_watch(), name="events-watch")
+        self._wanted.set()
         # A change made right after the page's first read must not slip past: wait (a
-        # little) until the listener is in place before the stream says it is open.
+        # little) until the notices are complete before the stream says it is open. Past
+        # that wait the page is told to re-read once they are (`_notices`).
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._listening.wait(), 5.0)
+            await asyncio.wait_for(self._complete.wait(), 5.0)
+        if queue in streams:  # not replaced meanwhile
+            streams[queue] = True
         return queue
 
     def unsubscribe(self, owner: str, queue: asyncio.Queue[Event]) -> None:
@@ -108,8 +125,9 @@ class Hub:
         for streams in self._streams.values():
             for queue in streams:
                 self._offer(queue, None, force=True)
-        if self._task is not None:
-            self._task.cancel()
+        for task in (self._task, self._watch_task):
+            if task is not None:
+                task.cancel()
 
     def close_threadsafe(self) -> None:
         """`close()` from another thread than the server's loop."""
@@ -175,9 +193,12 @@ class Hub:
             queue.put_nowait(event if force else _RESYNC)
 
     def _broadcast(self, event: dict[str, Any]) -> None:
+        """`event` to every stream that has said it is open (the others say so only once
+        every later change will reach them)."""
         for streams in self._streams.values():
-            for queue in streams:
-                self._offer(queue, event)
+            for queue, opened in streams.items():
+                if opened:
+                    self._offer(queue, event)
 
     def dispatch(self, payload: str) -> None:
         """One notification's payload to the streams of the owners it names."""
@@ -197,23 +218,61 @@ class Hub:
                 for queue in self._streams.get(owner, ()):
                     self._offer(queue, _RESYNC)
 
+    def _notices(self, *, listening: bool | None = None, watched: bool | None = None) -> None:
+        """Record a change of the listener's or the watch's state. Notices that become
+        complete again may have missed changes meanwhile (never sent, or sent to nobody):
+        every open stream is told to re-read."""
+        if listening is not None:
+            self._listening = listening
+        if watched is not None:
+            self._watched = watched
+        if not (self._listening and self._watched):
+            self._complete.clear()
+        elif not self._complete.is_set():
+            self._complete.set()
+            self._broadcast(_RESYNC)
+
     async def _listen(self) -> None:
         delay = 0.5
-        first = True
         while not self._closed:
             try:
                 async with self.db.listen(CHANNEL) as notifications:
                     delay = 0.5
-                    self._listening.set()
-                    if not first:
-                        # Changes made while nobody listened were never sent.
-                        self._broadcast(_RESYNC)
-                    first = False
+                    self._notices(listening=True)
                     async for payload in notifications:
                         self.dispatch(payload)
             except psycopg.Error as exc:
-                self._listening.clear()
+                self._notices(listening=False)
                 log.warning("events LISTEN connection lost", extra={"error": type(exc).__name__})
-                first = False
+                await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, 10.0)
+
+    async def _keep_watch(self) -> None:
+        """Keep the pages' watch on while this process has a page open; with none, let it
+        end by itself."""
+        delay = 0.5
+        while not self._closed:
+            if not self._streams:
+                self._wanted.clear()
+                await self._wanted.wait()
+                continue
+            if not self.watch.is_on():
+                self._notices(watched=False)
+            elif self._watched and (wait := self.watch.due()) > 0:
+                # A page opening wakes this early, to find nothing due yet.
+                self._wanted.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wanted.wait(), wait)
+                continue
+            try:
+                unbroken = await self.watch.extend()
+                if not (unbroken and self._watched):
+                    # It may have been off: changes may be on their way unnotified.
+                    self._notices(watched=False)
+                    await self.watch.settle()
+                self._notices(watched=True)
+                delay = 0.5
+            except Exception as exc:  # the database's trouble: tried again, never fatal
+                log.warning("pages' watch not extended", extra={"error": type(exc).__name__})
                 await asyncio.sleep(delay * random.uniform(0.5, 1.5))
                 delay = min(delay * 2, 10.0)

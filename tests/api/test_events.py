@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 import threading
@@ -12,6 +13,9 @@ from typing import Any
 
 import httpx
 
+from darkroom.api.events import Hub
+from darkroom.db.database import Database
+from darkroom.watch import Watch
 from tests.api.conftest import Api, start_api
 from tests.api.helpers import JPEG, assert_problem, confirmed, make_ready, upload
 
@@ -112,3 +116,21 @@ def test_idle_stream_only_pings_and_ends_at_shutdown(db_url: str, tmp_path: Path
             assert s.next() == ("closed", {})
     finally:
         server.stop()
+
+
+async def test_open_pages_are_told_to_re_read_once_a_lapsed_watch_is_back(pool: Any) -> None:
+    # The hub alone (no HTTP): its watch's clock is the test's.
+    db = Database(pool)
+    now = [0.0]
+    hub = Hub(db, ping_seconds=60, watch=Watch(db, clock=lambda: now[0]))
+    try:
+        alice = await hub.subscribe("alice")
+        assert hub.watch.is_on() and alice.empty()
+        # The watch's reckoned end passes unextended (say the database was out of reach):
+        # changes meanwhile may have gone unnotified.
+        now[0] += 1000
+        await hub.subscribe("bob")  # wakes the hub's keeper of the watch
+        assert await asyncio.wait_for(alice.get(), 20) == {"type": "resync"}
+        assert hub.watch.is_on()
+    finally:
+        hub.close()

@@ -1,5 +1,5 @@
-"""Every status change reaches the open pages (`NOTIFY darkroom_cards`), the re-derive and
-the expiry of unconfirmed uploads included."""
+"""Every status change reaches the open pages (`NOTIFY darkroom_cards`) while they watch
+(darkroom/watch.py), the re-derive and the expiry of unconfirmed uploads included."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import psycopg
 
 from darkroom.api.events import CHANNEL
 from darkroom.queue import Queue
+from darkroom.watch import Watch
 from tests.queue.test_fair import add, derived_for
 from tests.support.services import make_queue
 from tests.support.sql import SQL
@@ -30,6 +31,7 @@ async def changes(q: Queue, db_url: str,
     sent after they committed comes after all of them (notifications come in commit
     order)."""
     got = []
+    await Watch(q.db).turn_on()
     async with q.db.listen(CHANNEL) as notes:
         await during()
         await asyncio.to_thread(mark, db_url)

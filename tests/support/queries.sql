@@ -656,3 +656,7 @@ UPDATE archive_files SET status = 'rejected' WHERE id = %(id)s;
 
 -- name: break_event_kind
 INSERT INTO archive_events (file_id, kind) VALUES (%(id)s, 'nonsense');
+
+-- name: card_watch_until
+-- The end of the pages' watch (migration 0024).
+SELECT until FROM card_watch;

@@ -114,6 +114,16 @@ def wait_for(check: Callable[[], T], *, timeout: float = 60.0, interval: float =
         time.sleep(interval)
 
 
+async def wait_until(check: Callable[[], bool], *, timeout: float = 30.0,
+                     what: str = "condition") -> None:
+    """`wait_for` on the event loop: yields to it between looks, fails after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
 def wait_past_guard(db_url: str, guard_seconds: float, *, timeout: float = 120.0) -> None:
     """Until every orphan and every deleted card is older than the sweeper's guard interval
     by the database's clock (the one the sweeper judges by), so one sweep takes them all."""

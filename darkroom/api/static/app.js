@@ -67,6 +67,8 @@ const state = {
   stream: null,              // AbortController of the event stream
   streamFailures: 0,
   streamEnd: null,           // why the server ended the stream (its `end` event)
+  streamOpen: false,         // its `open` came: every later change is sent to it
+  shownBeforeOpen: false,    // a card was shown from a read made before that
   thumbs: null,              // IntersectionObserver for lazy thumbs
   thumbsWanted: new Set(),   // ids near the viewport whose thumb waits for a connection
   thumbsFetching: 0,
@@ -242,6 +244,8 @@ function placeholderFor(card, el) {
 }
 
 function render(card, atTop = false) {
+  // A change between this read and the stream's opening reaches neither: re-read then.
+  if (!state.streamOpen) state.shownBeforeOpen = true;
   let entry = state.cards.get(card.id);
   if (!entry) {
     entry = { el: newCardElement(card.filename, atTop), card, thumbLoaded: false };
@@ -498,6 +502,7 @@ async function openStream() {
   const controller = new AbortController();
   state.stream = controller;
   state.streamEnd = null;
+  state.streamOpen = false;
   window.darkroomStats.streams += 1;
   try {
     const response = await fetch("/v1/events", { headers: authHeaders(), signal: controller.signal });
@@ -543,6 +548,7 @@ async function openStream() {
 function closeStream() {
   if (state.stream) state.stream.abort();
   state.stream = null;
+  state.streamOpen = false;
 }
 
 function handleEvent(block) {
@@ -555,8 +561,10 @@ function handleEvent(block) {
   window.darkroomStats.events += 1;
   if (kind === "ping") { window.darkroomStats.pings += 1; return; }
   if (kind === "open") {
-    if (state.streamFailures > 0) resync();
+    if (state.streamFailures > 0 || state.shownBeforeOpen) resync();
     state.streamFailures = 0;
+    state.streamOpen = true;
+    state.shownBeforeOpen = false;
     return;
   }
   if (kind === "resync") { resync(); return; }

@@ -1,0 +1,115 @@
+"""The pages' watch (darkroom/watch.py): status changes notify the pages only while it is
+on, and turning it on lets no change slip between the notices and a page's read."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+import psycopg
+
+from darkroom.api.events import CHANNEL
+from darkroom.db.queries import QUERIES
+from darkroom.watch import Watch
+from tests.queue.test_card_notices import MARK, mark
+from tests.queue.test_fair import add
+from tests.support.services import make_queue, wait_until
+from tests.support.sql import SQL
+
+
+async def notices(q: Any, db_url: str, during: Any) -> list[list[str]]:
+    """The [owner, id, status] sent on the pages' channel while `during()` ran."""
+    got: list[list[str]] = []
+    async with q.db.listen(CHANNEL) as notes:
+        await during()
+        await asyncio.to_thread(mark, db_url)
+        while (note := await asyncio.wait_for(anext(notes), timeout=30)) != MARK:
+            got += [list(change) for change in json.loads(note)["c"]]
+    return got
+
+
+async def test_with_no_page_watching_status_changes_send_nothing(pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    [first, second] = await add(q, "a", 2)
+
+    async def claim_one() -> None:
+        assert len(await q.claim(1)) == 1
+
+    assert await notices(q, db_url, claim_one) == []
+    await Watch(q.db).turn_on()
+    got = await notices(q, db_url, claim_one)
+    assert got == [["a", str(second), "processing"]] or got == [["a", str(first), "processing"]]
+
+
+async def test_turning_the_watch_on_waits_for_a_change_that_read_it_off(
+        pool: Any, db_url: str) -> None:
+    q = make_queue(pool)
+    [fid] = await add(q, "a")
+    watch = Watch(q.db)
+    order: list[str] = []
+    written, commit = asyncio.Event(), asyncio.Event()
+
+    async def delete_slowly() -> None:
+        # A status change that reads the watch as off, then takes its time to commit.
+        async with q.db.transaction() as tx:
+            assert await tx.rows("revoke", {"id": fid, "owner": "a"})
+            written.set()
+            await commit.wait()
+            order.append("committed")
+
+    async def turn_on() -> None:
+        await watch.turn_on()
+        order.append("on")
+
+    async def scenario() -> None:
+        writer = asyncio.create_task(delete_slowly())
+        await asyncio.wait_for(written.wait(), 30)
+        on = asyncio.create_task(turn_on())
+        await wait_until(lambda: on.done() or watch.waiting_for == 1,
+                         what="the watch to wait for the change")
+        assert not on.done()
+        commit.set()
+        await asyncio.wait_for(asyncio.gather(writer, on), 30)
+
+    # The change was not notified (it read the watch as off) ...
+    assert await notices(q, db_url, scenario) == []
+    assert order == ["committed", "on"]
+    # ... and a page's read after the watch is on sees it.
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        assert conn.execute(SQL["card_statuses"]).fetchall() == [(fid, "deleting")]
+
+
+async def test_a_watch_extended_after_its_reckoned_end_is_owed_the_wait(pool: Any) -> None:
+    q = make_queue(pool)
+    now = [1000.0]
+    watch = Watch(q.db, seconds=60, margin=5, clock=lambda: now[0])
+    assert not watch.is_on()
+    assert await watch.extend() is False  # never on before
+    assert watch.is_on()
+    now[0] += 30
+    assert await watch.extend() is True  # within the reckoned 55 s
+    now[0] += 100
+    assert not watch.is_on()
+    assert await watch.extend() is False  # past it: there may have been a gap
+
+
+async def test_the_watch_never_ends_earlier_for_a_shorter_extension(pool: Any,
+                                                                    db_url: str) -> None:
+    q = make_queue(pool)
+    await Watch(q.db, seconds=600, margin=5).extend()
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        long = conn.execute(SQL["card_watch_until"]).fetchone()
+    await Watch(q.db, seconds=10, margin=5).extend()
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        assert conn.execute(SQL["card_watch_until"]).fetchone() == long
+
+
+def test_every_statement_that_notifies_the_pages_writes_the_cards() -> None:
+    # turn_on finds the changes that read the watch as off by their write lock on
+    # archive_files: a statement that notified without one would not be waited for.
+    notifying = [name for name, sql in QUERIES.items() if "darkroom_notify_cards" in sql]
+    assert len(notifying) >= 10
+    for name in notifying:
+        assert re.search(r"\bUPDATE archive_files\b", QUERIES[name]), name

@@ -88,7 +88,9 @@ class Watch:
 
     async def settle(self) -> None:
         """Wait for every transaction that may have read the watch as off: each one that
-        holds a write lock on archive_files now."""
+        holds a write lock on archive_files now. The watch is kept on meanwhile (a writer
+        may hold its lock for as long as its statement timeout); should an extension
+        leave a gap, the wait starts again from the writers of then."""
         waiting = await self._writers()
         delay = _POLL_FIRST
         try:
@@ -96,6 +98,9 @@ class Watch:
                 self.waiting_for = len(waiting)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _POLL_LAST)
+                if self.due() == 0 and not await self.extend():
+                    waiting = await self._writers()
+                    continue
                 # A transaction keeps its lock until it ends, and its id is never reused
                 # by a later one: those still holding it are still running.
                 waiting &= await self._writers()

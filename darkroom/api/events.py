@@ -270,7 +270,8 @@ class Hub:
                     # It may have been off: changes may be on their way unnotified.
                     self._notices(watched=False)
                     await self.watch.settle()
-                self._notices(watched=True)
+                if self.watch.is_on():
+                    self._notices(watched=True)
                 delay = 0.5
             except Exception as exc:  # the database's trouble: tried again, never fatal
                 log.warning("pages' watch not extended", extra={"error": type(exc).__name__})

@@ -81,6 +81,39 @@ async def test_turning_the_watch_on_waits_for_a_change_that_read_it_off(
         assert conn.execute(SQL["card_statuses"]).fetchall() == [(fid, "deleting")]
 
 
+async def test_the_watch_stays_on_while_it_waits_for_a_long_change(
+        pool: Any, db_url: str) -> None:
+    # A change may hold its lock for as long as its statement timeout: the watch must not
+    # end meanwhile, or the changes made after it did would go unnotified.
+    q = make_queue(pool)
+    [fid] = await add(q, "a")
+    now = [0.0]
+    watch = Watch(q.db, seconds=60, margin=5, clock=lambda: now[0])
+    written, commit = asyncio.Event(), asyncio.Event()
+
+    def until() -> Any:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            return conn.execute(SQL["card_watch_until"]).fetchone()
+
+    async def delete_slowly() -> None:
+        async with q.db.transaction() as tx:
+            await tx.rows("revoke", {"id": fid, "owner": "a"})
+            written.set()
+            await commit.wait()
+
+    writer = asyncio.create_task(delete_slowly())
+    await asyncio.wait_for(written.wait(), 30)
+    on = asyncio.create_task(watch.turn_on())
+    await wait_until(lambda: on.done() or watch.waiting_for == 1, what="the wait")
+    first = until()
+    now[0] = 50.0  # an extension is due while the change still runs
+    await wait_until(lambda: until() > first, what="the watch to be extended")
+    now[0] = 100.0  # past the first extension's reckoning
+    commit.set()
+    await asyncio.wait_for(asyncio.gather(writer, on), 30)
+    assert watch.is_on()
+
+
 async def test_a_watch_extended_after_its_reckoned_end_is_owed_the_wait(pool: Any) -> None:
     q = make_queue(pool)
     now = [1000.0]

@@ -1,7 +1,7 @@
 """How far one PostgreSQL carries a fleet: thousands of simulated worker slots.
 
     .venv/bin/python -m bench.fleet [--slots 250 500 1000 2000 4000] [--window 20]
-        [--slots-per-worker 4] [--lease 120] [--job-seconds 0.25 2.0] [--write-doc]
+        [--slots-per-worker 4] [--lease 120] [--job-seconds 0.25 2.0] [--page-open] [--write-doc]
 
 A simulated worker behaves as `darkroom worker` does towards the database, and does
 nothing else: it keeps a lease ahead of each of its slots and refills them once used up
@@ -39,9 +39,12 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +53,13 @@ from psycopg.conninfo import make_conninfo
 
 from bench.cpu import TICK, machine, machine_ticks, process_ticks
 from bench.queue import Server, darkroom_seed_jobs, noop_result, run_processes
-from bench.sql import SQL
+from bench.sql import SQL, composed
+from darkroom.api.events import CHANNEL
 from darkroom.db import embedded
 from darkroom.db.connection import open_pool
 from darkroom.db.database import Database
 from darkroom.db.migrations import migrate
+from darkroom.db.queries import QUERIES
 from darkroom.queue import Lease, Queue
 from darkroom.worker import claim_room
 
@@ -294,6 +299,35 @@ def run(barrier: Any, role: Any, *args: Any) -> dict[str, Any]:
     return result
 
 
+# --- a page open --------------------------------------------------------------------------
+
+
+@contextmanager
+def page_open(url: str, seconds: float) -> Iterator[None]:
+    """As while a page is open: the pages' watch on for `seconds` (darkroom/watch.py), so
+    every status change notifies, and one connection LISTENing and reading the notices, as
+    an API process's."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(QUERIES["extend_card_watch"], {"seconds": seconds})
+    listener = psycopg.connect(url, autocommit=True)
+    listener.execute(composed("listen", channel=CHANNEL))
+    stop = threading.Event()
+
+    def drain() -> None:
+        while not stop.is_set():
+            for _ in listener.notifies(timeout=0.5):
+                pass
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        reader.join()
+        listener.close()
+
+
 # --- the sweep -------------------------------------------------------------------------
 
 
@@ -308,8 +342,9 @@ def one_size(url: str, slots: int, args: argparse.Namespace) -> dict[str, Any]:
              for i in range(args.processes)]
     jobs = [(simulate, url, n, per, args.lease, tuple(args.job_seconds), args.warmup,
              args.window, args.conns, i) for i, n in enumerate(split) if n]
-    _, out, _ = run_processes(run, [(watch, url, args.warmup, args.window), *jobs],
-                              timeout=args.warmup + args.window + 300)
+    with page_open(url, args.warmup + args.window + 300) if args.page_open else nullcontext():
+        _, out, _ = run_processes(run, [(watch, url, args.warmup, args.window), *jobs],
+                                  timeout=args.warmup + args.window + 300)
     sims = [r for r in out if r["role"] == "sim"]
     [w] = [r for r in out if r["role"] == "watch"]
     done = sum(r["jobs"] for r in sims)
@@ -351,6 +386,8 @@ def main() -> int:
     parser.add_argument("--conns", type=int, default=12,
                         help="job-statement connections per simulator process")
     parser.add_argument("--database-url", help="a superuser URL (default: embedded)")
+    parser.add_argument("--page-open", action="store_true",
+                        help="as with a page open: the pages' watch on, its notices read")
     parser.add_argument("--write-doc", action="store_true")
     parser.add_argument("--from-json", action="store_true",
                         help="run nothing: redraw and rewrite the doc from bench/out/fleet.json")

@@ -628,7 +628,8 @@ def throughput(server: Server, plan: Plan, only: set[str] | None) -> list[QueueT
 
 async def _darkroom_latency_worker(barrier: Any, url: str, expected: int, limit: float,
                                    poll: float) -> dict[str, float]:
-    pool = await open_pool(url, min_size=1, max_size=1, name="latency")
+    # The worker's own plan mode (darkroom/worker.py `_open`).
+    pool = await open_pool(url, min_size=1, max_size=1, name="latency", generic_plans=True)
     queue = _queue(pool, "latency")
     listen = await psycopg.AsyncConnection.connect(url, autocommit=True)
     await listen.execute(composed("listen", channel=NOTIFY_CHANNEL))

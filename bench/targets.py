@@ -48,6 +48,9 @@ FAIR_CLAIM_THROUGHPUT = 0.8  # concurrent claims/s with the shared clock row, ×
 # report reads that with issue 2's bound for claim growth and says so wherever it shows it.
 SOAK_DRIFT = QUEUE_CLAIM_GROWTH
 
+# bench/fleet.py (issue 27): PostgreSQL's CPU per job of a fleet, no page open
+FLEET_PG_US_PER_JOB = 500.0
+
 # bench/engines.py (issue 27): darkroom end to end against the bare engines, same run
 ENGINES_VS_SHARP = 1.0  # darkroom end to end images/s, × sharp's
 ENGINES_VS_PYVIPS = 0.95  # darkroom end to end images/s, × bare pyvips'

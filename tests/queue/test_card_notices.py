@@ -25,19 +25,25 @@ def mark(db_url: str) -> None:
         conn.execute(SQL["notify_cards_channel"], {"payload": MARK})
 
 
-async def changes(q: Queue, db_url: str,
+async def notices(q: Queue, db_url: str,
                   during: Callable[[], Awaitable[Any]]) -> list[list[str]]:
     """The [owner, id, status] the statements run by `during()` sent to the pages: a mark
     sent after they committed comes after all of them (notifications come in commit
     order)."""
     got = []
-    await Watch(q.db).turn_on()
     async with q.db.listen(CHANNEL) as notes:
         await during()
         await asyncio.to_thread(mark, db_url)
         while (note := await asyncio.wait_for(anext(notes), timeout=30)) != MARK:
             got += [list(change) for change in json.loads(note)["c"]]
     return got
+
+
+async def changes(q: Queue, db_url: str,
+                  during: Callable[[], Awaitable[Any]]) -> list[list[str]]:
+    """`notices` while a page watches."""
+    await Watch(q.db).turn_on()
+    return await notices(q, db_url, during)
 
 
 async def test_a_re_derive_tells_the_pages_its_cards_are_queued(pool: Any, db_url: str) -> None:

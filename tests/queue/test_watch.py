@@ -4,30 +4,17 @@ on, and turning it on lets no change slip between the notices and a page's read.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from typing import Any
 
 import psycopg
 
-from darkroom.api.events import CHANNEL
 from darkroom.db.queries import QUERIES
 from darkroom.watch import Watch
-from tests.queue.test_card_notices import MARK, mark
+from tests.queue.test_card_notices import notices
 from tests.queue.test_fair import add
 from tests.support.services import make_queue, wait_until
 from tests.support.sql import SQL
-
-
-async def notices(q: Any, db_url: str, during: Any) -> list[list[str]]:
-    """The [owner, id, status] sent on the pages' channel while `during()` ran."""
-    got: list[list[str]] = []
-    async with q.db.listen(CHANNEL) as notes:
-        await during()
-        await asyncio.to_thread(mark, db_url)
-        while (note := await asyncio.wait_for(anext(notes), timeout=30)) != MARK:
-            got += [list(change) for change in json.loads(note)["c"]]
-    return got
 
 
 async def test_with_no_page_watching_status_changes_send_nothing(pool: Any, db_url: str) -> None:

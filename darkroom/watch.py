@@ -16,9 +16,11 @@ waits for every transaction holding one; a page that reads after that sees every
 the watch did not notify.
 
 An API process keeps its own reckoning of how long the watch is sure to be on: from the
-moment it asked for an extension, `seconds` less `margin` (for the two clocks). An
-extension answered after that moment may have left a gap, and is treated as turning the
-watch on again.
+moment it asked for an extension, `seconds` less `margin`, on a clock that runs while the
+host sleeps. An extension that comes after that moment, or that finds the watch's end
+less than `margin` ahead by the database's clock (its clock stepped, another process's
+reckoning, an extension lost in a failover), may have left a gap, and is treated as
+turning the watch on again.
 """
 
 from __future__ import annotations
@@ -39,7 +41,13 @@ WATCH_SECONDS = 60.0
 MARGIN_SECONDS = 5.0
 # How often the transactions that read the watch as off are looked for again while they
 # end: doubling from the first to the last.
-_POLL_FIRST, _POLL_LAST = 0.002, 0.05
+_POLL_FIRST, _POLL_LAST = 0.002, 0.25
+
+
+def _clock() -> float:
+    """Seconds on a clock that keeps running while the host is suspended (the database's
+    does): a monotonic one that stops would reckon the watch on past its end."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 class Watch:
@@ -47,7 +55,7 @@ class Watch:
 
     def __init__(self, db: Database, *, seconds: float = WATCH_SECONDS,
                  margin: float = MARGIN_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = _clock) -> None:
         if seconds <= margin:
             raise ValueError("the watch must last longer than its margin")
         self.db = db
@@ -73,28 +81,32 @@ class Watch:
         can have skipped its notice), False when it may have been off: then `turn_on`'s
         wait is owed before the notices are trusted."""
         asked = self.clock()
-        await self.db.row("extend_card_watch", {"seconds": self.seconds})
-        # Answered before the end this process reckoned: committed before it, no gap.
-        unbroken = self.clock() < self._sure_until
+        row = await self.db.row("extend_card_watch",
+                                {"seconds": self.seconds, "margin": self.margin})
+        # Answered before the end this process reckoned (so committed before it), and
+        # the end the database held still ahead by its own clock: no gap.
+        unbroken = self.clock() < self._sure_until and row is not None and bool(row["ahead"])
         self._sure_until = max(self._sure_until, asked + self.seconds - self.margin)
         return unbroken
 
     async def turn_on(self) -> None:
         """Extend the watch, and answer once every status change is either notified or
         visible to a read that starts after this returns."""
-        if await self.extend():
-            return
-        await self.settle()
+        if not await self.extend():
+            await self.settle()
 
-    async def settle(self) -> None:
+    async def settle(self, wanted: Callable[[], bool] = lambda: True) -> bool:
         """Wait for every transaction that may have read the watch as off: each one that
         holds a write lock on archive_files now. The watch is kept on meanwhile (a writer
         may hold its lock for as long as its statement timeout); should an extension
-        leave a gap, the wait starts again from the writers of then."""
+        leave a gap, the wait starts again from the writers of then. Gives up, answering
+        False, once `wanted()` says the watch is no longer wanted."""
         waiting = await self._writers()
         delay = _POLL_FIRST
         try:
             while waiting:
+                if not wanted():
+                    return False
                 self.waiting_for = len(waiting)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _POLL_LAST)
@@ -106,6 +118,7 @@ class Watch:
                 waiting &= await self._writers()
         finally:
             self.waiting_for = 0
+        return True
 
     async def _writers(self) -> set[str]:
         return {row["writer"] for row in await self.db.rows("card_writers")}

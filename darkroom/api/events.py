@@ -78,6 +78,8 @@ class Hub:
         self._listening = False
         self._watched = False
         self._complete = asyncio.Event()
+        # Bumped when the listener comes back: the watch is settled again after it.
+        self._resettle = 0
         # Set when a page opens: the watch is kept on only while one is open.
         self._wanted = asyncio.Event()
         self._closed = False
@@ -106,8 +108,14 @@ class Hub:
         # A change made right after the page's first read must not slip past: wait (a
         # little) until the notices are complete before the stream says it is open. Past
         # that wait the page is told to re-read once they are (`_notices`).
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._complete.wait(), 5.0)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._complete.wait(), 5.0)
+        except BaseException:
+            # The page went away before its stream opened: it is not waited for, and
+            # keeps neither a place among its owner's streams nor the watch on.
+            self.unsubscribe(owner, queue)
+            raise
         if queue in streams:  # not replaced meanwhile
             streams[queue] = True
         return queue
@@ -234,14 +242,24 @@ class Hub:
 
     async def _listen(self) -> None:
         delay = 0.5
+        first = True
         while not self._closed:
             try:
                 async with self.db.listen(CHANNEL) as notifications:
                     delay = 0.5
-                    self._notices(listening=True)
+                    if not first:
+                        # Lost, as by a failover: the watch is settled again too (the
+                        # database's last extension may have been lost with it).
+                        self._resettle += 1
+                        self._notices(listening=True, watched=False)
+                        self._wanted.set()
+                    else:
+                        self._notices(listening=True)
+                    first = False
                     async for payload in notifications:
                         self.dispatch(payload)
             except psycopg.Error as exc:
+                first = False
                 self._notices(listening=False)
                 log.warning("events LISTEN connection lost", extra={"error": type(exc).__name__})
                 await asyncio.sleep(delay * random.uniform(0.5, 1.5))
@@ -265,12 +283,16 @@ class Hub:
                     await asyncio.wait_for(self._wanted.wait(), wait)
                 continue
             try:
+                asked = self._resettle
                 unbroken = await self.watch.extend()
-                if not (unbroken and self._watched):
-                    # It may have been off: changes may be on their way unnotified.
+                settled = unbroken and self._watched
+                if not settled:
+                    # It may have been off: changes may be on their way unnotified. Given
+                    # up once no page is open (a VACUUM-long change keeps it on for none).
                     self._notices(watched=False)
-                    await self.watch.settle()
-                if self.watch.is_on():
+                    settled = await self.watch.settle(lambda: bool(self._streams))
+                # Not if the listener came back meanwhile: that asks for a settle of its own.
+                if settled and self.watch.is_on() and asked == self._resettle:
                     self._notices(watched=True)
                 delay = 0.5
             except Exception as exc:  # the database's trouble: tried again, never fatal

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import queue
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +20,7 @@ from darkroom.db.database import Database
 from darkroom.watch import Watch
 from tests.api.conftest import Api, start_api
 from tests.api.helpers import JPEG, assert_problem, confirmed, make_ready, upload
+from tests.support.services import wait_until
 
 WEBP = b"RIFF\x1a\x00\x00\x00WEBPVP8L" + b"\x01" * 14
 
@@ -132,5 +135,29 @@ async def test_open_pages_are_told_to_re_read_once_a_lapsed_watch_is_back(pool: 
         await hub.subscribe("bob")  # wakes the hub's keeper of the watch
         assert await asyncio.wait_for(alice.get(), 20) == {"type": "resync"}
         assert hub.watch.is_on()
+    finally:
+        hub.close()
+
+
+async def test_a_page_gone_before_its_stream_opened_keeps_no_place(pool: Any) -> None:
+    # Its stream waits for the notices to be complete (here, for a change that read the
+    # watch as off, which may take as long as a VACUUM); the page leaves meanwhile. It must
+    # not stay counted as open, or the watch would be kept on for nobody, for ever.
+    db = Database(pool)
+    hub = Hub(db, ping_seconds=60)
+    try:
+        async with db.transaction() as tx:
+            # A status change in progress (it changes no card, but holds its lock).
+            await tx.rows("revoke", {"id": uuid.uuid4(), "owner": "nobody"})
+            opening = asyncio.create_task(hub.subscribe("alice"))
+            await wait_until(lambda: opening.done() or hub.watch.waiting_for > 0,
+                             what="the stream to wait")
+            opening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await opening
+            assert hub.streams == 0
+            # Nor does the hub wait on, keeping the watch on, for a page no longer there.
+            await wait_until(lambda: hub.watch.waiting_for == 0,
+                             what="the hub to stop waiting")
     finally:
         hub.close()

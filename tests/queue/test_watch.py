@@ -133,3 +133,29 @@ def test_every_statement_that_notifies_the_pages_writes_the_cards() -> None:
     assert len(notifying) >= 10
     for name in notifying:
         assert re.search(r"\bUPDATE archive_files\b", QUERIES[name]), name
+
+
+async def test_a_vacuum_of_the_cards_is_not_waited_for(pool: Any, db_url: str) -> None:
+    # VACUUM, ANALYZE and an index built concurrently hold their lock for minutes and
+    # change no card: turning the watch on does not wait for them.
+    q = make_queue(pool)
+    with psycopg.connect(db_url) as vacuum:
+        vacuum.execute(SQL["lock_cards_like_vacuum"])
+        watch = Watch(q.db)
+        await asyncio.wait_for(watch.turn_on(), 20)
+        assert watch.is_on()
+        vacuum.rollback()
+
+
+async def test_a_watch_found_ended_by_the_databases_clock_is_owed_the_wait(
+        pool: Any, db_url: str) -> None:
+    # This process reckons the watch on, but by the database's clock (the one every
+    # change compares it with) it ended: a change may have read it as off.
+    q = make_queue(pool)
+    watch = Watch(q.db)
+    await watch.turn_on()
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(SQL["end_card_watch"])
+    assert watch.is_on()
+    assert await watch.extend() is False
+    assert await watch.extend() is True

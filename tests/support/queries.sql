@@ -660,3 +660,11 @@ INSERT INTO archive_events (file_id, kind) VALUES (%(id)s, 'nonsense');
 -- name: card_watch_until
 -- The end of the pages' watch (migration 0024).
 SELECT until FROM card_watch;
+
+-- name: lock_cards_like_vacuum
+-- The lock VACUUM, ANALYZE and CREATE INDEX CONCURRENTLY hold on the cards' table.
+LOCK TABLE archive_files IN SHARE UPDATE EXCLUSIVE MODE;
+
+-- name: end_card_watch
+-- The pages' watch ended by the database's clock (as if that clock stepped forward).
+UPDATE card_watch SET until = now() - interval '1 second';

@@ -7,12 +7,14 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.api.conftest import start_api
 from tests.api.helpers import assert_problem, confirmed, make_ready
 from tests.api.test_events import WEBP
 from tests.support.browser import Chromium
+from tests.support.sql import SQL
 
 pytestmark = pytest.mark.browser
 
@@ -63,5 +65,35 @@ def test_page_reconnects_at_the_streams_max_age_without_a_gap(
         with api.client(key) as c:
             assert c.get(f"/v1/files/{card['id']}").json()["status"] == "ready"
             assert_problem(api.client(None).get("/v1/events"), 401, "unauthorized")
+    finally:
+        server.stop()
+
+
+def test_a_resync_takes_out_a_card_deleted_unnoticed_after_it_was_ready(
+        db_url: str, tmp_path: Path, chromium: Chromium) -> None:
+    # A page told to re-read (here at each reconnect after its stream's max age) reads
+    # again every card it shows, not only those on their way: one deleted from another
+    # tab while its notices were down goes.
+    expect = chromium.expect
+    server, api = start_api(db_url, (tmp_path / "objects").as_uri(), tmp_path, "local",
+                            events_max_seconds=1.5)
+    try:
+        key = api.make_key("streamer")
+        with api.client(key) as c:
+            kept, gone = confirmed(c), confirmed(c)
+        for card in (kept, gone):
+            make_ready(api.db_url, api.settings, api.store, card["id"], WEBP)
+        page = chromium.page(api.url, key)
+        cards = page.get_by_test_id("card")
+        expect(cards).to_have_count(2, timeout=10_000)
+        for i in range(2):
+            expect(cards.nth(i)).to_have_attribute("data-status", "ready")
+        streams = page.evaluate("() => window.darkroomStats.streams")
+        with psycopg.connect(api.db_url, autocommit=True) as conn:
+            conn.execute(SQL["delete_card_unnoticed"], {"id": gone["id"]})
+        page.wait_for_function(f"() => window.darkroomStats.streams > {streams}",
+                               timeout=30_000)
+        expect(cards).to_have_count(1, timeout=15_000)
+        expect(cards.first).to_have_attribute("data-id", kept["id"])
     finally:
         server.stop()

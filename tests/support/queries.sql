@@ -668,3 +668,10 @@ LOCK TABLE archive_files IN SHARE UPDATE EXCLUSIVE MODE;
 -- name: end_card_watch
 -- The pages' watch ended by the database's clock (as if that clock stepped forward).
 UPDATE card_watch SET until = now() - interval '1 second';
+
+-- name: delete_card_unnoticed
+-- A delete the pages were not told of (as one made while their notices were down).
+UPDATE archive_files
+SET status = 'deleting', lease_token = NULL, lease_until = NULL, deleted_at = now(),
+    updated_at = now()
+WHERE id = %(id)s;

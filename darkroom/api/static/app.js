@@ -18,6 +18,8 @@ const BY_EXTENSION = {
 const FORMATS_TEXT = "JPEG, PNG, WebP, GIF, HEIC, AVIF or TIFF";
 const FINAL = new Set(["ready", "rejected"]);
 const PAGE_SIZE = 100;
+// How long a grid's first read waits for the live stream's `open` (whenStreamOpen).
+const OPEN_WAIT_MS = 1500;
 const QUEUE_REFRESH_MS = 3000;
 // Chromium opens six connections to one host: one holds the event stream, thumbs take at
 // most four, and one stays free so that a page of the listing or the viewer's preview never
@@ -68,7 +70,12 @@ const state = {
   streamFailures: 0,
   streamEnd: null,           // why the server ended the stream (its `end` event)
   streamOpen: false,         // its `open` came: every later change is sent to it
-  shownBeforeOpen: false,    // a card was shown from a read made before that
+  opens: 0,                  // how many times a stream has said `open`
+  shownBeforeOpen: false,    // an answer was read before that: re-read on `open`
+  pagesLoaded: 0,            // the listing's pages the grid shows
+  onOpen: [],                // what waits for the stream's `open` (whenStreamOpen)
+  resyncing: false,          // a re-read of what the page shows is running
+  resyncAgain: false,        // ... and another was asked for meanwhile
   thumbs: null,              // IntersectionObserver for lazy thumbs
   thumbsWanted: new Set(),   // ids near the viewport whose thumb waits for a connection
   thumbsFetching: 0,
@@ -91,7 +98,16 @@ function authHeaders(extra = {}) {
   return { Authorization: `Bearer ${state.key}`, ...extra };
 }
 
+// An answer read before the live stream's `open` may show a card as it was before a
+// change that reaches neither it nor the stream: the cards on their way are re-read once
+// the stream is open (judged by when the request was sent, not when its answer came).
+function answeredBeforeOpen() {
+  if (!state.streamOpen) state.shownBeforeOpen = true;
+  else setTimeout(resync, 0);  // opened meanwhile: once this answer is shown
+}
+
 async function api(method, path, body, extraHeaders = {}) {
+  const sentAfterOpen = state.streamOpen ? state.opens : -1;
   const headers = authHeaders({
     ...(body === undefined ? {} : { "Content-Type": "application/json" }), ...extraHeaders,
   });
@@ -110,6 +126,7 @@ async function api(method, path, body, extraHeaders = {}) {
     throw new ApiError(response.status, problem);
   }
   const text = await response.text();
+  if (sentAfterOpen !== state.opens || !state.streamOpen) answeredBeforeOpen();
   return text ? JSON.parse(text) : null;
 }
 
@@ -244,8 +261,6 @@ function placeholderFor(card, el) {
 }
 
 function render(card, atTop = false) {
-  // A change between this read and the stream's opening reaches neither: re-read then.
-  if (!state.streamOpen) state.shownBeforeOpen = true;
   let entry = state.cards.get(card.id);
   if (!entry) {
     entry = { el: newCardElement(card.filename, atTop), card, thumbLoaded: false };
@@ -453,19 +468,25 @@ function updateEmpty() {
 
 // --- paging ------------------------------------------------------------------------------
 
-async function loadPage() {
-  if (state.loading || !state.key || (!state.more && state.cursor !== null)) return;
-  state.loading = true;
-  const generation = state.generation;
+// One page of the listing the grid shows, after `cursor` (the first page without one).
+function listQuery(cursor) {
   const query = new URLSearchParams({ limit: String(PAGE_SIZE) });
   if (state.filter) query.set("status", state.filter);
   if (state.code) query.set("code", state.code);
   if (state.allOwners) query.set("all_owners", "true");
-  if (state.cursor) query.set("cursor", state.cursor);
+  if (cursor) query.set("cursor", cursor);
+  return query;
+}
+
+async function loadPage() {
+  if (state.loading || !state.key || (!state.more && state.cursor !== null)) return;
+  state.loading = true;
+  const generation = state.generation;
   try {
-    const page = await api("GET", `/v1/files?${query}`);
+    const page = await api("GET", `/v1/files?${listQuery(state.cursor)}`);
     if (generation !== state.generation) return;
     window.darkroomStats.pages += 1;
+    state.pagesLoaded += 1;
     for (const card of page.items) render(card);
     state.cursor = page.next_cursor || "";
     state.more = Boolean(page.next_cursor);
@@ -492,6 +513,7 @@ function resetGrid() {
   state.cursor = null;
   state.more = false;
   state.loading = false;
+  state.pagesLoaded = 0;
 }
 
 // --- live status (server-sent events) -----------------------------------------------------
@@ -561,10 +583,16 @@ function handleEvent(block) {
   window.darkroomStats.events += 1;
   if (kind === "ping") { window.darkroomStats.pings += 1; return; }
   if (kind === "open") {
-    if (state.streamFailures > 0 || state.shownBeforeOpen) resync();
+    const reread = state.streamFailures > 0 || state.shownBeforeOpen;
     state.streamFailures = 0;
     state.streamOpen = true;
+    state.opens += 1;
     state.shownBeforeOpen = false;
+    // Sent from here on, reads count as made after this `open`.
+    if (reread) resync();
+    const waiting = state.onOpen;
+    state.onOpen = [];
+    for (const fn of waiting) fn();
     return;
   }
   if (kind === "resync") { resync(); return; }
@@ -591,13 +619,46 @@ async function refreshCard(id) {
   }
 }
 
-// Changes may have been missed: re-read the cards still on their way.
-function resync() {
-  for (const [id, entry] of state.cards) {
-    if (!FINAL.has(entry.card.status) && entry.el.dataset.status !== "uploading"
-        && entry.el.dataset.status !== "failed") {
-      refreshCard(id);
+// Changes may have been missed: read again what the page shows. The listing's pages it
+// has loaded come first, one request each, so that a card that left ready or rejected
+// (deleted from another tab, re-derived, retried) is found as well as one on its way;
+// then, one by one, the cards those pages no longer hold (a 404 takes a card out). One
+// resync at a time; one asked for meanwhile runs once it ends.
+async function resync() {
+  if (state.resyncing) { state.resyncAgain = true; return; }
+  state.resyncing = true;
+  try {
+    do {
+      state.resyncAgain = false;
+      await relist();
+    } while (state.resyncAgain);
+  } finally {
+    state.resyncing = false;
+  }
+}
+
+async function relist() {
+  const generation = state.generation;
+  const seen = new Set();
+  let complete = true;
+  let cursor = null;
+  try {
+    for (let i = 0; i < state.pagesLoaded; i += 1) {
+      const page = await api("GET", `/v1/files?${listQuery(cursor)}`);
+      if (generation !== state.generation) return;
+      for (const card of page.items) {
+        seen.add(card.id);
+        if (state.cards.has(card.id)) render(card);  // a card new to the page waits its turn
+      }
+      cursor = page.next_cursor;
+      if (!cursor) break;
     }
+  } catch (_) {
+    complete = false;  // the listing failed: the cards on their way at least
+  }
+  for (const [id, entry] of state.cards) {
+    const local = entry.el.dataset.status === "uploading" || entry.el.dataset.status === "failed";
+    if (!local && !seen.has(id) && (complete || !FINAL.has(entry.card.status))) refreshCard(id);
   }
 }
 
@@ -1138,8 +1199,18 @@ function useKey(key) {
   showNotice("");
   resetGrid();
   openStream();
-  loadPage();
+  whenStreamOpen(loadPage);
   startQueue();
+}
+
+// A grid's first read waits (a little) for its live stream's `open`: read after it, it
+// misses no change and needs no second read (answeredBeforeOpen).
+function whenStreamOpen(fn) {
+  if (state.streamOpen || !state.stream) { fn(); return; }
+  let done = false;
+  const once = () => { if (!done) { done = true; fn(); } };
+  state.onOpen.push(once);
+  setTimeout(once, OPEN_WAIT_MS);
 }
 
 // --- wiring ------------------------------------------------------------------------------

@@ -309,7 +309,7 @@ def page_open(url: str, seconds: float) -> Iterator[None]:
     every status change notifies, and one connection LISTENing and reading the notices, as
     an API process's."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(QUERIES["extend_card_watch"], {"seconds": seconds})
+        conn.execute(QUERIES["extend_card_watch"], {"seconds": seconds, "margin": 0})
     listener = psycopg.connect(url, autocommit=True)
     listener.execute(composed("listen", channel=CHANNEL))
     stop = threading.Event()

@@ -28,8 +28,6 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import psycopg
-
 from darkroom.db.database import Database
 from darkroom.watch import Watch
 
@@ -56,6 +54,28 @@ async def _valid(still_valid: Callable[[], Awaitable[bool]]) -> bool:
     except Exception:
         log.warning("events key check failed")
         return False
+
+
+def _read_notice(payload: str) -> tuple[list[tuple[str, str, str]] | None,
+                                        list[str] | str | None]:
+    """(changes, owners) of a card notification: `{"c": [[owner, id, status], ...]}`,
+    `{"o": [owner, ...]}` or `{"o": "*"}`; (None, None) for anything else."""
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        return None, None
+    if not isinstance(body, dict):
+        return None, None
+    listed, named = body.get("c"), body.get("o")
+    if isinstance(listed, list) and all(
+            isinstance(c, list) and len(c) == 3 and all(isinstance(v, str) for v in c)
+            for c in listed):
+        return [(c[0], c[1], c[2]) for c in listed], None
+    if named == "*":
+        return None, "*"
+    if isinstance(named, list) and all(isinstance(o, str) for o in named):
+        return None, named
+    return None, None
 
 
 class Hub:
@@ -209,22 +229,22 @@ class Hub:
                     self._offer(queue, event)
 
     def dispatch(self, payload: str) -> None:
-        """One notification's payload to the streams of the owners it names."""
-        try:
-            body = json.loads(payload)
-        except ValueError:
+        """One notification's payload to the streams of the owners it names. Anything on
+        the channel that is not one of darkroom_notify_cards' shapes (whoever can reach
+        the database can NOTIFY it) is logged and left, never let out of the listener."""
+        changes, owners = _read_notice(payload)
+        if changes is None and owners is None:
             log.warning("unreadable card notification")
             return
-        if "c" in body:
-            for owner, file_id, status in body["c"]:
-                for queue in self._streams.get(owner, ()):
-                    self._offer(queue, {"type": "status", "id": file_id, "status": status})
-        elif body.get("o") == "*":
+        for owner, file_id, status in changes or ():
+            for queue in self._streams.get(owner, ()):
+                self._offer(queue, {"type": "status", "id": file_id, "status": status})
+        if owners == "*":
             self._broadcast(_RESYNC)
-        else:
-            for owner in body.get("o", ()):
-                for queue in self._streams.get(owner, ()):
-                    self._offer(queue, _RESYNC)
+            return
+        for owner in owners or ():
+            for queue in self._streams.get(owner, ()):
+                self._offer(queue, _RESYNC)
 
     def _notices(self, *, listening: bool | None = None, watched: bool | None = None) -> None:
         """Record a change of the listener's or the watch's state. Notices that become
@@ -258,7 +278,7 @@ class Hub:
                     first = False
                     async for payload in notifications:
                         self.dispatch(payload)
-            except psycopg.Error as exc:
+            except Exception as exc:  # the listener must outlive any fault: it is retried
                 first = False
                 self._notices(listening=False)
                 log.warning("events LISTEN connection lost", extra={"error": type(exc).__name__})

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 
 from darkroom.api.events import Hub
 from darkroom.db.database import Database
@@ -21,6 +22,7 @@ from darkroom.watch import Watch
 from tests.api.conftest import Api, start_api
 from tests.api.helpers import JPEG, assert_problem, confirmed, make_ready, upload
 from tests.support.services import wait_until
+from tests.support.sql import SQL
 
 WEBP = b"RIFF\x1a\x00\x00\x00WEBPVP8L" + b"\x01" * 14
 
@@ -159,5 +161,41 @@ async def test_a_page_gone_before_its_stream_opened_keeps_no_place(pool: Any) ->
             # Nor does the hub wait on, keeping the watch on, for a page no longer there.
             await wait_until(lambda: hub.watch.waiting_for == 0,
                              what="the hub to stop waiting")
+    finally:
+        hub.close()
+
+
+async def test_a_notice_not_of_darkrooms_shape_silences_no_stream(pool: Any, db_url: str) -> None:
+    # Whoever reaches the database can NOTIFY the pages' channel: what is not one of
+    # darkroom_notify_cards' shapes is passed over, and the next change still arrives.
+    db = Database(pool)
+    hub = Hub(db, ping_seconds=60)
+    try:
+        alice = await hub.subscribe("alice")
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            for junk in ('{"c": 1}', "[1]", '{"c": [[1, 2]]}', '{"o": 7}', "not json"):
+                conn.execute(SQL["notify_cards_channel"], {"payload": junk})
+            conn.execute(SQL["notify_cards_channel"],
+                         {"payload": '{"c": [["alice", "a1", "queued"]]}'})
+        assert await asyncio.wait_for(alice.get(), 20) == {
+            "type": "status", "id": "a1", "status": "queued"}
+    finally:
+        hub.close()
+
+
+async def test_a_list_too_long_for_a_notice_sends_its_owners_pages_alone_to_re_read(
+        pool: Any, db_url: str) -> None:
+    db = Database(pool)
+    hub = Hub(db, ping_seconds=60)
+    try:
+        alice, bob = await hub.subscribe("alice"), await hub.subscribe("bob")
+        changed = json.dumps([["alice", str(uuid.uuid4()), "queued"] for _ in range(400)])
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(SQL["notify_cards"], {"changed": changed})
+            conn.execute(SQL["notify_cards"], {"changed": json.dumps([["bob", "b1", "ready"]])})
+        assert await asyncio.wait_for(alice.get(), 20) == {"type": "resync"}
+        # Bob's page hears of its own change only: nothing of alice's long list.
+        assert await asyncio.wait_for(bob.get(), 20) == {
+            "type": "status", "id": "b1", "status": "ready"}
     finally:
         hub.close()

@@ -675,3 +675,7 @@ UPDATE archive_files
 SET status = 'deleting', lease_token = NULL, lease_until = NULL, deleted_at = now(),
     updated_at = now()
 WHERE id = %(id)s;
+
+-- name: notify_cards
+-- The pages' notice of `changed` ([[owner, id, status], ...]) as a status change sends it.
+SELECT darkroom_notify_cards(%(changed)s::json);

@@ -12,7 +12,8 @@ CREATE TABLE card_watch (
 );
 INSERT INTO card_watch (until) VALUES ('epoch');
 
--- As migration 0009's, and silent unless the watch is on. VOLATILE (the default) on
+-- As migration 0009's, silent unless the watch is on, and naming the owners of a list
+-- too long for one notification rather than every owner. VOLATILE (the default) on
 -- purpose: each statement in it reads with a snapshot of its own, taken after the
 -- calling statement wrote its cards. A change that reads the watch as off is therefore
 -- either committed before the watch was turned on, or still running then with its write
@@ -31,6 +32,13 @@ BEGIN
         RETURN;
     END IF;
     payload := json_build_object('c', changed)::text;
+    -- Too long for a notification's 8000 bytes: the owners alone re-read (a re-derive
+    -- of one owner's thousands of cards need not send every page back to the server),
+    -- and if even those are too many, every page.
+    IF octet_length(payload) > 7900 THEN
+        payload := json_build_object('o', (SELECT json_agg(DISTINCT c ->> 0)
+                                           FROM json_array_elements(changed) c))::text;
+    END IF;
     IF octet_length(payload) > 7900 THEN
         payload := '{"o": "*"}';
     END IF;

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -95,5 +96,72 @@ def test_a_resync_takes_out_a_card_deleted_unnoticed_after_it_was_ready(
                                timeout=30_000)
         expect(cards).to_have_count(1, timeout=15_000)
         expect(cards.first).to_have_attribute("data-id", kept["id"])
+    finally:
+        server.stop()
+
+
+def test_a_change_told_while_the_listing_is_on_its_way_is_not_undone_by_it(
+        db_url: str, tmp_path: Path, chromium: Chromium) -> None:
+    # The listing's snapshot is taken, then a card is deleted from another tab and the
+    # stream tells the page so before the listing's answer arrives: the answer, older
+    # than that event, must not bring the card back.
+    expect = chromium.expect
+    server, api = start_api(db_url, (tmp_path / "objects").as_uri(), tmp_path, "local")
+    try:
+        key = api.make_key("streamer")
+        with api.client(key) as c:
+            kept, gone = confirmed(c), confirmed(c)
+        held: list[tuple[Any, Any]] = []
+
+        def hold(route: Any) -> None:
+            if held:
+                route.continue_()
+                return
+            answer = route.fetch()  # the server has answered: the listing is as it was
+            with api.client(key) as c:
+                assert c.delete(f"/v1/files/{gone['id']}").status_code == 202
+            held.append((route, answer))
+
+        page = chromium.page(api.url)
+        page.route("**/v1/files?*", hold)
+        page.get_by_test_id("key-input").fill(key)
+        page.get_by_test_id("key-save").click()
+        # open, then the delete's status event, while the listing's answer is held.
+        page.wait_for_function("() => window.darkroomStats.events >= 2", timeout=30_000)
+        route, answer = held[0]
+        route.fulfill(response=answer)
+        cards = page.get_by_test_id("card")
+        expect(cards).to_have_count(1, timeout=15_000)
+        expect(cards.first).to_have_attribute("data-id", kept["id"])
+    finally:
+        server.stop()
+
+
+def test_a_re_read_shows_cards_added_above_in_place_and_asks_for_each_other_card_alone(
+        db_url: str, tmp_path: Path, chromium: Chromium) -> None:
+    # Cards added from elsewhere push the shown ones down the listing: a re-read reads on
+    # until it has met every card it shows, shows the new ones in their place, and asks
+    # for no card alone that the listing held.
+    expect = chromium.expect
+    server, api = start_api(db_url, (tmp_path / "objects").as_uri(), tmp_path, "local")
+    try:
+        key = api.make_key("streamer")
+        with api.client(key) as c:
+            first = [confirmed(c) for _ in range(3)]
+        page = chromium.page(api.url, key)
+        cards = page.get_by_test_id("card")
+        expect(cards).to_have_count(3, timeout=10_000)
+        page.wait_for_function("() => window.darkroomStats.events >= 1", timeout=30_000)
+        with api.client(key) as c:
+            added = [confirmed(c) for _ in range(2)]
+        singles: list[str] = []
+        page.on("request", lambda r: singles.append(r.url)
+                if "/v1/files/" in r.url and "?" not in r.url else None)
+        with psycopg.connect(api.db_url, autocommit=True) as conn:
+            conn.execute(SQL["notify_cards_channel"], {"payload": '{"o": ["streamer"]}'})
+        expect(cards).to_have_count(5, timeout=15_000)
+        shown = [cards.nth(i).get_attribute("data-id") for i in range(5)]
+        assert shown == [a["id"] for a in reversed(added)] + [f["id"] for f in reversed(first)]
+        assert singles == []
     finally:
         server.stop()

@@ -20,6 +20,14 @@ const FINAL = new Set(["ready", "rejected"]);
 const PAGE_SIZE = 100;
 // How long a grid's first read waits for the live stream's `open` (whenStreamOpen).
 const OPEN_WAIT_MS = 1500;
+// A re-read reads this many listing pages past those loaded, for cards added above.
+const RELIST_EXTRA_PAGES = 3;
+// A re-read whose listing failed is tried again this much later.
+const RELIST_RETRY_MS = 5000;
+// Cards a re-read looks up one by one at most; past that the grid is read anew.
+const REFRESH_AT_MOST = 50;
+// Stream events about cards not shown yet that are remembered (the oldest go first).
+const UNSHOWN_AT_MOST = 2000;
 const QUEUE_REFRESH_MS = 3000;
 // Chromium opens six connections to one host: one holds the event stream, thumbs take at
 // most four, and one stays free so that a page of the listing or the viewer's preview never
@@ -73,6 +81,8 @@ const state = {
   opens: 0,                  // how many times a stream has said `open`
   shownBeforeOpen: false,    // an answer was read before that: re-read on `open`
   pagesLoaded: 0,            // the listing's pages the grid shows
+  seq: 0,                    // one count of requests sent and stream events (tick)
+  unshown: new Map(),        // id → tick of a stream event about a card not shown yet
   onOpen: [],                // what waits for the stream's `open` (whenStreamOpen)
   resyncing: false,          // a re-read of what the page shows is running
   resyncAgain: false,        // ... and another was asked for meanwhile
@@ -108,6 +118,7 @@ function answeredBeforeOpen() {
 
 async function api(method, path, body, extraHeaders = {}) {
   const sentAfterOpen = state.streamOpen ? state.opens : -1;
+  const sent = tick();
   const headers = authHeaders({
     ...(body === undefined ? {} : { "Content-Type": "application/json" }), ...extraHeaders,
   });
@@ -127,7 +138,11 @@ async function api(method, path, body, extraHeaders = {}) {
   }
   const text = await response.text();
   if (sentAfterOpen !== state.opens || !state.streamOpen) answeredBeforeOpen();
-  return text ? JSON.parse(text) : null;
+  const answer = text ? JSON.parse(text) : null;
+  if (answer && typeof answer === "object") {
+    Object.defineProperty(answer, "__sent", { value: sent });  // not enumerable: not copied
+  }
+  return answer;
 }
 
 function sameOrigin(url) {
@@ -173,11 +188,12 @@ function cardElement(id) {
   return entry ? entry.el : null;
 }
 
-function newCardElement(filename, atTop) {
+function newCardElement(filename, atTop, before = null) {
   const el = $("#card-template").content.firstElementChild.cloneNode(true);
   $('[data-testid="filename"]', el).textContent = filename;
   $('[data-testid="filename"]', el).title = filename;
-  if (atTop) $(".grid").prepend(el);
+  if (before) $(".grid").insertBefore(el, before);
+  else if (atTop) $(".grid").prepend(el);
   else $(".grid").append(el);
   updateEmpty();
   return el;
@@ -260,14 +276,37 @@ function placeholderFor(card, el) {
   }
 }
 
-function render(card, atTop = false) {
+// One count for the requests the page sends and the stream events it gets: a card read by
+// a request sent before an event about it shows the card as it was before that event.
+function tick() {
+  state.seq += 1;
+  return state.seq;
+}
+
+// `sent`: the tick its request was sent at (api() marks its answers); undefined for what
+// the page itself changed. A read older than the one shown is not drawn; one older than
+// a stream event about the card is drawn only if the card is new to the page, and the
+// card is read again either way.
+function render(card, atTop = false, sent = card.__sent, before = null) {
   let entry = state.cards.get(card.id);
+  let changed = 0;
+  if (sent !== undefined) {
+    changed = entry ? entry.changed || 0 : state.unshown.get(card.id) || 0;
+    state.unshown.delete(card.id);
+    if (entry && sent < (entry.sent || 0)) return;
+    if (sent < changed) {
+      refreshCard(card.id);
+      if (entry) return;
+    }
+  }
   if (!entry) {
-    entry = { el: newCardElement(card.filename, atTop), card, thumbLoaded: false };
+    entry = { el: newCardElement(card.filename, atTop, before), card, thumbLoaded: false,
+              changed };
     state.cards.set(card.id, entry);
     wireCard(card.id, entry.el);
     state.thumbs.observe(entry.el);
   }
+  if (sent !== undefined) entry.sent = sent;
   entry.card = card;
   const el = entry.el;
   el.dataset.id = card.id;
@@ -487,7 +526,7 @@ async function loadPage() {
     if (generation !== state.generation) return;
     window.darkroomStats.pages += 1;
     state.pagesLoaded += 1;
-    for (const card of page.items) render(card);
+    for (const card of page.items) render(card, false, page.__sent);
     state.cursor = page.next_cursor || "";
     state.more = Boolean(page.next_cursor);
     $('[data-testid="more"]').hidden = !state.more;
@@ -599,8 +638,15 @@ function handleEvent(block) {
   if (kind === "end") { state.streamEnd = JSON.parse(data).reason || "end"; return; }
   if (kind !== "status") return;
   const event = JSON.parse(data);
+  const seq = tick();
   const entry = state.cards.get(event.id);
+  if (!entry || event.status === "deleting") {
+    // A listing read on its way may hold the card as it was: it is read again then.
+    state.unshown.set(event.id, seq);
+    if (state.unshown.size > UNSHOWN_AT_MOST) state.unshown.delete(state.unshown.keys().next().value);
+  }
   if (!entry) return;
+  entry.changed = seq;
   if (event.status === "deleting") { removeCard(event.id); return; }
   if (FINAL.has(event.status)) {
     // One read for the card's result (its thumb, size or error), only when it ends.
@@ -613,17 +659,29 @@ function handleEvent(block) {
 
 async function refreshCard(id) {
   try {
-    render(await api("GET", `/v1/files/${id}`));
+    const card = await api("GET", `/v1/files/${id}`);
+    render(card);
+    const entry = state.cards.get(id);
+    // Shown in a view it has left (the filter's status or code): the listing of this
+    // view no longer holds it, so a re-read does not look for it there again.
+    if (entry && !inView(card)) entry.outOfView = true;
   } catch (error) {
     if (error.status === 404) removeCard(id);
   }
 }
 
+function inView(card) {
+  return (!state.filter || card.status === state.filter)
+    && (!state.code || card.error_code === state.code);
+}
+
 // Changes may have been missed: read again what the page shows. The listing's pages it
-// has loaded come first, one request each, so that a card that left ready or rejected
-// (deleted from another tab, re-derived, retried) is found as well as one on its way;
-// then, one by one, the cards those pages no longer hold (a 404 takes a card out). One
-// resync at a time; one asked for meanwhile runs once it ends.
+// has loaded come first, one request each, and a few more while cards it shows are still
+// to come (cards added above push them down), so that a card that left ready or rejected
+// (deleted from another tab, re-derived, retried) is found as well as one on its way, and
+// a card added among them is shown in its place; then, one by one, the cards the listing
+// no longer holds (a 404 takes a card out), or, past REFRESH_AT_MOST of them, the grid is
+// read anew. One re-read at a time; one asked for meanwhile runs once it ends.
 async function resync() {
   if (state.resyncing) { state.resyncAgain = true; return; }
   state.resyncing = true;
@@ -637,28 +695,56 @@ async function resync() {
   }
 }
 
+function isLocal(entry) {
+  return entry.el.dataset.status === "uploading" || entry.el.dataset.status === "failed";
+}
+
 async function relist() {
   const generation = state.generation;
+  const expected = new Set();
+  for (const [id, entry] of state.cards) if (!isLocal(entry) && !entry.outOfView) expected.add(id);
   const seen = new Set();
-  let complete = true;
+  let newcomers = [];
   let cursor = null;
+  let ended = false;
+  let sent;
   try {
-    for (let i = 0; i < state.pagesLoaded; i += 1) {
+    for (let i = 0; i < state.pagesLoaded + RELIST_EXTRA_PAGES; i += 1) {
       const page = await api("GET", `/v1/files?${listQuery(cursor)}`);
       if (generation !== state.generation) return;
+      sent = page.__sent;
       for (const card of page.items) {
         seen.add(card.id);
-        if (state.cards.has(card.id)) render(card);  // a card new to the page waits its turn
+        const entry = state.cards.get(card.id);
+        if (!entry) { newcomers.push(card); continue; }
+        for (const c of newcomers) render(c, false, sent, entry.el);
+        newcomers = [];
+        render(card, false, sent);
       }
       cursor = page.next_cursor;
-      if (!cursor) break;
+      if (!cursor) { ended = true; break; }
+      if ([...expected].every((id) => seen.has(id))) break;
     }
   } catch (_) {
-    complete = false;  // the listing failed: the cards on their way at least
+    // The listing failed (the server away a moment): tried again a little later.
+    if (generation === state.generation) {
+      setTimeout(() => { if (state.streamOpen && generation === state.generation) resync(); },
+                 RELIST_RETRY_MS);
+    }
+    return;
   }
-  for (const [id, entry] of state.cards) {
-    const local = entry.el.dataset.status === "uploading" || entry.el.dataset.status === "failed";
-    if (!local && !seen.has(id) && (complete || !FINAL.has(entry.card.status))) refreshCard(id);
+  // After the last card shown: at the end of the grid if the listing ended there, else
+  // where scrolling will bring them.
+  if (ended && !state.more) for (const c of newcomers) render(c, false, sent);
+  const missing = [...expected].filter((id) => !seen.has(id) && state.cards.has(id));
+  if (missing.length > REFRESH_AT_MOST) {
+    resetGrid();
+    loadPage();
+    return;
+  }
+  for (const id of missing) {
+    if (generation !== state.generation) return;
+    await refreshCard(id);
   }
 }
 

@@ -4,6 +4,7 @@ stay current."""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import psycopg
 import pytest
 
 from tests.api.conftest import start_api
-from tests.api.helpers import assert_problem, confirmed, make_ready
+from tests.api.helpers import JPEG, assert_problem, confirmed, make_ready
 from tests.api.test_events import WEBP
 from tests.support.browser import Chromium
 from tests.support.sql import SQL
@@ -163,5 +164,174 @@ def test_a_re_read_shows_cards_added_above_in_place_and_asks_for_each_other_card
         shown = [cards.nth(i).get_attribute("data-id") for i in range(5)]
         assert shown == [a["id"] for a in reversed(added)] + [f["id"] for f in reversed(first)]
         assert singles == []
+    finally:
+        server.stop()
+
+
+# Counts every card element the page adds to its grid from the moment it is installed.
+_ADDED = """() => {
+  window.__added = 0;
+  new MutationObserver((changes) => {
+    for (const change of changes) {
+      for (const node of change.addedNodes) {
+        if (node.dataset && node.dataset.testid === 'card') window.__added += 1;
+      }
+    }
+  }).observe(document.querySelector('.grid'), { childList: true, subtree: true });
+}"""
+
+
+def _resync(api: Any, owner: str) -> None:
+    """The hub's `resync` to `owner`'s open pages, as after notices it may have missed."""
+    with psycopg.connect(api.db_url, autocommit=True) as conn:
+        conn.execute(SQL["notify_cards_channel"], {"payload": json.dumps({"o": [owner]})})
+
+
+def test_a_card_deleted_on_the_page_while_a_re_read_is_on_its_way_does_not_come_back(
+        db_url: str, tmp_path: Path, chromium: Chromium) -> None:
+    expect = chromium.expect
+    server, api = start_api(db_url, (tmp_path / "objects").as_uri(), tmp_path, "local")
+    try:
+        key = api.make_key("streamer")
+        with api.client(key) as c:
+            cards_made = [confirmed(c) for _ in range(3)]
+        page = chromium.page(api.url, key)
+        cards = page.get_by_test_id("card")
+        expect(cards).to_have_count(3, timeout=10_000)
+        page.wait_for_function("() => window.darkroomStats.events >= 1", timeout=30_000)
+        held: list[tuple[Any, Any]] = []
+
+        def hold(route: Any) -> None:
+            held.append((route, route.fetch()))  # the listing as it was before the delete
+
+        page.route("**/v1/files?*", hold)
+        rereads = page.evaluate("() => window.darkroomStats.rereads")
+        with page.expect_request("**/v1/files?*"):
+            _resync(api, "streamer")
+        victim = cards_made[1]["id"]
+        page.evaluate(_ADDED)
+        page.locator(f'[data-id="{victim}"]').get_by_test_id("delete").click()
+        expect(cards).to_have_count(2, timeout=10_000)
+        route, answer = held[0]
+        with page.expect_response("**/v1/files?*"):
+            route.fulfill(response=answer)
+        page.unroute("**/v1/files?*")
+        # The re-read ends (its listing drawn, its lookups answered): nothing came back.
+        page.wait_for_function(f"() => window.darkroomStats.rereads > {rereads}",
+                               timeout=10_000)
+        expect(cards).to_have_count(2)
+        assert page.evaluate("() => window.__added") == 0
+    finally:
+        server.stop()
+
+
+def test_a_re_read_leaves_the_pages_own_upload_as_the_upload_shows_it(
+        db_url: str, tmp_path: Path, chromium: Chromium) -> None:
+    expect = chromium.expect
+    server, api = start_api(db_url, (tmp_path / "objects").as_uri(), tmp_path, "local")
+    try:
+        key = api.make_key("streamer")
+        photo = tmp_path / "up.jpg"
+        photo.write_bytes(JPEG)
+        page = chromium.page(api.url, key)
+        page.wait_for_function("() => window.darkroomStats.events >= 1", timeout=30_000)
+        held: list[Any] = []
+        cut: list[bool] = []
+
+        def transfer(route: Any) -> None:
+            if cut:  # the network gone: this try and the upload's own retries fail
+                route.abort("connectionreset")
+            else:
+                held.append(route)
+
+        page.route("**/v1/files/*/content", transfer)
+        page.get_by_test_id("file-input").set_input_files([str(photo)])
+        card = page.get_by_test_id("card").first
+        expect(card).to_have_attribute("data-status", "uploading", timeout=10_000)
+
+        def reread() -> None:
+            rereads = page.evaluate("() => window.darkroomStats.rereads")
+            _resync(api, "streamer")
+            page.wait_for_function(f"() => window.darkroomStats.rereads > {rereads}",
+                                   timeout=10_000)
+
+        # The listing holds the card as pending: the upload's own state stays shown.
+        reread()
+        expect(card).to_have_attribute("data-status", "uploading")
+        cut.append(True)
+        held[0].abort("connectionreset")
+        expect(card).to_have_attribute("data-status", "failed", timeout=60_000)
+        message = card.get_by_test_id("error").inner_text()
+        assert message
+        reread()
+        expect(card).to_have_attribute("data-status", "failed")
+        assert card.get_by_test_id("error").inner_text() == message
+    finally:
+        server.stop()
+
+
+def test_re_reads_that_fail_are_tried_again_by_one_timer(
+        db_url: str, tmp_path: Path, chromium: Chromium) -> None:
+    # While the listing fails, each resync's re-read fails at once; they are tried again
+    # together, not each on a timer of its own (which piled up with every resync).
+    server, api = start_api(db_url, (tmp_path / "objects").as_uri(), tmp_path, "local")
+    try:
+        key = api.make_key("streamer")
+        page = chromium.browser.new_page()
+        page.clock.install()
+        page.goto(api.url)
+        page.get_by_test_id("key-input").fill(key)
+        page.get_by_test_id("key-save").click()
+        page.wait_for_function("() => window.darkroomStats.events >= 1", timeout=30_000)
+        listings: list[str] = []
+
+        def failing(route: Any) -> None:
+            listings.append(route.request.url)
+            route.fulfill(status=503, body="")
+
+        page.route("**/v1/files?*", failing)
+        for _ in range(4):
+            rereads = page.evaluate("() => window.darkroomStats.rereads")
+            _resync(api, "streamer")
+            page.wait_for_function(f"() => window.darkroomStats.rereads > {rereads}",
+                                   timeout=10_000)
+        assert len(listings) == 4
+        page.clock.run_for(6_000)
+        page.wait_for_function("() => window.darkroomStats.rereads >= 5", timeout=10_000)
+        page.clock.run_for(1_000)
+        assert len(listings) == 5
+    finally:
+        server.stop()
+
+
+def test_a_card_read_on_its_way_when_the_view_changes_stays_out_of_the_new_view(
+        db_url: str, tmp_path: Path, chromium: Chromium) -> None:
+    expect = chromium.expect
+    server, api = start_api(db_url, (tmp_path / "objects").as_uri(), tmp_path, "local")
+    try:
+        key = api.make_key("streamer")
+        with api.client(key) as c:
+            card = confirmed(c)
+        page = chromium.page(api.url, key)
+        cards = page.get_by_test_id("card")
+        expect(cards).to_have_count(1, timeout=10_000)
+        page.wait_for_function("() => window.darkroomStats.events >= 1", timeout=30_000)
+        held: list[Any] = []
+        page.route(f"**/v1/files/{card['id']}", lambda route: held.append(route))
+        reads = page.evaluate("() => window.darkroomStats.cardReads")
+        # Ready: the page reads the card for its result; that read is held.
+        worker = threading.Thread(target=make_ready, args=(
+            api.db_url, api.settings, api.store, card["id"], WEBP))
+        worker.start()
+        worker.join(30)
+        page.wait_for_function("() => window.darkroomStats.events >= 3", timeout=30_000)
+        # The view changes to the queued cards: none.
+        page.get_by_test_id("status-filter").select_option("queued")
+        page.wait_for_function("() => window.darkroomStats.pages >= 2", timeout=10_000)
+        expect(cards).to_have_count(0)
+        held[0].continue_()
+        page.wait_for_function(f"() => window.darkroomStats.cardReads > {reads}",
+                               timeout=10_000)
+        expect(cards).to_have_count(0)
     finally:
         server.stop()

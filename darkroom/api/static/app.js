@@ -82,7 +82,9 @@ const state = {
   shownBeforeOpen: false,    // an answer was read before that: re-read on `open`
   pagesLoaded: 0,            // the listing's pages the grid shows
   seq: 0,                    // one count of requests sent and stream events (tick)
-  unshown: new Map(),        // id → tick of a stream event about a card not shown yet
+  unshown: new Map(),        // id → {seq, gone} of a change to a card not shown (noteChange)
+  refreshing: new Map(),     // id → whether another read is owed once the one on its way ends
+  relistRetry: null,         // the one timer that retries a failed re-read
   onOpen: [],                // what waits for the stream's `open` (whenStreamOpen)
   resyncing: false,          // a re-read of what the page shows is running
   resyncAgain: false,        // ... and another was asked for meanwhile
@@ -92,7 +94,7 @@ const state = {
   uploads: { total: 0, sent: 0, files: 0, done: 0, running: 0, waiting: [] },
 };
 // Counters for tests and operators: what the page did, without timing anything.
-window.darkroomStats = { pings: 0, events: 0, pages: 0, streams: 0 };
+window.darkroomStats = { pings: 0, events: 0, pages: 0, streams: 0, rereads: 0, cardReads: 0 };
 
 // --- API ---------------------------------------------------------------------------------
 
@@ -283,6 +285,19 @@ function tick() {
   return state.seq;
 }
 
+// A change to card `id` the page learnt of now (a stream event, or the card `gone`):
+// remembered for a card not shown (a listing on its way may hold it as it was). Answers
+// the tick.
+function noteChange(id, gone) {
+  const seq = tick();
+  if (gone || !state.cards.has(id)) {
+    state.unshown.delete(id);
+    state.unshown.set(id, { seq, gone });
+    if (state.unshown.size > UNSHOWN_AT_MOST) state.unshown.delete(state.unshown.keys().next().value);
+  }
+  return seq;
+}
+
 // `sent`: the tick its request was sent at (api() marks its answers); undefined for what
 // the page itself changed. A read older than the one shown is not drawn; one older than
 // a stream event about the card is drawn only if the card is new to the page, and the
@@ -291,13 +306,16 @@ function render(card, atTop = false, sent = card.__sent, before = null) {
   let entry = state.cards.get(card.id);
   let changed = 0;
   if (sent !== undefined) {
-    changed = entry ? entry.changed || 0 : state.unshown.get(card.id) || 0;
-    state.unshown.delete(card.id);
+    const note = entry ? null : state.unshown.get(card.id);
+    changed = entry ? entry.changed || 0 : note ? note.seq : 0;
     if (entry && sent < (entry.sent || 0)) return;
     if (sent < changed) {
+      // Gone since this read was sent: it stays gone (a deleted card never comes back).
+      if (note && note.gone) return;
       refreshCard(card.id);
       if (entry) return;
     }
+    if (note) state.unshown.delete(card.id);
   }
   if (!entry) {
     entry = { el: newCardElement(card.filename, atTop, before), card, thumbLoaded: false,
@@ -378,7 +396,10 @@ async function loadThumb(entry) {
   }
 }
 
-function removeCard(id) {
+// `gone`: the card no longer exists (deleted, or 404): a read sent before this does not
+// bring it back. A grid emptied for another view or key takes its cards out without.
+function removeCard(id, gone = true) {
+  if (gone) noteChange(id, true);
   const entry = state.cards.get(id);
   if (!entry) return;
   state.thumbs.unobserve(entry.el);
@@ -410,14 +431,16 @@ async function deleteCard(id) {
 // A rejected card back in the queue: the answer is the card, queued again.
 async function retryCard(id) {
   const el = cardElement(id);
+  const generation = state.generation;
   try {
-    render(await api("POST", `/v1/files/${id}/retry`));
+    const card = await api("POST", `/v1/files/${id}/retry`);
+    if (generation === state.generation) render(card);
   } catch (error) {
     if (error.status === 404) { removeCard(id); return; }
     if (!el) return;
     if (error.status === 409) {
       // Someone (another tab, an operator) changed it meanwhile: show it as it is now.
-      try { render(await api("GET", `/v1/files/${id}`)); } catch (_) { /* kept as shown */ }
+      refreshCard(id);
       return;
     }
     showRetry(el, () => retryCard(id));
@@ -526,7 +549,7 @@ async function loadPage() {
     if (generation !== state.generation) return;
     window.darkroomStats.pages += 1;
     state.pagesLoaded += 1;
-    for (const card of page.items) render(card, false, page.__sent);
+    for (const card of page.items) drawListed(card, page.__sent);
     state.cursor = page.next_cursor || "";
     state.more = Boolean(page.next_cursor);
     $('[data-testid="more"]').hidden = !state.more;
@@ -547,7 +570,7 @@ function sentinelVisible() {
 
 function resetGrid() {
   state.generation += 1;
-  for (const id of [...state.cards.keys()]) removeCard(id);
+  for (const id of [...state.cards.keys()]) removeCard(id, false);
   $(".grid").replaceChildren();
   state.cursor = null;
   state.more = false;
@@ -638,16 +661,11 @@ function handleEvent(block) {
   if (kind === "end") { state.streamEnd = JSON.parse(data).reason || "end"; return; }
   if (kind !== "status") return;
   const event = JSON.parse(data);
-  const seq = tick();
   const entry = state.cards.get(event.id);
-  if (!entry || event.status === "deleting") {
-    // A listing read on its way may hold the card as it was: it is read again then.
-    state.unshown.set(event.id, seq);
-    if (state.unshown.size > UNSHOWN_AT_MOST) state.unshown.delete(state.unshown.keys().next().value);
-  }
+  if (event.status === "deleting") { removeCard(event.id); return; }
+  const seq = noteChange(event.id, false);
   if (!entry) return;
   entry.changed = seq;
-  if (event.status === "deleting") { removeCard(event.id); return; }
   if (FINAL.has(event.status)) {
     // One read for the card's result (its thumb, size or error), only when it ends.
     refreshCard(event.id);
@@ -657,16 +675,27 @@ function handleEvent(block) {
   }
 }
 
+// One read of card `id` at a time; asked again meanwhile, it is read once more after. An
+// answer for a grid since emptied (another view, another key) is dropped.
 async function refreshCard(id) {
+  if (state.refreshing.has(id)) { state.refreshing.set(id, true); return; }
+  const generation = state.generation;
+  state.refreshing.set(id, false);
   try {
     const card = await api("GET", `/v1/files/${id}`);
+    if (generation !== state.generation) return;
     render(card);
     const entry = state.cards.get(id);
     // Shown in a view it has left (the filter's status or code): the listing of this
     // view no longer holds it, so a re-read does not look for it there again.
     if (entry && !inView(card)) entry.outOfView = true;
   } catch (error) {
-    if (error.status === 404) removeCard(id);
+    if (error.status === 404 && generation === state.generation) removeCard(id);
+  } finally {
+    window.darkroomStats.cardReads += 1;
+    const again = state.refreshing.get(id);
+    state.refreshing.delete(id);
+    if (again && generation === state.generation) await refreshCard(id);
   }
 }
 
@@ -692,11 +721,20 @@ async function resync() {
     } while (state.resyncAgain);
   } finally {
     state.resyncing = false;
+    window.darkroomStats.rereads += 1;
   }
 }
 
 function isLocal(entry) {
   return entry.el.dataset.status === "uploading" || entry.el.dataset.status === "failed";
+}
+
+// A card as a listing holds it; this page's own upload in progress (or failed before its
+// card was queued) is the upload flow's to draw.
+function drawListed(card, sent, before = null) {
+  const entry = state.cards.get(card.id);
+  if (entry && isLocal(entry)) return;
+  render(card, false, sent, before);
 }
 
 async function relist() {
@@ -717,9 +755,9 @@ async function relist() {
         seen.add(card.id);
         const entry = state.cards.get(card.id);
         if (!entry) { newcomers.push(card); continue; }
-        for (const c of newcomers) render(c, false, sent, entry.el);
+        for (const c of newcomers) drawListed(c, sent, entry.el);
         newcomers = [];
-        render(card, false, sent);
+        drawListed(card, sent);
       }
       cursor = page.next_cursor;
       if (!cursor) { ended = true; break; }
@@ -727,15 +765,17 @@ async function relist() {
     }
   } catch (_) {
     // The listing failed (the server away a moment): tried again a little later.
-    if (generation === state.generation) {
-      setTimeout(() => { if (state.streamOpen && generation === state.generation) resync(); },
-                 RELIST_RETRY_MS);
+    if (generation === state.generation && state.relistRetry === null) {
+      state.relistRetry = setTimeout(() => {
+        state.relistRetry = null;
+        if (state.streamOpen && generation === state.generation) resync();
+      }, RELIST_RETRY_MS);
     }
     return;
   }
   // After the last card shown: at the end of the grid if the listing ended there, else
   // where scrolling will bring them.
-  if (ended && !state.more) for (const c of newcomers) render(c, false, sent);
+  if (ended && !state.more) for (const c of newcomers) drawListed(c, sent);
   const missing = [...expected].filter((id) => !seen.has(id) && state.cards.has(id));
   if (missing.length > REFRESH_AT_MOST) {
     resetGrid();

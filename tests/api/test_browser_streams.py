@@ -335,3 +335,73 @@ def test_a_card_read_on_its_way_when_the_view_changes_stays_out_of_the_new_view(
         expect(cards).to_have_count(0)
     finally:
         server.stop()
+
+
+def _create_cards(api: Any, key: str, n: int) -> None:
+    """`n` cards made from elsewhere (another tab, an import), each created and confirmed."""
+    def run() -> None:
+        with api.client(key) as c:
+            for _ in range(n):
+                confirmed(c)
+
+    maker = threading.Thread(target=run)  # Playwright's loop runs in this thread
+    maker.start()
+    maker.join(300)
+
+
+def test_a_re_read_after_more_cards_were_added_than_it_reads_shows_the_grid_anew(
+        db_url: str, tmp_path: Path, chromium: Chromium) -> None:
+    expect = chromium.expect
+    server, api = start_api(db_url, (tmp_path / "objects").as_uri(), tmp_path, "local")
+    try:
+        key = api.make_key("streamer")
+        _create_cards(api, key, 3)
+        page = chromium.page(api.url, key)
+        cards = page.get_by_test_id("card")
+        expect(cards).to_have_count(3, timeout=10_000)
+        page.wait_for_function("() => window.darkroomStats.events >= 1", timeout=30_000)
+        # More than the re-read's pages hold (the one loaded and three more).
+        _create_cards(api, key, 401)
+        with api.client(key) as c:
+            newest = c.get("/v1/files?limit=1").json()["items"][0]["id"]
+        rereads = page.evaluate("() => window.darkroomStats.rereads")
+        _resync(api, "streamer")
+        page.wait_for_function(f"() => window.darkroomStats.rereads > {rereads}",
+                               timeout=30_000)
+        expect(cards.first).to_have_attribute("data-id", newest, timeout=15_000)
+        expect(cards).to_have_count(100)
+    finally:
+        server.stop()
+
+
+def test_a_card_back_in_its_view_is_looked_for_again(
+        db_url: str, tmp_path: Path, chromium: Chromium) -> None:
+    expect = chromium.expect
+    server, api = start_api(db_url, (tmp_path / "objects").as_uri(), tmp_path, "local")
+    try:
+        key = api.make_key("streamer")
+        with api.client(key) as c:
+            card = confirmed(c)
+        make_ready(api.db_url, api.settings, api.store, card["id"], WEBP)
+        page = chromium.page(api.url, key)
+        page.get_by_test_id("status-filter").select_option("ready")
+        cards = page.get_by_test_id("card")
+        expect(cards).to_have_count(1, timeout=10_000)
+        page.wait_for_function("() => window.darkroomStats.events >= 1", timeout=30_000)
+
+        def unnoticed(change: str, **params: Any) -> None:
+            rereads = page.evaluate("() => window.darkroomStats.rereads")
+            with psycopg.connect(api.db_url, autocommit=True) as conn:
+                conn.execute(SQL[change], {"id": card["id"], **params})
+            _resync(api, "streamer")
+            page.wait_for_function(f"() => window.darkroomStats.rereads > {rereads}",
+                                   timeout=30_000)
+
+        unnoticed("set_status_unnoticed", status="queued")  # out of the ready view
+        expect(cards.first).to_have_attribute("data-status", "queued")
+        unnoticed("set_status_unnoticed", status="ready")  # back in it
+        expect(cards.first).to_have_attribute("data-status", "ready")
+        unnoticed("delete_card_unnoticed")
+        expect(cards).to_have_count(0, timeout=15_000)
+    finally:
+        server.stop()

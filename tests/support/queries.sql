@@ -679,3 +679,7 @@ WHERE id = %(id)s;
 -- name: notify_cards
 -- The pages' notice of `changed` ([[owner, id, status], ...]) as a status change sends it.
 SELECT darkroom_notify_cards(%(changed)s::json);
+
+-- name: set_status_unnoticed
+-- A card moved between queued and ready (its derivative kept) without the pages told.
+UPDATE archive_files SET status = %(status)s, updated_at = now() WHERE id = %(id)s;

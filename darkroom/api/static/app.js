@@ -576,6 +576,7 @@ function resetGrid() {
   state.more = false;
   state.loading = false;
   state.pagesLoaded = 0;
+  state.refreshing = new Map();
 }
 
 // --- live status (server-sent events) -----------------------------------------------------
@@ -678,23 +679,24 @@ function handleEvent(block) {
 // One read of card `id` at a time; asked again meanwhile, it is read once more after. An
 // answer for a grid since emptied (another view, another key) is dropped.
 async function refreshCard(id) {
-  if (state.refreshing.has(id)) { state.refreshing.set(id, true); return; }
+  const inFlight = state.refreshing;  // this grid's: resetGrid starts another
+  if (inFlight.has(id)) { inFlight.set(id, true); return; }
   const generation = state.generation;
-  state.refreshing.set(id, false);
+  inFlight.set(id, false);
   try {
     const card = await api("GET", `/v1/files/${id}`);
     if (generation !== state.generation) return;
     render(card);
     const entry = state.cards.get(id);
     // Shown in a view it has left (the filter's status or code): the listing of this
-    // view no longer holds it, so a re-read does not look for it there again.
-    if (entry && !inView(card)) entry.outOfView = true;
+    // view no longer holds it, so a re-read does not look for it there, until it is back.
+    if (entry) entry.outOfView = !inView(card);
   } catch (error) {
     if (error.status === 404 && generation === state.generation) removeCard(id);
   } finally {
     window.darkroomStats.cardReads += 1;
-    const again = state.refreshing.get(id);
-    state.refreshing.delete(id);
+    const again = inFlight.get(id);
+    inFlight.delete(id);
     if (again && generation === state.generation) await refreshCard(id);
   }
 }
@@ -737,53 +739,118 @@ function drawListed(card, sent, before = null) {
   render(card, false, sent, before);
 }
 
+// A re-read whose listing failed (the server away a moment): tried again a little later,
+// by one timer however many failed meanwhile.
+function retryRelistLater(generation) {
+  if (generation !== state.generation || state.relistRetry !== null) return;
+  state.relistRetry = setTimeout(() => {
+    state.relistRetry = null;
+    if (state.streamOpen && generation === state.generation) resync();
+  }, RELIST_RETRY_MS);
+}
+
+// The grid read again from its first page; not while this page's own uploads are shown
+// in it (they are the upload flow's). Answers whether it was.
+function readAnew() {
+  for (const entry of state.cards.values()) if (isLocal(entry)) return false;
+  resetGrid();
+  loadPage();
+  return true;
+}
+
+// Whether card `a` comes before card `b` in a listing (newest first, then by id).
+function listedBefore(a, b) {
+  const ta = Date.parse(a.created_at);
+  const tb = Date.parse(b.created_at);
+  return ta !== tb ? ta > tb : a.id > b.id;
+}
+
+// The last card of the grid that its listing holds (not an upload of this page's own,
+// not one that left the view).
+function lastListed() {
+  const grid = $(".grid").children;
+  for (let i = grid.length - 1; i >= 0; i -= 1) {
+    const entry = state.cards.get(grid[i].dataset.id);
+    if (entry && !isLocal(entry) && !entry.outOfView) return entry;
+  }
+  return null;
+}
+
 async function relist() {
   const generation = state.generation;
   const expected = new Set();
   for (const [id, entry] of state.cards) if (!isLocal(entry) && !entry.outOfView) expected.add(id);
+  const last = lastListed();
+  if (last === null) {
+    // Nothing listed shown (an empty view, or only this page's own uploads): its first
+    // page, drawn as the grid's, once the grid's own first read has come.
+    if (state.pagesLoaded === 0) return;
+    try {
+      const page = await api("GET", `/v1/files?${listQuery(null)}`);
+      if (generation !== state.generation) return;
+      for (const card of page.items) {
+        const entry = state.cards.get(card.id);
+        if (entry) entry.outOfView = false;  // back in the view's listing
+        drawListed(card, page.__sent);
+      }
+      state.cursor = page.next_cursor || "";
+      state.more = Boolean(page.next_cursor);
+      $('[data-testid="more"]').hidden = !state.more;
+      updateEmpty();
+    } catch (_) {
+      retryRelistLater(generation);
+    }
+    return;
+  }
   const seen = new Set();
   let newcomers = [];
   let cursor = null;
-  let ended = false;
+  // Read until past the last card shown (what follows it is scrolling's to bring), or
+  // the listing's end.
+  let passed = false;
   let sent;
   try {
-    for (let i = 0; i < state.pagesLoaded + RELIST_EXTRA_PAGES; i += 1) {
+    for (let i = 0; !passed && i < state.pagesLoaded + RELIST_EXTRA_PAGES; i += 1) {
       const page = await api("GET", `/v1/files?${listQuery(cursor)}`);
       if (generation !== state.generation) return;
       sent = page.__sent;
       for (const card of page.items) {
+        if (!listedBefore(card, last.card) && card.id !== last.card.id) {
+          passed = true;
+          break;
+        }
         seen.add(card.id);
         const entry = state.cards.get(card.id);
         if (!entry) { newcomers.push(card); continue; }
+        entry.outOfView = false;
         for (const c of newcomers) drawListed(c, sent, entry.el);
         newcomers = [];
         drawListed(card, sent);
       }
       cursor = page.next_cursor;
-      if (!cursor) { ended = true; break; }
-      if ([...expected].every((id) => seen.has(id))) break;
+      if (!cursor) passed = true;
     }
   } catch (_) {
-    // The listing failed (the server away a moment): tried again a little later.
-    if (generation === state.generation && state.relistRetry === null) {
-      state.relistRetry = setTimeout(() => {
-        state.relistRetry = null;
-        if (state.streamOpen && generation === state.generation) resync();
-      }, RELIST_RETRY_MS);
-    }
+    retryRelistLater(generation);
     return;
   }
-  // After the last card shown: at the end of the grid if the listing ended there, else
-  // where scrolling will bring them.
-  if (ended && !state.more) for (const c of newcomers) drawListed(c, sent);
   const missing = [...expected].filter((id) => !seen.has(id) && state.cards.has(id));
-  if (missing.length > REFRESH_AT_MOST) {
-    resetGrid();
-    loadPage();
-    return;
-  }
-  for (const id of missing) {
+  // More cards were added above than the pages read could hold (the cards shown were not
+  // all reached, and the new ones would never show: scrolling starts below them), or too
+  // many are missing to look up one by one: the grid is read anew.
+  if ((!passed || missing.length > REFRESH_AT_MOST) && readAnew()) return;
+  // Added among the cards shown after the last one met (that one gone since, say).
+  const anchor = state.cards.get(last.card.id);
+  for (const c of newcomers) drawListed(c, sent, anchor ? anchor.el : null);
+  for (const id of missing.slice(0, REFRESH_AT_MOST)) {
     if (generation !== state.generation) return;
+    // Every owner's view (an admin's) cannot read another owner's card alone: one its
+    // listing no longer holds has left the view.
+    if (state.allOwners) {
+      const entry = state.cards.get(id);
+      if (entry) entry.outOfView = true;
+      continue;
+    }
     await refreshCard(id);
   }
 }

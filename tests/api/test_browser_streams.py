@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -372,3 +373,49 @@ def test_a_card_back_in_its_view_is_looked_for_again(
         expect(cards.first).to_have_attribute("data-status", "ready")  # back in it
         s.reread(page, lambda: s.unnoticed("delete_card_unnoticed", id=moved))
         expect(cards).to_have_count(0, timeout=15_000)
+
+
+def test_a_re_read_keeps_the_listings_order_of_cards_made_in_one_millisecond(
+        db_url: str, tmp_path: Path, chromium: Chromium) -> None:
+    # The listing orders by created_at to the microsecond, then id: the last card shown
+    # and the first one after it, in one millisecond, the later one with the smaller id.
+    expect = chromium.expect
+    with served(db_url, tmp_path, chromium) as s:
+        made = s.confirmed(101)
+        last, after = sorted((made[0]["id"], made[1]["id"]))
+        with psycopg.connect(s.api.db_url, autocommit=True) as conn:
+            row = conn.execute(SQL["first_created_at"]).fetchone()
+            assert row is not None
+            oldest = row[0] - timedelta(seconds=1)
+            for card, micros in ((last, 5), (after, 1)):
+                conn.execute(SQL["set_created_at"],
+                             {"id": card, "at": oldest + timedelta(microseconds=micros)})
+        page = s.page(shown=100)
+        cards = page.get_by_test_id("card")
+        expect(cards.nth(99)).to_have_attribute("data-id", last)
+        s.reread(page)
+        expect(cards).to_have_count(100)
+        expect(cards.nth(99)).to_have_attribute("data-id", last)
+
+
+def test_a_grid_read_anew_keeps_the_pages_own_upload_and_shows_the_newest_cards(
+        db_url: str, tmp_path: Path, chromium: Chromium) -> None:
+    expect = chromium.expect
+    with served(db_url, tmp_path, chromium) as s:
+        s.confirmed(3)
+        photo = tmp_path / "up.jpg"
+        photo.write_bytes(JPEG)
+        page = s.page(shown=3)
+        page.route("**/v1/files/*/content", lambda route: None)  # the upload stays under way
+        page.get_by_test_id("file-input").set_input_files([str(photo)])
+        cards = page.get_by_test_id("card")
+        expect(cards.first).to_have_attribute("data-status", "uploading", timeout=10_000)
+        # More than a re-read's pages hold: the grid is read anew around the upload.
+        s.confirmed(401)
+        with s.api.client(s.key) as c:
+            newest = [card["id"] for card in c.get("/v1/files?limit=100").json()["items"]]
+        s.reread(page)
+        expect(cards).to_have_count(101, timeout=15_000)
+        expect(cards.first).to_have_attribute("data-status", "uploading")
+        # Under it, the listing's first page, in its order.
+        assert [cards.nth(i).get_attribute("data-id") for i in range(1, 101)] == newest

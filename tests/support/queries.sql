@@ -683,3 +683,11 @@ SELECT darkroom_notify_cards(%(changed)s::json);
 -- name: set_status_unnoticed
 -- A card moved between queued and ready (its derivative kept) without the pages told.
 UPDATE archive_files SET status = %(status)s, updated_at = now() WHERE id = %(id)s;
+
+-- name: set_created_at
+-- A card's time of creation, to the microsecond (the listing's order).
+UPDATE archive_files SET created_at = %(at)s WHERE id = %(id)s;
+
+-- name: first_created_at
+-- When the first card was created.
+SELECT min(created_at) FROM archive_files;

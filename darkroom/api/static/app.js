@@ -749,20 +749,35 @@ function retryRelistLater(generation) {
   }, RELIST_RETRY_MS);
 }
 
-// The grid read again from its first page; not while this page's own uploads are shown
-// in it (they are the upload flow's). Answers whether it was.
+// The grid read again from its first page. This page's own uploads under way (or failed
+// before their card was queued) stay where they are, at the top: they are the upload
+// flow's.
 function readAnew() {
-  for (const entry of state.cards.values()) if (isLocal(entry)) return false;
-  resetGrid();
+  state.generation += 1;  // answers for the grid as it was are dropped
+  for (const [id, entry] of [...state.cards]) if (!isLocal(entry)) removeCard(id, false);
+  state.cursor = null;
+  state.more = false;
+  state.loading = false;
+  state.pagesLoaded = 0;
+  state.refreshing = new Map();
   loadPage();
-  return true;
+}
+
+// A card's created_at as the listing orders it: [whole seconds in ms, microseconds]
+// (Date keeps milliseconds only; two cards may share one).
+function createdKey(card) {
+  const fraction = /\.(\d+)/.exec(card.created_at);
+  const micros = fraction ? Number((fraction[1] + "000000").slice(0, 6)) : 0;
+  return [Date.parse(card.created_at.replace(/\.\d+/, "")), micros];
 }
 
 // Whether card `a` comes before card `b` in a listing (newest first, then by id).
 function listedBefore(a, b) {
-  const ta = Date.parse(a.created_at);
-  const tb = Date.parse(b.created_at);
-  return ta !== tb ? ta > tb : a.id > b.id;
+  const [sa, ua] = createdKey(a);
+  const [sb, ub] = createdKey(b);
+  if (sa !== sb) return sa > sb;
+  if (ua !== ub) return ua > ub;
+  return a.id > b.id;
 }
 
 // The last card of the grid that its listing holds (not an upload of this page's own,
@@ -783,8 +798,9 @@ async function relist() {
   const last = lastListed();
   if (last === null) {
     // Nothing listed shown (an empty view, or only this page's own uploads): its first
-    // page, drawn as the grid's, once the grid's own first read has come.
-    if (state.pagesLoaded === 0) return;
+    // page, drawn as the grid's, once the grid's own first read has come (and none of
+    // its reads is on its way, whose cursor this would cross).
+    if (state.pagesLoaded === 0 || state.loading) return;
     try {
       const page = await api("GET", `/v1/files?${listQuery(null)}`);
       if (generation !== state.generation) return;
@@ -838,11 +854,14 @@ async function relist() {
   // More cards were added above than the pages read could hold (the cards shown were not
   // all reached, and the new ones would never show: scrolling starts below them), or too
   // many are missing to look up one by one: the grid is read anew.
-  if ((!passed || missing.length > REFRESH_AT_MOST) && readAnew()) return;
+  if (!passed || missing.length > REFRESH_AT_MOST) {
+    readAnew();
+    return;
+  }
   // Added among the cards shown after the last one met (that one gone since, say).
   const anchor = state.cards.get(last.card.id);
   for (const c of newcomers) drawListed(c, sent, anchor ? anchor.el : null);
-  for (const id of missing.slice(0, REFRESH_AT_MOST)) {
+  for (const id of missing) {
     if (generation !== state.generation) return;
     // Every owner's view (an admin's) cannot read another owner's card alone: one its
     // listing no longer holds has left the view.

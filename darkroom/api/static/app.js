@@ -540,6 +540,13 @@ function listQuery(cursor) {
   return query;
 }
 
+// The grid holds the listing up to `page`: where its next read starts, and whether any.
+function tookPage(page) {
+  state.cursor = page.next_cursor || "";
+  state.more = Boolean(page.next_cursor);
+  $('[data-testid="more"]').hidden = !state.more;
+}
+
 async function loadPage() {
   if (state.loading || !state.key || (!state.more && state.cursor !== null)) return;
   state.loading = true;
@@ -550,9 +557,7 @@ async function loadPage() {
     window.darkroomStats.pages += 1;
     state.pagesLoaded += 1;
     for (const card of page.items) drawListed(card, page.__sent);
-    state.cursor = page.next_cursor || "";
-    state.more = Boolean(page.next_cursor);
-    $('[data-testid="more"]').hidden = !state.more;
+    tookPage(page);
   } catch (error) {
     if (error.status !== 401) showNotice("Your files could not be loaded. Please reload the page.");
   } finally {
@@ -809,9 +814,7 @@ async function relist() {
         if (entry) entry.outOfView = false;  // back in the view's listing
         drawListed(card, page.__sent);
       }
-      state.cursor = page.next_cursor || "";
-      state.more = Boolean(page.next_cursor);
-      $('[data-testid="more"]').hidden = !state.more;
+      tookPage(page);
       updateEmpty();
     } catch (_) {
       retryRelistLater(generation);

@@ -491,7 +491,7 @@ async def test_the_proxy_cuts_only_the_statement_named(db_url: str) -> None:
             proxy.cut_statement(b"now()", where="after")
             with pytest.raises(psycopg.OperationalError):
                 conn.execute(MADE)
-        with psycopg.connect(db_url) as conn:
+        with psycopg.connect(db_url, autocommit=True) as conn:
             assert conn.execute(COUNT_MADE).fetchone() == (1,)
         assert proxy.counters.cut_after == 1
     finally:

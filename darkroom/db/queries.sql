@@ -220,9 +220,11 @@ WITH expired AS (
               coalesce(f.error_code, CASE WHEN f.status = 'ready' THEN f.rederive_error END)
                   AS error_code
 ), notified AS (
-    -- Open pages see the change (GET /v1/events): one notification per statement.
-    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, status))) AS n
-    FROM claimed
+    -- Open pages see the change (GET /v1/events): one notification per statement, its
+    -- list built only while a page watches (migration 0025).
+    SELECT CASE WHEN darkroom_cards_watched() THEN (
+        SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, status)))
+        FROM claimed) END AS n
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker, error_code)
     SELECT id, CASE status WHEN 'rejected' THEN 'exhausted' WHEN 'ready' THEN 'rederive_failed'
@@ -325,8 +327,9 @@ WITH done AS (
       AND f.derived_key IS NULL AND f.thumb_key IS NULL
     RETURNING f.id, f.attempts, d.token, f.owner
 ), notified AS (
-    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'ready'))) AS n
-    FROM published
+    SELECT CASE WHEN darkroom_cards_watched() THEN (
+        SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'ready')))
+        FROM published) END AS n
 ), ready_events AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker)
     SELECT id, 'ready', attempts, token, %(worker)s
@@ -371,8 +374,9 @@ WITH done AS (
               (SELECT o.derived_key FROM archive_files o WHERE o.id = f.id) AS previous_key,
               (SELECT o.thumb_key FROM archive_files o WHERE o.id = f.id) AS previous_thumb
 ), notified AS (
-    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'ready'))) AS n
-    FROM published
+    SELECT CASE WHEN darkroom_cards_watched() THEN (
+        SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'ready')))
+        FROM published) END AS n
 ), ready_events AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker)
     SELECT id, 'ready', attempts, token, %(worker)s
@@ -458,8 +462,9 @@ WITH target AS (
     WHERE f.id = %(id)s AND f.id = s.id
     RETURNING f.id, f.status, f.attempts, f.owner
 ), notified AS (
-    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, status))) AS n
-    FROM failed
+    SELECT CASE WHEN darkroom_cards_watched() THEN (
+        SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, status)))
+        FROM failed) END AS n
 ), current AS (
     -- Read locked, only when the update above changed nothing (see complete).
     SELECT f.status, f.settled_token FROM archive_files f
@@ -521,8 +526,9 @@ WITH target AS (
     WHERE f.id = %(id)s AND f.id = s.id
     RETURNING f.id, f.attempts, f.owner
 ), notified AS (
-    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'queued'))) AS n
-    FROM deferred
+    SELECT CASE WHEN darkroom_cards_watched() THEN (
+        SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'queued')))
+        FROM deferred) END AS n
 ), current AS (
     -- Read locked, only when the update above changed nothing (see complete).
     SELECT f.id, f.status, f.settled_token FROM archive_files f
@@ -586,8 +592,9 @@ WITH target AS (
     WHERE f.id = %(id)s AND f.id = s.id
     RETURNING f.id, f.status, f.attempts, f.deferrals, f.owner
 ), notified AS (
-    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, status))) AS n
-    FROM deferred
+    SELECT CASE WHEN darkroom_cards_watched() THEN (
+        SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, status)))
+        FROM deferred) END AS n
 ), current AS (
     -- Read locked, only when the update above changed nothing (see complete).
     SELECT f.status, f.deferrals, f.settled_token FROM archive_files f
@@ -656,8 +663,9 @@ WITH held AS (
     WHERE f.id = ANY (ARRAY(SELECT id FROM stamped)) AND f.id = s.id
     RETURNING f.id, f.attempts, s.token, f.owner
 ), shown AS (
-    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'queued'))) AS n
-    FROM released
+    SELECT CASE WHEN darkroom_cards_watched() THEN (
+        SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'queued')))
+        FROM released) END AS n
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, token, worker)
     SELECT id, 'released', attempts, token, %(worker)s
@@ -688,8 +696,9 @@ WITH revoked AS (
     WHERE f.id = %(id)s AND f.owner = %(owner)s AND f.status <> 'deleting'
     RETURNING f.id, f.attempts, f.owner
 ), notified AS (
-    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'deleting'))) AS n
-    FROM revoked
+    SELECT CASE WHEN darkroom_cards_watched() THEN (
+        SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'deleting')))
+        FROM revoked) END AS n
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt)
     SELECT id, 'revoked', attempts
@@ -736,8 +745,9 @@ WITH picked AS (
     RETURNING f.id, f.owner
 ), notified AS (
     -- Open pages see the change (GET /v1/events), as for every status change.
-    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'queued'))) AS n
-    FROM moved
+    SELECT CASE WHEN darkroom_cards_watched() THEN (
+        SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'queued')))
+        FROM moved) END AS n
 ), logged AS (
     INSERT INTO archive_events (file_id, kind)
     SELECT id, 'rederive' FROM moved LEFT JOIN notified ON true  -- see claim
@@ -802,8 +812,9 @@ WITH picked AS (
     WHERE f.id = r.id
     RETURNING f.id, f.owner, r.error_code AS previous_code
 ), shown AS (
-    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'queued'))) AS n
-    FROM moved
+    SELECT CASE WHEN darkroom_cards_watched() THEN (
+        SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'queued')))
+        FROM moved) END AS n
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, worker, error_code)
     SELECT id, 'retried', 0, %(actor)s::text, previous_code
@@ -1037,8 +1048,9 @@ WITH target AS (
     SELECT id, owner, original_sha256 FROM moved WHERE original_sha256 IS NOT NULL
     ON CONFLICT (file_id) DO NOTHING
 ), notified AS (
-    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'queued'))) AS n
-    FROM moved
+    SELECT CASE WHEN darkroom_cards_watched() THEN (
+        SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'queued')))
+        FROM moved) END AS n
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, worker)
     SELECT id, 'upload_found', attempts, %(worker)s
@@ -1064,8 +1076,9 @@ WITH due AS (
     RETURNING f.id, f.attempts, f.owner
 ), notified AS (
     -- Open pages see the change (GET /v1/events), as for every status change.
-    SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'deleting'))) AS n
-    FROM expired
+    SELECT CASE WHEN darkroom_cards_watched() THEN (
+        SELECT darkroom_notify_cards(json_agg(json_build_array(owner, id, 'deleting')))
+        FROM expired) END AS n
 ), logged AS (
     INSERT INTO archive_events (file_id, kind, attempt, worker)
     SELECT id, 'expired', attempts, %(worker)s FROM expired LEFT JOIN notified ON true

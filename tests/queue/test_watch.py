@@ -135,6 +135,16 @@ def test_every_statement_that_notifies_the_pages_writes_the_cards() -> None:
         assert re.search(r"\bUPDATE archive_files\b", QUERIES[name]), name
 
 
+def test_every_statement_that_notifies_the_pages_asks_first_whether_one_watches() -> None:
+    # With no page open, a batch's statement builds no list of its changes for them.
+    for name, sql in QUERIES.items():
+        calls = sql.count("darkroom_notify_cards(")
+        guarded = len(re.findall(
+            r"CASE WHEN darkroom_cards_watched\(\) THEN \(\s*SELECT darkroom_notify_cards\(",
+            sql))
+        assert calls == guarded, name
+
+
 async def test_a_vacuum_of_the_cards_is_not_waited_for(pool: Any, db_url: str) -> None:
     # VACUUM, ANALYZE and an index built concurrently hold their lock for minutes and
     # change no card: turning the watch on does not wait for them.

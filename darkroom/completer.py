@@ -2,9 +2,11 @@
 
 Jobs hand their result to the completer and wait for its answer. While one batch is being
 committed, the results that arrive meanwhile gather into the next, so an idle worker
-commits at once and a busy one commits many jobs per round trip. Each row of a batch is
-still fenced by its own token (`Queue.complete_many`): a lost lease is lost for that row
-alone, and a batch repeated after its answer was lost is recognized row by row.
+commits at once and a busy one commits many jobs per round trip; a batch that is full
+goes at once, beside the one in flight (the database commits both, on two connections).
+Each row of a batch is still fenced by its own token (`Queue.complete_many`): a lost
+lease is lost for that row alone, and a batch repeated after its answer was lost is
+recognized row by row.
 
 A batch being tried again through a database fault does not hold up the results that
 finish meanwhile: they are committed as batches of their own, so one batch's cut
@@ -75,10 +77,12 @@ class Refill(Protocol):
 
 class Completer:
     def __init__(self, queue: Completions, retry: Retry[set[uuid.UUID]], *,
-                 max_batch: int = MAX_BATCH, refill: Refill | None = None) -> None:
+                 max_batch: int = MAX_BATCH, refill: Refill | None = None,
+                 gather_seconds: float = GATHER_SECONDS) -> None:
         self.queue = queue
         self._retry = retry
         self.max_batch = max_batch
+        self.gather_seconds = gather_seconds
         self._refill = refill
         self._pending: list[tuple[Lease, Derived, asyncio.Future[bool]]] = []
         self._wake = asyncio.Event()
@@ -109,7 +113,10 @@ class Completer:
                 while self._pending:
                     # Results gather while a batch is in flight; one still in flight after
                     # a statement's time is being tried again, and the next goes beside it.
-                    await self._one_settles()
+                    # A full batch gains nothing by waiting: it goes at once, beside the
+                    # one in flight, and the database commits both on two connections.
+                    if len(self._pending) < self.max_batch:
+                        await self._one_settles()
                     batch = self._pending[:self.max_batch]
                     del self._pending[:self.max_batch]
                     task = asyncio.create_task(self._commit(batch), name="complete-batch")
@@ -126,12 +133,12 @@ class Completer:
         self._settled.set()
 
     async def _one_settles(self) -> None:
-        """Wait for a batch in flight to settle, at most `GATHER_SECONDS`."""
+        """Wait for a batch in flight to settle, at most `gather_seconds`."""
         self._settled.clear()
         if not self._committing:
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._settled.wait(), GATHER_SECONDS)
+            await asyncio.wait_for(self._settled.wait(), self.gather_seconds)
 
     async def _commit(self, batch: list[tuple[Lease, Derived, asyncio.Future[bool]]]) -> None:
         results = [(lease, derived) for lease, derived, _ in batch]

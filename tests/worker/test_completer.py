@@ -103,6 +103,38 @@ async def test_a_batch_being_tried_again_does_not_hold_up_the_next(pool: Any) ->
     assert calls == 2
 
 
+async def test_a_full_batch_goes_beside_the_one_in_flight(pool: Any) -> None:
+    """A batch in flight is held; a batch's worth of results that arrive meanwhile are
+    committed beside it, not after it (results gather only while a batch is not full)."""
+    q = make_queue(pool)
+    await new_queued(q, 3)
+    first, *full = await q.claim(3)
+    released = asyncio.Event()
+    calls = 0
+
+    async def held_first(call: Callable[[], Awaitable[set[uuid.UUID]]],
+                         _leases: Sequence[Lease]) -> set[uuid.UUID]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await released.wait()
+        return await call()
+
+    # Gathering would wait for the held batch far longer than this test's deadlines.
+    completer = Completer(q, held_first, max_batch=2, gather_seconds=600)
+    async with running(completer):
+        one = asyncio.ensure_future(completer.complete(first, result(first)))
+        async with asyncio.timeout(10):
+            while calls == 0:  # the first batch is on its way, and held
+                await asyncio.sleep(0)
+        answers = await asyncio.wait_for(
+            asyncio.gather(*(completer.complete(lease, result(lease)) for lease in full)), 10)
+        assert answers == [True, True] and not one.done()
+        released.set()
+        assert await asyncio.wait_for(one, 10) is True
+    assert calls == 2
+
+
 class Refilled:
     """A refill (completer.Refill) that asks for `n` cards with every batch, and records."""
 

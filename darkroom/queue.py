@@ -356,8 +356,7 @@ class Queue:
     # --- attempts --------------------------------------------------------------------
 
     async def claim(self, n: int) -> list[Lease]:
-        """Lease up to `n` claimable cards in one short transaction, whose commit does not
-        wait for the WAL's flush (`commit_lazily`: a claim lost with it is fenced).
+        """Lease up to `n` claimable cards in one short transaction.
 
         Rows that were already started `max_attempts` times are moved to
         rejected/attempts_exhausted by the same statement and are not returned. A lease
@@ -371,13 +370,9 @@ class Queue:
             return []
         claim_id = uuid.uuid4()
         try:
-            # An idle worker starts a new card one disk flush sooner.
-            _, leases = await self.db.together(
-                ("commit_lazily", {}, None),
-                ("claim", self._claim_params(n, claim_id), Lease))
+            return await self._leases("claim", self._claim_params(n, claim_id))
         except CONNECTION_ERRORS as exc:
             raise ClaimUnknown(claim_id) from exc
-        return leases
 
     def _claim_params(self, n: int, claim_id: uuid.UUID,
                       committing: Sequence[uuid.UUID] = ()) -> dict[str, Any]:

@@ -240,17 +240,6 @@ SELECT id AS file_id, lease_token AS token, attempts AS attempt, lease_until, ow
 FROM claimed
 WHERE status = 'processing';
 
--- name: commit_lazily
--- Sent first in the transaction of a claim on its own (Queue.claim): its commit does not
--- wait for the WAL to reach the disk (or a synchronous standby). Nothing is acknowledged
--- by it, and a claim lost with a crash or a failover is fenced: the worker's heartbeat and
--- its publication match no token and end the attempt as a lost lease, the card is claimed
--- again, and the attempt's objects go to the sweeper. It cannot be lost once anything that
--- depends on it is durable: the WAL is flushed in order, so the first later commit that
--- waits for its flush (the same worker's heartbeat or publication, any other writer's
--- change) carries the claim with it. Never sent with a publication or any other write.
-SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit;
-
 -- name: adopt_claim
 -- What a claim leased, for a worker that never heard its answer: the rows whose token is
 -- this claim's and which no one has taken over since. Reads only live leases (there are

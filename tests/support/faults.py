@@ -9,7 +9,6 @@ real component does on demand:
   is cut (a) with a statement the client sent, before it reaches the server, or (b) after
   the server answered a statement, with the answer dropped. With autocommit, (b) is the
   statement that committed while its sender sees an error.
-- `rounds()` (PostgreSQL only): the statements each round trip executed, as sent.
 - `cut_statement(fragment, where)` (PostgreSQL only): the same two cuts, once, at the next
   execution of a statement whose text holds `fragment` (a prepared statement is known by
   its name from its Parse on that connection): a test makes exactly that write's outcome
@@ -88,7 +87,6 @@ class _Link:
     # the client's messages so far since its last Sync execute.
     statements: dict[bytes, bytes] = field(default_factory=dict)
     executing: bytes | None = None
-    round: list[bytes] = field(default_factory=list)  # the texts executed since the Sync
 
     def abort(self) -> None:
         for writer in (self.client, self.server):
@@ -118,7 +116,6 @@ class FaultProxy:
         self.cut_after_rate = 0.0
         self._answers_to_cut = 0
         self._statement_cut: tuple[bytes, str] | None = None
-        self._rounds: list[list[bytes]] = []
         self._cut_prefix: bytes | None = None
         self._throttle_match: bytes | None = None
         self._knock_over = 0.0
@@ -180,12 +177,6 @@ class FaultProxy:
     def statement_cut_pending(self) -> bool:
         """Whether the cut set by `cut_statement` is still to happen."""
         return bool(self._call(lambda: self._statement_cut is not None))
-
-    def rounds(self) -> list[list[bytes]]:
-        """PostgreSQL: the texts of the statements executed in each round trip so far
-        (one transaction each, on autocommit connections), every connection's, in the
-        order their Syncs came."""
-        return [list(r) for r in self._call(lambda: self._rounds)]
 
     def cut_answers(self, n: int = 1, request_prefix: bytes | None = None) -> None:
         """Lose the answers to the next n requests, on whichever connections they come, or
@@ -352,8 +343,6 @@ class FaultProxy:
                 if from_client:
                     self._note_statement(link, kind, message)
                 if from_client and kind in _STATEMENT_END:
-                    self._rounds.append(link.round)
-                    link.round = []
                     where = self._take_statement_cut(link)
                     if where == "stall":
                         # This statement is held, and from now on nothing moves.
@@ -390,11 +379,8 @@ class FaultProxy:
         elif kind == ord("B"):  # Bind: portal, statement name
             name = body.split(b"\0", 2)[1]
             link.executing = link.statements.get(name)
-            if link.executing is not None:
-                link.round.append(link.executing)
         elif kind == ord("Q"):  # a simple query: its text
             link.executing = body.rstrip(b"\0")
-            link.round.append(link.executing)
 
     def _take_statement_cut(self, link: _Link) -> str | None:
         """At the end of a round: the cut to make, if this round executes the statement

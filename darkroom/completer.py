@@ -42,7 +42,10 @@ T = TypeVar("T")
 # it through a database fault while any of them may still hold).
 Retry = Callable[[Callable[[], Awaitable[T]], Sequence[Lease]], Awaitable[T]]
 
-MAX_BATCH = 100
+# Results per statement at most. A statement's fixed cost is shared by its rows: at four
+# busy worker processes of 128 slots, 200 rather than 100 cut the CPU per job by about a
+# tenth (worker and database: 63 to 56 µs), and 400 gained nothing more.
+MAX_BATCH = 200
 # How long the next batch waits for one in flight before it is committed beside it: a
 # statement's time when the database answers, far less than any lease.
 GATHER_SECONDS = 0.5

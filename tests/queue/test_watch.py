@@ -8,11 +8,15 @@ import re
 from typing import Any
 
 import psycopg
+import pytest
 
+from darkroom.db.connection import open_pool
+from darkroom.db.database import CONNECTION_ERRORS, Database
 from darkroom.db.queries import QUERIES
 from darkroom.watch import Watch
 from tests.queue.test_card_notices import notices
 from tests.queue.test_fair import add
+from tests.support.faults import through_proxy
 from tests.support.services import make_queue, wait_until
 from tests.support.sql import SQL
 
@@ -169,3 +173,33 @@ async def test_a_watch_found_ended_by_the_databases_clock_is_owed_the_wait(
     assert watch.is_on()
     assert await watch.extend() is False
     assert await watch.extend() is True
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+async def test_an_extension_whose_answer_was_lost_is_asked_again(db_url: str, where: str) -> None:
+    """An extension cut at the socket, not committed or committed with its answer lost,
+    fails; asked again within this process's reckoning it finds the watch unbroken, and the
+    end never moved back."""
+    proxy, url = through_proxy(db_url)
+    pool = await open_pool(url, min_size=1, max_size=1)
+    try:
+        watch = Watch(Database(pool))
+        assert await watch.extend() is False  # the first one owes the wait
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            first = conn.execute(SQL["card_watch_until"]).fetchone()
+        proxy.cut_statement(b"UPDATE card_watch", where=where)
+        with pytest.raises(CONNECTION_ERRORS):
+            await watch.extend()
+        assert not proxy.statement_cut_pending
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            cut = conn.execute(SQL["card_watch_until"]).fetchone()
+        assert first is not None and cut is not None
+        assert (cut[0] > first[0]) is (where == "after")
+        assert await watch.extend() is True
+        assert watch.is_on()
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            last = conn.execute(SQL["card_watch_until"]).fetchone()
+        assert last is not None and last[0] > cut[0]
+    finally:
+        await pool.close()
+        proxy.close()

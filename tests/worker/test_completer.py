@@ -71,36 +71,42 @@ async def test_a_failed_batch_fails_each_of_its_jobs(pool: Any) -> None:
     assert all(isinstance(a, psycopg.OperationalError) for a in answers)
 
 
+class HoldsFirst:
+    """The completer's retry (completer.Retry) holding the first batch's statement until
+    `released`, as a batch being tried again through a fault is; counts the statements."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.sent = asyncio.Event()  # the first batch is on its way, and held
+        self.released = asyncio.Event()
+
+    async def __call__(self, call: Callable[[], Awaitable[set[uuid.UUID]]],
+                       _leases: Sequence[Lease]) -> set[uuid.UUID]:
+        self.calls += 1
+        if self.calls == 1:
+            self.sent.set()
+            await self.released.wait()
+        return await call()
+
+
 async def test_a_batch_being_tried_again_does_not_hold_up_the_next(pool: Any) -> None:
     """The first batch's statement is being tried again (its connections keep being cut);
     a job that finishes meanwhile is committed beside it, not after it."""
     q = make_queue(pool)
     await new_queued(q, 2)
     first, second = await q.claim(2)
-    released = asyncio.Event()
-    calls = 0
-
-    async def stuck_first(call: Callable[[], Awaitable[set[uuid.UUID]]],
-                          _leases: Sequence[Lease]) -> set[uuid.UUID]:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            await released.wait()  # still retrying until the test lets it through
-        return await call()
-
-    completer = Completer(q, stuck_first)
+    held = HoldsFirst()
+    completer = Completer(q, held)
     async with running(completer):
         one = asyncio.ensure_future(completer.complete(first, result(first)))
-        async with asyncio.timeout(10):
-            while calls == 0:  # the first batch is being tried
-                await asyncio.sleep(0)
+        await asyncio.wait_for(held.sent.wait(), 10)
         assert await asyncio.wait_for(completer.complete(second, result(second)), 10) is True
         assert not one.done()
         row = await Reads(q.db).get_file(second.file_id, "o")
         assert row is not None and row.status == "ready"
-        released.set()
+        held.released.set()
         assert await asyncio.wait_for(one, 10) is True
-    assert calls == 2
+    assert held.calls == 2
 
 
 async def test_a_full_batch_goes_beside_the_one_in_flight(pool: Any) -> None:
@@ -109,30 +115,18 @@ async def test_a_full_batch_goes_beside_the_one_in_flight(pool: Any) -> None:
     q = make_queue(pool)
     await new_queued(q, 3)
     first, *full = await q.claim(3)
-    released = asyncio.Event()
-    calls = 0
-
-    async def held_first(call: Callable[[], Awaitable[set[uuid.UUID]]],
-                         _leases: Sequence[Lease]) -> set[uuid.UUID]:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            await released.wait()
-        return await call()
-
+    held = HoldsFirst()
     # Gathering would wait for the held batch far longer than this test's deadlines.
-    completer = Completer(q, held_first, max_batch=2, gather_seconds=600)
+    completer = Completer(q, held, max_batch=2, gather_seconds=600)
     async with running(completer):
         one = asyncio.ensure_future(completer.complete(first, result(first)))
-        async with asyncio.timeout(10):
-            while calls == 0:  # the first batch is on its way, and held
-                await asyncio.sleep(0)
+        await asyncio.wait_for(held.sent.wait(), 10)
         answers = await asyncio.wait_for(
             asyncio.gather(*(completer.complete(lease, result(lease)) for lease in full)), 10)
         assert answers == [True, True] and not one.done()
-        released.set()
+        held.released.set()
         assert await asyncio.wait_for(one, 10) is True
-    assert calls == 2
+    assert held.calls == 2
 
 
 class Refilled:

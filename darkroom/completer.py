@@ -3,7 +3,7 @@
 Jobs hand their result to the completer and wait for its answer. While one batch is being
 committed, the results that arrive meanwhile gather into the next, so an idle worker
 commits at once and a busy one commits many jobs per round trip; a batch that is full
-goes at once, beside the one in flight (the database commits both, on two connections).
+goes at once beside one in flight (the database commits both, on two connections).
 Each row of a batch is still fenced by its own token (`Queue.complete_many`): a lost
 lease is lost for that row alone, and a batch repeated after its answer was lost is
 recognized row by row.
@@ -46,6 +46,9 @@ Retry = Callable[[Callable[[], Awaitable[T]], Sequence[Lease]], Awaitable[T]]
 # busy worker processes of 128 slots, 200 rather than 100 cut the CPU per job by about a
 # tenth (worker and database: 63 to 56 µs), and 400 gained nothing more.
 MAX_BATCH = 200
+# Batches in flight at most when the next is sent at once because it is full (the
+# worker's pool holds four connections, shared with its heartbeats and claims).
+FULL_BATCHES_IN_FLIGHT = 2
 # How long the next batch waits for one in flight before it is committed beside it: a
 # statement's time when the database answers, far less than any lease.
 GATHER_SECONDS = 0.5
@@ -116,9 +119,11 @@ class Completer:
                 while self._pending:
                     # Results gather while a batch is in flight; one still in flight after
                     # a statement's time is being tried again, and the next goes beside it.
-                    # A full batch gains nothing by waiting: it goes at once, beside the
-                    # one in flight, and the database commits both on two connections.
-                    if len(self._pending) < self.max_batch:
+                    # A full batch gains nothing by waiting: it goes at once beside one in
+                    # flight, and the database commits both on two connections; never more
+                    # at once, so the worker's heartbeats always find a connection.
+                    if (len(self._pending) < self.max_batch
+                            or len(self._committing) >= FULL_BATCHES_IN_FLIGHT):
                         await self._one_settles()
                     batch = self._pending[:self.max_batch]
                     del self._pending[:self.max_batch]

@@ -73,20 +73,27 @@ async def test_a_failed_batch_fails_each_of_its_jobs(pool: Any) -> None:
 
 class HoldsFirst:
     """The completer's retry (completer.Retry) holding the first batch's statement until
-    `released`, as a batch being tried again through a fault is; counts the statements."""
+    `released`, as a batch being tried again through a fault is; counts the statements,
+    and the most that were on their way at once."""
 
     def __init__(self) -> None:
         self.calls = 0
+        self.in_flight = self.most_in_flight = 0
         self.sent = asyncio.Event()  # the first batch is on its way, and held
         self.released = asyncio.Event()
 
     async def __call__(self, call: Callable[[], Awaitable[set[uuid.UUID]]],
                        _leases: Sequence[Lease]) -> set[uuid.UUID]:
         self.calls += 1
-        if self.calls == 1:
-            self.sent.set()
-            await self.released.wait()
-        return await call()
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            if self.calls == 1:
+                self.sent.set()
+                await self.released.wait()
+            return await call()
+        finally:
+            self.in_flight -= 1
 
 
 async def test_a_batch_being_tried_again_does_not_hold_up_the_next(pool: Any) -> None:
@@ -127,6 +134,26 @@ async def test_a_full_batch_goes_beside_the_one_in_flight(pool: Any) -> None:
         held.released.set()
         assert await asyncio.wait_for(one, 10) is True
     assert held.calls == 2
+
+
+async def test_full_batches_go_two_at_a_time(pool: Any) -> None:
+    """Two full batches arrive while one is held: one goes beside it, the other once that
+    one settled, never three statements at once (the worker's heartbeats share its four
+    connections)."""
+    q = make_queue(pool)
+    await new_queued(q, 5)
+    first, *rest = await q.claim(5)
+    held = HoldsFirst()
+    completer = Completer(q, held, max_batch=2, gather_seconds=600)
+    async with running(completer):
+        one = asyncio.ensure_future(completer.complete(first, result(first)))
+        await asyncio.wait_for(held.sent.wait(), 10)
+        answers = await asyncio.wait_for(
+            asyncio.gather(*(completer.complete(lease, result(lease)) for lease in rest)), 10)
+        assert answers == [True] * 4 and not one.done()
+        held.released.set()
+        assert await asyncio.wait_for(one, 10) is True
+    assert (held.calls, held.most_in_flight) == (3, 2)
 
 
 class Refilled:

@@ -943,11 +943,10 @@ class _stage:
 
 
 async def run_worker(settings: Settings, *, concurrency: int, name: str,
-                     stop: asyncio.Event | None = None,
                      pulse: health.LoopPulse | None = None,
                      child: ChildProgram = DECODER,
                      stopped_early: Callable[[], bool] = lambda: False) -> None:
-    """Run one worker until `stop` is set (or SIGTERM/SIGINT, when on the main thread).
+    """Run one worker until SIGTERM/SIGINT.
 
     A signal while it starts (checking the database and the store, opening its pool) ends
     it there, exit 0, nothing claimed; `stopped_early` says whether one came before this
@@ -969,10 +968,8 @@ async def run_worker(settings: Settings, *, concurrency: int, name: str,
         early.set()
     starting = asyncio.create_task(_open(settings, name), name="start")
     signalled = asyncio.create_task(early.wait())
-    waits = [starting, signalled] + ([asyncio.create_task(stop.wait())] if stop else [])
-    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    for waiting in waits[1:]:
-        waiting.cancel()
+    await asyncio.wait([starting, signalled], return_when=asyncio.FIRST_COMPLETED)
+    signalled.cancel()
     if not starting.done():
         starting.cancel()
         await asyncio.wait([starting], timeout=END_SECONDS)
@@ -981,9 +978,8 @@ async def run_worker(settings: Settings, *, concurrency: int, name: str,
     db, store = starting.result()
     queue = Queue.from_settings(db, settings, worker=name)
     worker = Worker(settings, queue, store, concurrency=concurrency, child=child)
-    if early.is_set() or (stop is not None and stop.is_set()):
+    if early.is_set():
         worker.request_stop()
-    watcher = asyncio.create_task(_stop_when(stop, worker)) if stop else None
     ticking = asyncio.create_task(pulse.run(), name="pulse") if pulse else None
     try:
         # Once, at start: exactly which of the decoder jail's protections this host allows.
@@ -992,9 +988,8 @@ async def run_worker(settings: Settings, *, concurrency: int, name: str,
         log.info("worker started", extra={"worker": name, "slots": concurrency})
         await worker.run()
     finally:
-        for helper in (watcher, ticking):
-            if helper:
-                helper.cancel()
+        if ticking:
+            ticking.cancel()
         # Within the stop's margin: the pool's connections being opened are not waited for.
         await db.close(timeout=END_SECONDS)
         log.info("worker stopped", extra={"worker": name})
@@ -1011,11 +1006,6 @@ def _on_signals(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]) ->
     with contextlib.suppress(ValueError, NotImplementedError, RuntimeError):  # not main
         for sig in signals.STOPPING:
             loop.add_signal_handler(sig, handler)
-
-
-async def _stop_when(stop: asyncio.Event, worker: Worker) -> None:
-    await stop.wait()
-    worker.request_stop()
 
 
 def default_name() -> str:

@@ -131,10 +131,15 @@ class Completer:
                     self._committing.add(task)
                     task.add_done_callback(self._done)
         finally:
-            for task in list(self._committing):
+            batches = list(self._committing)
+            for task in batches:
                 task.cancel()
             for *_, answer in self._pending:
                 answer.cancel()
+            # The batches end before the completer does: a claim one of them committed is
+            # handed to the refill first, so a stopping worker hands its leases back in
+            # its last hand-back instead of leaving them to wait out their lease.
+            await asyncio.gather(*batches, return_exceptions=True)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._committing.discard(task)

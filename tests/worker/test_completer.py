@@ -13,7 +13,7 @@ from darkroom.completer import Completer, running
 from darkroom.queue import Derived, Lease, Queue, derived_key
 from darkroom.reads import Reads
 from darkroom.stats import read as read_stats
-from tests.support.services import confirm, make_queue
+from tests.support.services import confirm, make_queue, wait_until
 from tests.support.sql import SQL
 
 
@@ -76,11 +76,13 @@ class HoldsFirst:
     `released`, as a batch being tried again through a fault is; counts the statements,
     and the most that were on their way at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, hold: bool = True) -> None:
         self.calls = 0
         self.in_flight = self.most_in_flight = 0
         self.sent = asyncio.Event()  # the first batch is on its way, and held
         self.released = asyncio.Event()
+        if not hold:
+            self.released.set()
 
     async def __call__(self, call: Callable[[], Awaitable[set[uuid.UUID]]],
                        _leases: Sequence[Lease]) -> set[uuid.UUID]:
@@ -154,6 +156,32 @@ async def test_full_batches_go_two_at_a_time(pool: Any) -> None:
         held.released.set()
         assert await asyncio.wait_for(one, 10) is True
     assert (held.calls, held.most_in_flight) == (3, 2)
+
+
+async def test_the_completer_ends_after_the_batches_it_cancels(pool: Any, db_url: str) -> None:
+    """A stop while a batch's statement waits on the server (for a row lock here): the
+    completer ends only once that batch has ended, so whatever it hands over (a claim's
+    leases) comes before the worker's last hand-back (found by attack: the batch was
+    still cancelling its statement when the completer ended)."""
+    q = make_queue(pool)
+    await new_queued(q, 1)
+    [lease] = await q.claim(1)
+    counted = HoldsFirst(hold=False)
+    completer = Completer(q, counted)
+
+    def waiting() -> bool:
+        with psycopg.connect(db_url, autocommit=True) as look:
+            row = look.execute(SQL["lock_waiters"]).fetchone()
+        return row is not None and row[0] == 1
+
+    with psycopg.connect(db_url) as blocker:
+        blocker.execute(SQL["lock_card"], {"id": lease.file_id})
+        async with running(completer):
+            answer = asyncio.ensure_future(completer.complete(lease, result(lease)))
+            await wait_until(waiting, timeout=10, what="the batch to wait on the row")
+        assert counted.in_flight == 0
+        assert answer.cancelled()
+        blocker.rollback()
 
 
 class Refilled:

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import psycopg
+import pytest
 
 from darkroom.completer import Completer, running
 from darkroom.queue import Derived, Lease, Queue, derived_key
@@ -118,12 +119,16 @@ async def test_a_batch_being_tried_again_does_not_hold_up_the_next(pool: Any) ->
     assert held.calls == 2
 
 
-async def test_a_full_batch_goes_beside_the_one_in_flight(pool: Any) -> None:
-    """A batch in flight is held; a batch's worth of results that arrive meanwhile are
-    committed beside it, not after it (results gather only while a batch is not full)."""
+@pytest.mark.parametrize("full_batches", [1, 2])
+async def test_full_batches_go_beside_the_one_in_flight_two_at_most(
+        pool: Any, full_batches: int) -> None:
+    """A batch in flight is held; full batches of results that arrive meanwhile are
+    committed beside it, not after it (results gather only while a batch is not full),
+    and never three statements at once (the worker's heartbeats share its four
+    connections): the second goes once the first beside it settled."""
     q = make_queue(pool)
-    await new_queued(q, 3)
-    first, *full = await q.claim(3)
+    await new_queued(q, 1 + 2 * full_batches)
+    first, *rest = await q.claim(1 + 2 * full_batches)
     held = HoldsFirst()
     # Gathering would wait for the held batch far longer than this test's deadlines.
     completer = Completer(q, held, max_batch=2, gather_seconds=600)
@@ -131,31 +136,11 @@ async def test_a_full_batch_goes_beside_the_one_in_flight(pool: Any) -> None:
         one = asyncio.ensure_future(completer.complete(first, result(first)))
         await asyncio.wait_for(held.sent.wait(), 10)
         answers = await asyncio.wait_for(
-            asyncio.gather(*(completer.complete(lease, result(lease)) for lease in full)), 10)
-        assert answers == [True, True] and not one.done()
-        held.released.set()
-        assert await asyncio.wait_for(one, 10) is True
-    assert held.calls == 2
-
-
-async def test_full_batches_go_two_at_a_time(pool: Any) -> None:
-    """Two full batches arrive while one is held: one goes beside it, the other once that
-    one settled, never three statements at once (the worker's heartbeats share its four
-    connections)."""
-    q = make_queue(pool)
-    await new_queued(q, 5)
-    first, *rest = await q.claim(5)
-    held = HoldsFirst()
-    completer = Completer(q, held, max_batch=2, gather_seconds=600)
-    async with running(completer):
-        one = asyncio.ensure_future(completer.complete(first, result(first)))
-        await asyncio.wait_for(held.sent.wait(), 10)
-        answers = await asyncio.wait_for(
             asyncio.gather(*(completer.complete(lease, result(lease)) for lease in rest)), 10)
-        assert answers == [True] * 4 and not one.done()
+        assert answers == [True] * len(rest) and not one.done()
         held.released.set()
         assert await asyncio.wait_for(one, 10) is True
-    assert (held.calls, held.most_in_flight) == (3, 2)
+    assert (held.calls, held.most_in_flight) == (1 + full_batches, 2)
 
 
 async def test_the_completer_ends_after_the_batches_it_cancels(pool: Any, db_url: str) -> None:

@@ -573,10 +573,15 @@ function sentinelVisible() {
   return rect.top < window.innerHeight + 800;
 }
 
-function resetGrid() {
-  state.generation += 1;
-  for (const id of [...state.cards.keys()]) removeCard(id, false);
-  $(".grid").replaceChildren();
+// The grid emptied for a read from its first page. With `keepLocal`, this page's own
+// uploads under way (or failed before their card was queued) stay where they are, at the
+// top: they are the upload flow's.
+function resetGrid(keepLocal = false) {
+  state.generation += 1;  // answers for the grid as it was are dropped
+  for (const [id, entry] of [...state.cards]) {
+    if (!(keepLocal && isLocal(entry))) removeCard(id, false);
+  }
+  if (!keepLocal) $(".grid").replaceChildren();
   state.cursor = null;
   state.more = false;
   state.loading = false;
@@ -754,17 +759,9 @@ function retryRelistLater(generation) {
   }, RELIST_RETRY_MS);
 }
 
-// The grid read again from its first page. This page's own uploads under way (or failed
-// before their card was queued) stay where they are, at the top: they are the upload
-// flow's.
+// The grid read again from its first page, this page's own uploads kept on top.
 function readAnew() {
-  state.generation += 1;  // answers for the grid as it was are dropped
-  for (const [id, entry] of [...state.cards]) if (!isLocal(entry)) removeCard(id, false);
-  state.cursor = null;
-  state.more = false;
-  state.loading = false;
-  state.pagesLoaded = 0;
-  state.refreshing = new Map();
+  resetGrid(true);
   loadPage();
 }
 
